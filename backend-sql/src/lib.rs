@@ -1,0 +1,1 @@
+//! SQL backend (in progress).

@@ -1,0 +1,1 @@
+//! Test kit: real servers as child processes and a fault-injecting TCP proxy.

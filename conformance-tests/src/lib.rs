@@ -1,0 +1,2 @@
+//! The shared conformance suite.
+pub mod kit;

@@ -1,0 +1,128 @@
+//! The implementer trait.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use crate::{
+    AcquireOptions, Capabilities, ClientDefaults, Lease, LockInfo, LockName, Released, Result,
+};
+
+/// What a backend implements. Object-safe: `Arc<dyn DistributedLock>` is what `dlock::connect`
+/// returns. Waiting, guards, keep-alive, reentrancy and multi-lock are written once on top of it
+/// (see [`LockExt`](crate::LockExt)); a backend only provides single attempts, a wait hook,
+/// owner-checked release and extend, and inspection.
+///
+/// Options passed in have been validated and completed with [`defaults`](Self::defaults) by the
+/// caller in lockcore; backends read `ttl_value()` and `drift_value()` from them.
+#[async_trait]
+pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
+    /// The backend's guarantees.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Defaults from the connection URL (`ttl`, `drift`, `timeout`).
+    fn defaults(&self) -> ClientDefaults {
+        ClientDefaults::default()
+    }
+
+    /// One attempt: `Ok(None)` when another owner holds the lock (or, on a fair backend, when
+    /// others are queued for it).
+    ///
+    /// # Cancel safety
+    /// Dropping the future must leave no lock behind beyond what the ttl bounds; backends arm a
+    /// cleanup that releases a lock granted to a dropped request.
+    ///
+    /// # Errors
+    /// [`Error::Backend`](crate::Error::Backend) when the store fails.
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>>;
+
+    /// Waits until the lock is acquired or `deadline` passes (`Ok(None)`); `None` means no deadline.
+    ///
+    /// The default loops over [`try_acquire`](Self::try_acquire) and
+    /// [`wait_for_release`](Self::wait_for_release) with capped exponential backoff
+    /// ([`crate::wait::acquire_with_hook`]). Fair backends override it with their own queue.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves no lock, queue entry or row behind beyond a best-effort cleanup
+    /// that starts at once.
+    ///
+    /// # Errors
+    /// Store failures; a timeout is `Ok(None)`, not an error, at this level.
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        crate::wait::acquire_with_hook(self, name, opts, deadline).await
+    }
+
+    /// Resolves when `name` may have been released, or at `until` at the latest. The default just
+    /// sleeps until `until` (polling); backends with a notification mechanism return early.
+    ///
+    /// # Cancel safety
+    /// Safe to drop at any point.
+    ///
+    /// # Errors
+    /// Store failures while subscribing.
+    async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
+        let _ = name;
+        tokio::time::sleep_until(until.into()).await;
+        Ok(())
+    }
+
+    /// Owner-checked release: frees the lock only if `lease` is still the current holder.
+    /// Idempotent: a second call returns [`Released::NotHeld`].
+    ///
+    /// # Cancel safety
+    /// The release either happened in the store or not; dropping the future cannot free someone
+    /// else's lock.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn release(&self, lease: &Lease) -> Result<Released>;
+
+    /// Owner-checked extension to `ttl` from now; the token does not change. Never resurrects an
+    /// expired or taken lock.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not have extended the lease; the returned lease is the only
+    /// proof of the new validity.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`](crate::Error::LockLost) if the lease expired or was taken; store failures.
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease>;
+
+    /// Who holds `name`, its token and time left; `Ok(None)` when the store has never seen it.
+    ///
+    /// # Cancel safety
+    /// Read-only; safe to drop.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
+
+    /// The backend's minimal raw commands, for `dlock bench` to report ratios against.
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        None
+    }
+}
+
+/// The cheapest lock-like round trips a store offers on the same connection type (for example
+/// `SET NX PX` + an `EVALSHA` delete on Redis), measured by `dlock bench` in the same run.
+#[async_trait]
+pub trait RawFloor: Send + Sync + 'static {
+    /// What one pair consists of, for the report.
+    fn description(&self) -> String;
+
+    /// One raw acquire-and-release equivalent on `name`.
+    ///
+    /// # Cancel safety
+    /// Bench-only; may leave the raw key behind if dropped.
+    ///
+    /// # Errors
+    /// Store failures.
+    async fn pair(&self, name: &LockName) -> Result<()>;
+}

@@ -1,0 +1,141 @@
+//! What a backend guarantees, so callers and the conformance suite can tell backends apart.
+
+use std::fmt;
+
+/// How far fencing tokens can be trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fencing {
+    /// Tokens strictly increase per name across expiry, release, restarts and helper-key loss.
+    Strict,
+    /// Tokens increase as long as the stated assumption holds.
+    Conditional {
+        /// The assumption, in words.
+        assumption: &'static str,
+    },
+    /// Tokens carry no ordering guarantee.
+    None,
+}
+
+/// How a lock ends when its holder disappears.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// The lease ends at its ttl unless renewed.
+    Ttl,
+    /// The lock lives as long as the client's session (ZooKeeper); the ttl only paces renewals.
+    Session,
+}
+
+/// In which order blocked acquirers get the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fairness {
+    /// First come, first served; `try_acquire` does not jump the queue.
+    Fifo,
+    /// No order is promised.
+    Unordered,
+}
+
+/// How waiters learn that a lock was released.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitMechanism {
+    /// In-process notification.
+    Notify,
+    /// Redis pub/sub.
+    PubSub,
+    /// ZooKeeper watches.
+    Watch,
+    /// PostgreSQL LISTEN/NOTIFY.
+    ListenNotify,
+    /// Polling with capped exponential backoff and jitter (the store has no notification).
+    Poll,
+}
+
+impl WaitMechanism {
+    /// Whether waiters are woken by the store rather than by polling.
+    pub fn is_native(self) -> bool {
+        !matches!(self, WaitMechanism::Poll)
+    }
+}
+
+/// Primitives the store provides natively (dlock builds the rest in lockcore).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct NativePrimitives {
+    /// Reentrancy kept in the store.
+    pub reentrant: bool,
+    /// Shared/exclusive locks.
+    pub read_write: bool,
+    /// Counting semaphores.
+    pub semaphore: bool,
+}
+
+/// A backend's guarantees.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Backend name (`memory`, `redis`, `sqlite`, ...).
+    pub backend: &'static str,
+    /// Fencing guarantee.
+    pub fencing: Fencing,
+    /// Expiry model.
+    pub expiry: Expiry,
+    /// Waiter ordering.
+    pub fairness: Fairness,
+    /// How waiters are woken.
+    pub waiting: WaitMechanism,
+    /// Native primitives.
+    pub native: NativePrimitives,
+    /// Whether two OS processes using the same URL see the same locks.
+    pub shared_across_processes: bool,
+}
+
+impl Capabilities {
+    /// A description with no native extras; set the rest with the builder methods.
+    pub fn new(
+        backend: &'static str,
+        fencing: Fencing,
+        expiry: Expiry,
+        fairness: Fairness,
+        waiting: WaitMechanism,
+    ) -> Self {
+        Capabilities {
+            backend,
+            fencing,
+            expiry,
+            fairness,
+            waiting,
+            native: NativePrimitives::default(),
+            shared_across_processes: true,
+        }
+    }
+
+    /// Sets whether other processes see the same locks.
+    pub fn shared_across_processes(mut self, shared: bool) -> Self {
+        self.shared_across_processes = shared;
+        self
+    }
+
+    /// Sets the native primitives.
+    pub fn native(mut self, reentrant: bool, read_write: bool, semaphore: bool) -> Self {
+        self.native = NativePrimitives {
+            reentrant,
+            read_write,
+            semaphore,
+        };
+        self
+    }
+}
+
+impl fmt::Display for Capabilities {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fencing = match self.fencing {
+            Fencing::Strict => "strict".to_owned(),
+            Fencing::Conditional { assumption } => format!("conditional ({assumption})"),
+            Fencing::None => "none".to_owned(),
+        };
+        write!(
+            f,
+            "{}: fencing {fencing}; expiry {:?}; fairness {:?}; waiting {:?}",
+            self.backend, self.expiry, self.fairness, self.waiting
+        )
+    }
+}

@@ -1,0 +1,405 @@
+//! [`LockGuard`]: an owned handle on a held lock, with background keep-alive and a lost signal.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::{
+    DistributedLock, Error, FencingToken, KeepAlive, Lease, LockName, MIN_TTL, Released, Result,
+};
+
+/// Why a lock is no longer held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The lease ran out without being renewed.
+    Expired,
+    /// The store says another owner holds it (or nobody does) before our lease ran out.
+    Taken,
+    /// Renewals failed because the store could not be reached, until the lease ran out.
+    ConnectionLost,
+    /// The client session that held the lock ended (session-based backends).
+    SessionExpired,
+    /// A quorum backend lost its majority.
+    QuorumLost,
+    /// The keep-alive cap (renewals or hold time) was reached and the lease then ran out.
+    RenewalLimit,
+}
+
+impl LostReason {
+    /// The reason implied by a failed renewal.
+    pub fn from_error(error: &Error) -> Self {
+        match error {
+            Error::LockLost { .. } => LostReason::Taken,
+            Error::QuorumNotReached { .. } => LostReason::QuorumLost,
+            _ => LostReason::ConnectionLost,
+        }
+    }
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            LostReason::Expired => "the lease expired",
+            LostReason::Taken => "the lock was taken by another owner",
+            LostReason::ConnectionLost => "the store could not be reached to renew the lease",
+            LostReason::SessionExpired => "the client session expired",
+            LostReason::QuorumLost => "the quorum was lost",
+            LostReason::RenewalLimit => "the keep-alive limit was reached",
+        };
+        f.write_str(s)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+struct Shared {
+    backend: &'static str,
+    lease: Mutex<Lease>,
+    /// The reason to report when `valid_until` passes without a renewal.
+    fallback: Mutex<LostReason>,
+    lost: watch::Sender<Option<LostReason>>,
+}
+
+impl Shared {
+    fn lease(&self) -> Lease {
+        lock(&self.lease).clone()
+    }
+
+    fn set_lost(&self, reason: LostReason) {
+        let changed = self.lost.send_if_modified(|v| {
+            if v.is_none() {
+                *v = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+        if changed {
+            let lease = self.lease();
+            tracing::warn!(backend = self.backend, lock = %lease.name(), token = lease.token().0, %reason, "lock lost");
+        }
+    }
+
+    fn set_fallback(&self, reason: LostReason) {
+        *lock(&self.fallback) = reason;
+    }
+}
+
+/// A cheap, clonable view of a held lease: validity, token and the lost signal. Obtained from
+/// [`LockGuard::watch`]; it does not keep the lock.
+#[derive(Clone)]
+pub struct LeaseWatch {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for LeaseWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseWatch")
+            .field("lease", &self.shared.lease())
+            .finish()
+    }
+}
+
+impl LeaseWatch {
+    /// The current lease (its `valid_until` moves forward with each renewal).
+    pub fn lease(&self) -> Lease {
+        self.shared.lease()
+    }
+
+    /// The fencing token to pass to protected resources.
+    pub fn fencing_token(&self) -> FencingToken {
+        lock(&self.shared.lease).token()
+    }
+
+    /// Cheap local check: not reported lost and `valid_until` still ahead. No I/O.
+    pub fn is_held(&self) -> bool {
+        self.shared.lost.borrow().is_none() && lock(&self.shared.lease).is_valid()
+    }
+
+    /// The reason, if the lock is already known to be lost.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        *self.shared.lost.borrow()
+    }
+
+    /// Resolves as soon as the library knows, or must assume, that the lock is no longer held.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn lost(&self) -> LostReason {
+        let mut rx = self.shared.lost.subscribe();
+        loop {
+            if let Some(reason) = *rx.borrow_and_update() {
+                return reason;
+            }
+            let until = lock(&self.shared.lease).valid_until();
+            if Instant::now() >= until {
+                let fallback = *lock(&self.shared.fallback);
+                self.shared.set_lost(fallback);
+                continue;
+            }
+            tokio::select! {
+                _ = rx.changed() => {}
+                _ = tokio::time::sleep_until(until.into()) => {}
+            }
+        }
+    }
+}
+
+/// An acquired lock. Owned and `'static`: move it into tasks freely.
+///
+/// End it with [`release`](Self::release), which reports errors. Dropping it without releasing
+/// spawns a best-effort release on the current tokio runtime (never blocking); outside a runtime
+/// the lease simply runs out at its ttl and a warning is logged.
+///
+/// With a keep-alive policy (the default), a background task renews the lease at ttl/3; when a
+/// renewal finds the lock gone, or the lease runs out without one, [`lost`](Self::lost) resolves
+/// with the reason.
+#[must_use = "dropping a LockGuard releases the lock at once; keep it alive while the work runs"]
+pub struct LockGuard {
+    backend: Arc<dyn DistributedLock>,
+    watch: LeaseWatch,
+    keep_alive: Option<JoinHandle<()>>,
+    finished: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("backend", &self.watch.shared.backend)
+            .field("lease", &self.watch.lease())
+            .field("keep_alive", &self.keep_alive.is_some())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    /// Wraps a lease just acquired from `backend`, starting keep-alive per `policy`.
+    ///
+    /// Keep-alive needs a tokio runtime; without one the guard works without renewals.
+    pub fn new(backend: Arc<dyn DistributedLock>, lease: Lease, policy: KeepAlive) -> Self {
+        let shared = Arc::new(Shared {
+            backend: backend.capabilities().backend,
+            lease: Mutex::new(lease),
+            fallback: Mutex::new(LostReason::Expired),
+            lost: watch::Sender::new(None),
+        });
+        let keep_alive = match (policy, tokio::runtime::Handle::try_current()) {
+            (
+                KeepAlive::Renew {
+                    every,
+                    max_renewals,
+                    max_hold,
+                },
+                Ok(rt),
+            ) => Some(rt.spawn(keep_alive(
+                backend.clone(),
+                shared.clone(),
+                Caps {
+                    every,
+                    max_renewals,
+                    max_hold,
+                },
+            ))),
+            (KeepAlive::Renew { .. }, Err(_)) => {
+                tracing::warn!("no tokio runtime: keep-alive disabled, the lease ends at its ttl");
+                None
+            }
+            _ => None,
+        };
+        LockGuard {
+            backend,
+            watch: LeaseWatch { shared },
+            keep_alive,
+            finished: false,
+        }
+    }
+
+    /// The current lease.
+    pub fn lease(&self) -> Lease {
+        self.watch.lease()
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> LockName {
+        lock(&self.watch.shared.lease).name().clone()
+    }
+
+    /// The fencing token of this acquisition.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.watch.fencing_token()
+    }
+
+    /// Cheap local check against `valid_until` and the lost signal. No I/O.
+    pub fn is_held(&self) -> bool {
+        self.watch.is_held()
+    }
+
+    /// A clonable view (token, validity, lost signal) that can outlive borrows of the guard.
+    pub fn watch(&self) -> LeaseWatch {
+        self.watch.clone()
+    }
+
+    /// Resolves with the reason as soon as the lock is known or must be assumed lost.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn lost(&self) -> LostReason {
+        self.watch.lost().await
+    }
+
+    /// Extends the lease to `ttl` from now, by hand (keep-alive does this on its own).
+    ///
+    /// # Cancel safety
+    /// If dropped, the lease may or may not have been extended; the guard keeps the older
+    /// validity, which is the safe assumption.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a ttl out of range; [`Error::LockLost`] if the lock expired
+    /// or was taken (the lost signal then fires); store failures.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        crate::options::check_ttl(ttl)?;
+        let lease = self.watch.lease();
+        match self.backend.extend(&lease, ttl).await {
+            Ok(new) => {
+                tracing::debug!(lock = %lease.name(), ttl_ms = ttl.as_millis() as u64, "lease extended");
+                *lock(&self.watch.shared.lease) = new;
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, Error::LockLost { .. }) {
+                    let reason = if lease.is_valid() {
+                        LostReason::Taken
+                    } else {
+                        LostReason::Expired
+                    };
+                    self.watch.shared.set_lost(reason);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases the lock (owner-checked). `Released::NotHeld` if it had already expired or been
+    /// taken.
+    ///
+    /// # Cancel safety
+    /// If dropped before completion the release may not have reached the store; the lease then
+    /// ends at its ttl.
+    ///
+    /// # Errors
+    /// Store failures (the lock then ends at its ttl).
+    pub async fn release(mut self) -> Result<Released> {
+        self.finished = true;
+        if let Some(task) = self.keep_alive.take() {
+            task.abort();
+        }
+        let lease = self.watch.lease();
+        let result = self.backend.release(&lease).await;
+        match &result {
+            Ok(outcome) => {
+                tracing::debug!(lock = %lease.name(), token = lease.token().0, ?outcome, "lock released")
+            }
+            Err(e) => {
+                tracing::warn!(lock = %lease.name(), error = %e, "release failed; the lease will end at its ttl")
+            }
+        }
+        result
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Some(task) = self.keep_alive.take() {
+            task.abort();
+        }
+        if self.finished {
+            return;
+        }
+        let lease = self.watch.lease();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let backend = self.backend.clone();
+                rt.spawn(async move {
+                    match backend.release(&lease).await {
+                        Ok(outcome) => tracing::debug!(lock = %lease.name(), ?outcome, "lock released on drop"),
+                        Err(e) => tracing::warn!(lock = %lease.name(), error = %e, "release on drop failed; the lease will end at its ttl"),
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                lock = %lease.name(),
+                "LockGuard dropped outside a tokio runtime; the lock stays until its ttl runs out"
+            ),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Caps {
+    every: Option<Duration>,
+    max_renewals: Option<u32>,
+    max_hold: Option<Duration>,
+}
+
+async fn keep_alive(backend: Arc<dyn DistributedLock>, shared: Arc<Shared>, caps: Caps) {
+    let first = shared.lease();
+    let every = caps.every.unwrap_or(first.ttl() / 3);
+    let mut next_attempt = first.acquired_at() + every;
+    let mut renewals: u32 = 0;
+    loop {
+        let lease = shared.lease();
+        let valid_until = lease.valid_until();
+        let mut ttl = lease.ttl();
+        if let Some(max_hold) = caps.max_hold {
+            let end = lease.acquired_at() + max_hold;
+            ttl = ttl.min(end.saturating_duration_since(next_attempt.max(Instant::now())));
+        }
+        let capped = caps.max_renewals.is_some_and(|m| renewals >= m) || ttl < MIN_TTL;
+        if capped {
+            shared.set_fallback(LostReason::RenewalLimit);
+            tokio::time::sleep_until(valid_until.into()).await;
+            shared.set_lost(LostReason::RenewalLimit);
+            return;
+        }
+        tokio::time::sleep_until(next_attempt.min(valid_until).into()).await;
+        let started = Instant::now();
+        if started >= valid_until {
+            let fallback = *lock(&shared.fallback);
+            shared.set_lost(fallback);
+            return;
+        }
+        match tokio::time::timeout(valid_until - started, backend.extend(&lease, ttl)).await {
+            Ok(Ok(new)) => {
+                renewals += 1;
+                tracing::trace!(lock = %new.name(), renewals, "lease renewed");
+                *lock(&shared.lease) = new;
+                shared.set_fallback(LostReason::Expired);
+                next_attempt = started + every;
+            }
+            Ok(Err(Error::LockLost { .. })) => {
+                let reason = if Instant::now() < valid_until {
+                    LostReason::Taken
+                } else {
+                    LostReason::Expired
+                };
+                shared.set_lost(reason);
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(lock = %lease.name(), error = %e, "renewal failed; retrying until the lease runs out");
+                shared.set_fallback(LostReason::from_error(&e));
+                next_attempt = Instant::now() + (every / 4).max(Duration::from_millis(10));
+            }
+            Err(_elapsed) => {
+                shared.set_fallback(LostReason::ConnectionLost);
+                next_attempt = Instant::now();
+            }
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Leases, owner ids and fencing tokens.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::LockName;
+
+/// A fencing token: for a backend with strict fencing, every acquisition of a name gets a token
+/// greater than every token handed out before for that name. A protected resource rejects any
+/// write carrying a token lower than the highest it has seen.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct FencingToken(pub u64);
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// 128 random bits naming one acquisition (not a process or a thread).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnerId(pub u128);
+
+impl OwnerId {
+    /// A fresh random id.
+    pub fn random() -> Self {
+        OwnerId(rand::random())
+    }
+
+    /// Parses the 32-hex-digit form written by `Display`.
+    pub fn parse(text: &str) -> Option<Self> {
+        (text.len() == 32)
+            .then(|| u128::from_str_radix(text, 16).ok().map(OwnerId))
+            .flatten()
+    }
+}
+
+impl fmt::Display for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerId({self})")
+    }
+}
+
+/// One successful acquisition.
+///
+/// `valid_until` is a monotonic instant computed as *start of the request* + ttl − drift; nothing
+/// here reads the wall clock. A lease is plain data: holding one does not keep the lock (see
+/// [`LockGuard`](crate::LockGuard) for that).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    name: LockName,
+    owner: OwnerId,
+    token: FencingToken,
+    acquired_at: Instant,
+    valid_until: Instant,
+    ttl: Duration,
+    drift: Duration,
+    handle: Option<Arc<str>>,
+}
+
+impl Lease {
+    /// Builds a lease for a request that started at `started` (backends call this).
+    pub fn new(
+        name: LockName,
+        owner: OwnerId,
+        token: FencingToken,
+        started: Instant,
+        ttl: Duration,
+        drift: Duration,
+    ) -> Self {
+        Lease {
+            name,
+            owner,
+            token,
+            acquired_at: started,
+            valid_until: started + ttl.saturating_sub(drift),
+            ttl,
+            drift,
+            handle: None,
+        }
+    }
+
+    /// Attaches backend-private data (for example a ZooKeeper node path).
+    pub fn with_handle(mut self, handle: impl Into<Arc<str>>) -> Self {
+        self.handle = Some(handle.into());
+        self
+    }
+
+    /// The same lease renewed by an extend request that started at `started`.
+    pub fn renewed(&self, started: Instant, ttl: Duration) -> Self {
+        let drift = if ttl == self.ttl {
+            self.drift
+        } else {
+            crate::options::default_drift(ttl)
+        };
+        Lease {
+            valid_until: started + ttl.saturating_sub(drift),
+            ttl,
+            drift,
+            ..self.clone()
+        }
+    }
+
+    /// Lock name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+    /// Owner id of this acquisition.
+    pub fn owner(&self) -> OwnerId {
+        self.owner
+    }
+    /// Fencing token.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+    /// When the acquire request started.
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+    /// Until when the lease is certainly valid (monotonic clock).
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until
+    }
+    /// The ttl asked for.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+    /// The drift allowance.
+    pub fn drift(&self) -> Duration {
+        self.drift
+    }
+    /// Backend-private data, if any.
+    pub fn handle(&self) -> Option<&str> {
+        self.handle.as_deref()
+    }
+    /// Time left before `valid_until` (zero once past).
+    pub fn remaining(&self) -> Duration {
+        self.valid_until.saturating_duration_since(Instant::now())
+    }
+    /// Whether `valid_until` is still ahead.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+}
+
+/// Outcome of a release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// The lease was current and the lock is now free.
+    Released,
+    /// The lease had already expired, been released, or been taken over; nothing was changed.
+    NotHeld,
+}
+
+/// What `inspect` reports about a lock.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// Lock name.
+    pub name: String,
+    /// Current holder's owner id, if the lock is held.
+    pub holder: Option<String>,
+    /// Token of the current (or, if free, the last) acquisition, if known.
+    pub token: Option<FencingToken>,
+    /// Time left on the holder's lease as the store sees it.
+    pub remaining: Option<Duration>,
+    /// Clients queued for the lock, where the backend queues.
+    pub waiters: Option<usize>,
+}
+
+impl LockInfo {
+    /// Builds a report (backends call this).
+    pub fn new(
+        name: &LockName,
+        holder: Option<String>,
+        token: Option<FencingToken>,
+        remaining: Option<Duration>,
+        waiters: Option<usize>,
+    ) -> Self {
+        LockInfo {
+            name: name.as_str().to_owned(),
+            holder,
+            token,
+            remaining,
+            waiters,
+        }
+    }
+
+    /// Whether someone holds the lock.
+    pub fn is_held(&self) -> bool {
+        self.holder.is_some()
+    }
+}

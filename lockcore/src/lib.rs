@@ -1,0 +1,32 @@
+#![doc = include_str!("../README.md")]
+
+mod backend;
+mod capabilities;
+mod error;
+mod ext;
+mod guard;
+mod lease;
+pub mod memory;
+mod multi;
+mod name;
+mod options;
+mod reentrant;
+pub mod wait;
+
+pub use backend::{DistributedLock, RawFloor};
+pub use capabilities::{Capabilities, Expiry, Fairness, Fencing, NativePrimitives, WaitMechanism};
+pub use error::{BoxError, Error, Result};
+pub use ext::{LockExt, acquire, lock_name};
+pub use guard::{LeaseWatch, LockGuard, LostReason};
+pub use lease::{FencingToken, Lease, LockInfo, OwnerId, Released};
+pub use memory::MemoryLock;
+pub use multi::MultiGuard;
+pub use name::{LockName, MAX_NAME_BYTES};
+pub use options::{
+    AcquireOptions, ClientDefaults, DEFAULT_TTL, KeepAlive, MAX_TTL, MIN_TTL, Wait, check_ttl,
+    default_drift, parse_duration,
+};
+pub use reentrant::{Owner, ReentrantGuard};
+
+/// Re-exported so backends implement the trait with the same macro version.
+pub use async_trait::async_trait;

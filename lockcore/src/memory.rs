@@ -1,0 +1,347 @@
+//! The in-memory reference backend (`memory://namespace`): process-local, strict fencing, FIFO
+//! waiters woken by [`Notify`], TTL expiry. It is the contract's executable specification and the
+//! conformance suite's own test subject.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+
+use crate::{
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
+    Fencing, FencingToken, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result,
+    WaitMechanism,
+};
+
+const BACKEND: &str = "memory";
+
+struct Holder {
+    owner: OwnerId,
+    token: u64,
+    expires: Instant,
+}
+
+#[derive(Default)]
+struct Entry {
+    holder: Option<Holder>,
+    /// Last token handed out; entries are never removed, so the fence never resets.
+    fence: u64,
+    queue: VecDeque<(u64, Arc<Notify>)>,
+}
+
+impl Entry {
+    fn live_holder(&self, now: Instant) -> Option<&Holder> {
+        self.holder.as_ref().filter(|h| h.expires > now)
+    }
+
+    fn grant(
+        &mut self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        started: Instant,
+        now: Instant,
+    ) -> Lease {
+        self.fence += 1;
+        let owner = OwnerId::random();
+        let ttl = opts.ttl_value();
+        self.holder = Some(Holder {
+            owner,
+            token: self.fence,
+            expires: now + ttl,
+        });
+        Lease::new(
+            name.clone(),
+            owner,
+            FencingToken(self.fence),
+            started,
+            ttl,
+            opts.drift_value(),
+        )
+    }
+
+    fn wake_head(&self) {
+        if let Some((_, n)) = self.queue.front() {
+            n.notify_one();
+        }
+    }
+}
+
+#[derive(Default)]
+struct Namespace {
+    entries: Mutex<HashMap<LockName, Entry>>,
+    next_waiter: AtomicU64,
+}
+
+impl Namespace {
+    fn entries(&self) -> MutexGuard<'_, HashMap<LockName, Entry>> {
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn registry() -> &'static Mutex<HashMap<String, Arc<Namespace>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<Namespace>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
+}
+
+/// A client of one process-local namespace. Clients created with the same namespace name share
+/// locks; nothing is shared across processes.
+#[derive(Clone)]
+pub struct MemoryLock {
+    namespace: String,
+    ns: Arc<Namespace>,
+    defaults: ClientDefaults,
+}
+
+impl std::fmt::Debug for MemoryLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryLock")
+            .field("namespace", &self.namespace)
+            .finish()
+    }
+}
+
+impl MemoryLock {
+    /// A client of namespace `namespace` (created on first use, kept for the process lifetime).
+    pub fn new(namespace: &str) -> Self {
+        let ns = registry()
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(namespace.to_owned())
+            .or_default()
+            .clone();
+        MemoryLock {
+            namespace: namespace.to_owned(),
+            ns,
+            defaults: ClientDefaults::default(),
+        }
+    }
+
+    /// Parses `memory://namespace[?ttl=..&drift=..&timeout=..]`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for another scheme, an empty namespace or an unknown option.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let rest = url.strip_prefix("memory://").ok_or_else(|| {
+            Error::invalid_config(BACKEND, "expected a URL of the form memory://namespace")
+        })?;
+        let (namespace, query) = rest.split_once('?').unwrap_or((rest, ""));
+        if namespace.is_empty() {
+            return Err(Error::invalid_config(
+                BACKEND,
+                "memory:// needs a namespace name, e.g. memory://default",
+            ));
+        }
+        let mut client = MemoryLock::new(namespace);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            if !client.defaults.apply(BACKEND, k, v)? {
+                return Err(Error::invalid_config(
+                    BACKEND,
+                    format!("unknown option `{k}`; memory:// accepts ttl, drift, timeout"),
+                ));
+            }
+        }
+        Ok(client)
+    }
+
+    /// Sets the connection defaults.
+    pub fn with_defaults(mut self, defaults: ClientDefaults) -> Self {
+        self.defaults = defaults;
+        self
+    }
+}
+
+/// Removes a waiter's queue entry if its acquire future ends without the lock.
+struct QueueCleanup<'a> {
+    ns: &'a Namespace,
+    name: &'a LockName,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for QueueCleanup<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut entries = self.ns.entries();
+        if let Some(e) = entries.get_mut(self.name) {
+            let was_head = e.queue.front().is_some_and(|(id, _)| *id == self.id);
+            e.queue.retain(|(id, _)| *id != self.id);
+            if was_head {
+                e.wake_head();
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MemoryLock {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            BACKEND,
+            Fencing::Strict,
+            Expiry::Ttl,
+            Fairness::Fifo,
+            WaitMechanism::Notify,
+        )
+        .shared_across_processes(false)
+    }
+
+    fn defaults(&self) -> ClientDefaults {
+        self.defaults.clone()
+    }
+
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        let started = Instant::now();
+        let mut entries = self.ns.entries();
+        let e = entries.entry(name.clone()).or_default();
+        let now = Instant::now();
+        if e.live_holder(now).is_some() || !e.queue.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(e.grant(name, opts, started, now)))
+    }
+
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        let started = Instant::now();
+        let id = self.ns.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let notify = Arc::new(Notify::new());
+        {
+            let mut entries = self.ns.entries();
+            let e = entries.entry(name.clone()).or_default();
+            let now = Instant::now();
+            if e.live_holder(now).is_none() && e.queue.is_empty() {
+                return Ok(Some(e.grant(name, opts, started, now)));
+            }
+            e.queue.push_back((id, notify.clone()));
+        }
+        let mut cleanup = QueueCleanup {
+            ns: &self.ns,
+            name,
+            id,
+            armed: true,
+        };
+        loop {
+            let wake_at = {
+                let mut entries = self.ns.entries();
+                let e = entries.entry(name.clone()).or_default();
+                let now = Instant::now();
+                let at_head = e.queue.front().is_some_and(|(qid, _)| *qid == id);
+                match e.live_holder(now) {
+                    None if at_head => {
+                        e.queue.pop_front();
+                        cleanup.armed = false;
+                        return Ok(Some(e.grant(name, opts, started, now)));
+                    }
+                    // Head of the queue but held: wake at the holder's expiry at the latest.
+                    Some(h) if at_head => Some(h.expires),
+                    _ => None,
+                }
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+            let until = match (wake_at, deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            match until {
+                Some(t) => {
+                    tokio::select! {
+                        _ = notify.notified() => {}
+                        _ = tokio::time::sleep_until(t.into()) => {}
+                    }
+                }
+                None => notify.notified().await,
+            }
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        let mut entries = self.ns.entries();
+        let Some(e) = entries.get_mut(lease.name()) else {
+            return Ok(Released::NotHeld);
+        };
+        let now = Instant::now();
+        match e.live_holder(now) {
+            Some(h) if h.owner == lease.owner() && h.token == lease.token().0 => {
+                e.holder = None;
+                e.wake_head();
+                Ok(Released::Released)
+            }
+            _ => Ok(Released::NotHeld),
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        crate::options::check_ttl(ttl)?;
+        let started = Instant::now();
+        let mut entries = self.ns.entries();
+        let now = Instant::now();
+        let holder = entries
+            .get_mut(lease.name())
+            .and_then(|e| e.holder.as_mut())
+            .filter(|h| h.expires > now && h.owner == lease.owner() && h.token == lease.token().0);
+        match holder {
+            Some(h) => {
+                h.expires = now + ttl;
+                Ok(lease.renewed(started, ttl))
+            }
+            None => Err(Error::lock_lost(BACKEND, lease.name(), "extend")),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let entries = self.ns.entries();
+        let now = Instant::now();
+        Ok(entries.get(name).map(|e| {
+            let holder = e.live_holder(now);
+            LockInfo::new(
+                name,
+                holder.map(|h| h.owner.to_string()),
+                (e.fence > 0).then_some(FencingToken(e.fence)),
+                holder.map(|h| h.expires.saturating_duration_since(now)),
+                Some(e.queue.len()),
+            )
+        }))
+    }
+
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        Some(Arc::new(MemoryFloor {
+            map: Mutex::default(),
+        }))
+    }
+}
+
+/// The floor for the memory backend: insert and remove a key in a mutex-guarded map.
+struct MemoryFloor {
+    map: Mutex<HashMap<LockName, u64>>,
+}
+
+#[async_trait]
+impl RawFloor for MemoryFloor {
+    fn description(&self) -> String {
+        "HashMap insert + remove under a std Mutex".into()
+    }
+
+    async fn pair(&self, name: &LockName) -> Result<()> {
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.clone(), 1);
+        self.map
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+        Ok(())
+    }
+}
