@@ -240,6 +240,11 @@ impl LockGuard {
         self.watch.is_held()
     }
 
+    /// The reason, if the lock is already known to be lost (no I/O, does not wait).
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.watch.lost_reason()
+    }
+
     /// A clonable view (token, validity, lost signal) that can outlive borrows of the guard.
     pub fn watch(&self) -> LeaseWatch {
         self.watch.clone()

@@ -1,0 +1,79 @@
+//! A pass-through backend wrapper that counts calls, so cases can prove that bad input was
+//! rejected before any I/O.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lockcore::{
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Lease, LockInfo, LockName,
+    RawFloor, Released, Result, async_trait,
+};
+
+/// Counts every trait call that would reach the store.
+#[derive(Debug)]
+pub struct CountingLock {
+    inner: Arc<dyn DistributedLock>,
+    calls: AtomicUsize,
+}
+
+impl CountingLock {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn DistributedLock>) -> Arc<Self> {
+        Arc::new(CountingLock {
+            inner,
+            calls: AtomicUsize::new(0),
+        })
+    }
+
+    /// Calls so far.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn hit(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl DistributedLock for CountingLock {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn defaults(&self) -> ClientDefaults {
+        self.inner.defaults()
+    }
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        self.hit();
+        self.inner.try_acquire(name, opts).await
+    }
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.hit();
+        self.inner.acquire_wait(name, opts, deadline).await
+    }
+    async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
+        self.hit();
+        self.inner.wait_for_release(name, until).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        self.hit();
+        self.inner.release(lease).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        self.hit();
+        self.inner.extend(lease, ttl).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        self.hit();
+        self.inner.inspect(name).await
+    }
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        self.inner.raw_floor()
+    }
+}

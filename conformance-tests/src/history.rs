@@ -1,0 +1,287 @@
+//! Recorded lock histories and the safety checker.
+//!
+//! Every acquisition is recorded with monotonic timestamps: when the acquire call returned, the
+//! lease's `valid_until`, and when the holder stopped relying on it (just before it asked to
+//! release). A holder's window is `[acquired, min(end, valid_until)]`. The checker asserts that,
+//! per lock name, no two windows overlap and that fencing tokens grow with acquisition order.
+
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use lockcore::Lease;
+
+/// One holder's tenure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    /// Which client held it (test-chosen number).
+    pub client: usize,
+    /// Lock name.
+    pub name: String,
+    /// Fencing token of the acquisition.
+    pub token: u64,
+    /// When the acquire call returned.
+    pub acquired: Instant,
+    /// The lease's `valid_until` (after the last renewal).
+    pub valid_until: Instant,
+    /// When the holder stopped relying on the lock (set just before release); `None` if it
+    /// never released (the lease ran out).
+    pub ended: Option<Instant>,
+}
+
+impl Hold {
+    /// The end of the window in which this holder may act on the lock.
+    pub fn window_end(&self) -> Instant {
+        self.ended
+            .map_or(self.valid_until, |e| e.min(self.valid_until))
+    }
+}
+
+/// A safety violation found in a history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Violation {
+    /// Two holders' windows overlap on one name.
+    Overlap {
+        /// The earlier acquisition.
+        first: Hold,
+        /// The later acquisition, which began before `first`'s window ended.
+        second: Hold,
+    },
+    /// A later acquisition got a token not greater than an earlier one.
+    TokenNotIncreasing {
+        /// The earlier acquisition.
+        earlier: Hold,
+        /// The later acquisition.
+        later: Hold,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::Overlap { first, second } => write!(
+                f,
+                "overlap on {:?}: client {} (token {}) held until {:?} after client {} (token {}) acquired",
+                first.name,
+                first.client,
+                first.token,
+                first
+                    .window_end()
+                    .saturating_duration_since(second.acquired),
+                second.client,
+                second.token
+            ),
+            Violation::TokenNotIncreasing { earlier, later } => write!(
+                f,
+                "token order on {:?}: client {} got token {} after client {} had token {}",
+                earlier.name, later.client, later.token, earlier.client, earlier.token
+            ),
+        }
+    }
+}
+
+/// Checks a set of holds (any order, any names).
+pub fn check(holds: &[Hold]) -> Vec<Violation> {
+    let mut by_name: std::collections::BTreeMap<&str, Vec<&Hold>> = Default::default();
+    for h in holds {
+        by_name.entry(&h.name).or_default().push(h);
+    }
+    let mut out = Vec::new();
+    for (_, mut hs) in by_name {
+        hs.sort_by_key(|h| h.acquired);
+        for pair in hs.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if b.token <= a.token {
+                out.push(Violation::TokenNotIncreasing {
+                    earlier: a.clone(),
+                    later: b.clone(),
+                });
+            }
+        }
+        // Overlap: compare each hold against every earlier one whose window is still open.
+        for (i, b) in hs.iter().enumerate() {
+            for a in &hs[..i] {
+                if a.window_end() > b.acquired {
+                    out.push(Violation::Overlap {
+                        first: (*a).clone(),
+                        second: (*b).clone(),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A thread-safe recorder for one test's history.
+#[derive(Debug, Default)]
+pub struct History {
+    holds: Mutex<Vec<Hold>>,
+}
+
+/// Index of a recorded hold, to close it later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldId(usize);
+
+impl History {
+    /// An empty history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn holds_mut(&self) -> std::sync::MutexGuard<'_, Vec<Hold>> {
+        self.holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records that `client` got `lease` just now.
+    pub fn acquired(&self, client: usize, lease: &Lease) -> HoldId {
+        let mut holds = self.holds_mut();
+        holds.push(Hold {
+            client,
+            name: lease.name().as_str().to_owned(),
+            token: lease.token().0,
+            acquired: Instant::now(),
+            valid_until: lease.valid_until(),
+            ended: None,
+        });
+        HoldId(holds.len() - 1)
+    }
+
+    /// Records a renewal (the window may now extend to the new `valid_until`).
+    pub fn extended(&self, id: HoldId, lease: &Lease) {
+        self.holds_mut()[id.0].valid_until = lease.valid_until();
+    }
+
+    /// Records that the holder stops relying on the lock now (call before releasing).
+    pub fn ended(&self, id: HoldId) {
+        self.holds_mut()[id.0].ended = Some(Instant::now());
+    }
+
+    /// Adds a hold as is (for checker tests and replayed histories).
+    pub fn push(&self, hold: Hold) {
+        self.holds_mut().push(hold);
+    }
+
+    /// A copy of everything recorded.
+    pub fn holds(&self) -> Vec<Hold> {
+        self.holds_mut().clone()
+    }
+
+    /// Runs [`check`] on the recorded holds.
+    pub fn violations(&self) -> Vec<Violation> {
+        check(&self.holds())
+    }
+
+    /// Panics with every violation listed if there is any.
+    pub fn assert_safe(&self) {
+        let v = self.violations();
+        assert!(
+            v.is_empty(),
+            "{} safety violation(s):\n{}",
+            v.len(),
+            v.iter()
+                .map(|v| format!("  {v}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn hold(client: usize, token: u64, from_ms: u64, to_ms: u64, base: Instant) -> Hold {
+        Hold {
+            client,
+            name: "n".into(),
+            token,
+            acquired: base + Duration::from_millis(from_ms),
+            valid_until: base + Duration::from_millis(to_ms + 1000),
+            ended: Some(base + Duration::from_millis(to_ms)),
+        }
+    }
+
+    #[test]
+    fn clean_history_passes() {
+        let base = Instant::now();
+        let h = [
+            hold(0, 1, 0, 10, base),
+            hold(1, 2, 11, 20, base),
+            hold(0, 5, 25, 30, base),
+        ];
+        assert!(check(&h).is_empty());
+    }
+
+    #[test]
+    fn overlap_is_reported() {
+        let base = Instant::now();
+        let h = [hold(0, 1, 0, 10, base), hold(1, 2, 5, 20, base)];
+        let v = check(&h);
+        assert_eq!(v.len(), 1);
+        assert!(
+            matches!(&v[0], Violation::Overlap { first, second } if first.client == 0 && second.client == 1)
+        );
+    }
+
+    #[test]
+    fn overlap_through_expiry_window_is_reported() {
+        // The first holder never released; its lease was valid until 100 ms, and the second
+        // acquired at 50 ms: both could act at once.
+        let base = Instant::now();
+        let first = Hold {
+            client: 0,
+            name: "n".into(),
+            token: 1,
+            acquired: base,
+            valid_until: base + Duration::from_millis(100),
+            ended: None,
+        };
+        let second = hold(1, 2, 50, 60, base);
+        assert!(matches!(
+            check(&[first, second])[..],
+            [Violation::Overlap { .. }]
+        ));
+    }
+
+    #[test]
+    fn token_going_backwards_is_reported() {
+        let base = Instant::now();
+        let h = [hold(0, 7, 0, 10, base), hold(1, 3, 20, 30, base)];
+        let v = check(&h);
+        assert!(
+            matches!(&v[..], [Violation::TokenNotIncreasing { earlier, later }] if earlier.token == 7 && later.token == 3)
+        );
+    }
+
+    #[test]
+    fn equal_tokens_are_reported() {
+        let base = Instant::now();
+        let h = [hold(0, 4, 0, 10, base), hold(1, 4, 20, 30, base)];
+        assert!(matches!(
+            check(&h)[..],
+            [Violation::TokenNotIncreasing { .. }]
+        ));
+    }
+
+    #[test]
+    fn names_are_checked_separately() {
+        let base = Instant::now();
+        let mut other = hold(1, 1, 5, 20, base);
+        other.name = "m".into();
+        assert!(check(&[hold(0, 1, 0, 10, base), other]).is_empty());
+    }
+
+    #[test]
+    #[should_panic(expected = "safety violation")]
+    fn assert_safe_panics_on_violation() {
+        let base = Instant::now();
+        let h = History::new();
+        h.push(hold(0, 2, 0, 10, base));
+        h.push(hold(1, 1, 5, 20, base));
+        h.assert_safe();
+    }
+}
