@@ -663,9 +663,10 @@ pub async fn extend_after_expiry_is_lock_lost(ctx: Ctx) {
     gb.release().await.expect("release");
 }
 
-/// Without keep-alive, `lost()` resolves `Expired` once the lease runs out.
+/// Without keep-alive, `lost()` resolves `Expired` once the lease runs out, and the store then
+/// lets another client take the lock.
 pub async fn lost_fires_expired(ctx: Ctx) {
-    let a = ctx.client().await;
+    let (a, b) = (ctx.client().await, ctx.client().await);
     let n = ctx.name("x");
     let g = a.lock(&n, &lease_opts(ms(200))).await.expect("acquire");
     assert!(g.is_held());
@@ -673,6 +674,16 @@ pub async fn lost_fires_expired(ctx: Ctx) {
     assert_eq!(reason, LostReason::Expired);
     assert!(!g.is_held());
     assert!(Instant::now() >= g.lease().valid_until());
+    // The store must agree: the lease is really gone.
+    let gb = within(
+        30 * SEC,
+        "takeover",
+        b.lock(&n, &lease_opts(30 * SEC).wait(Wait::For(20 * SEC))),
+    )
+    .await
+    .expect("lost() said Expired but the store still holds the lease");
+    gb.release().await.expect("release");
+    drop(g);
 }
 
 /// With keep-alive, `lost()` resolves `Taken` when a renewal finds the lock gone before the lease
