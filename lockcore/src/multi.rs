@@ -11,6 +11,8 @@ use crate::{
     Result, Wait,
 };
 
+type LostFuture<'a> = Pin<Box<dyn Future<Output = (LockName, LostReason)> + Send + 'a>>;
+
 /// Guards for a set of locks taken together by [`LockExt::lock_many`](crate::LockExt::lock_many).
 /// Dropping it releases every lock in the background.
 #[must_use = "dropping a MultiGuard releases every lock at once"]
@@ -43,15 +45,14 @@ impl MultiGuard {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn lost(&self) -> (LockName, LostReason) {
-        let mut futures: Vec<Pin<Box<dyn Future<Output = (LockName, LostReason)> + Send + '_>>> =
-            self.guards
-                .iter()
-                .map(|g| {
-                    let name = g.name();
-                    Box::pin(async move { (name, g.lost().await) })
-                        as Pin<Box<dyn Future<Output = _> + Send + '_>>
-                })
-                .collect();
+        let mut futures: Vec<LostFuture<'_>> = self
+            .guards
+            .iter()
+            .map(|g| {
+                let name = g.name();
+                Box::pin(async move { (name, g.lost().await) }) as LostFuture<'_>
+            })
+            .collect();
         if futures.is_empty() {
             return std::future::pending().await;
         }
