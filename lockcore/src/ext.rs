@@ -35,9 +35,27 @@ pub async fn acquire(
     let span = tracing::debug_span!("dlock.acquire", backend = backend_name, lock = %name, wait = ?opts.wait_value());
     async {
         let started = Instant::now();
+        // Backstop: a store that stops answering must not stretch a bounded wait. Dropping the
+        // backend's future here is covered by its cancel-safety contract.
+        let round_trip = backend.defaults().timeout;
         let lease = match opts.wait_value() {
-            Wait::No => backend.try_acquire(name, &opts).await?,
-            Wait::For(d) => backend.acquire_wait(name, &opts, Some(started + d)).await?,
+            Wait::No => {
+                match tokio::time::timeout(round_trip, backend.try_acquire(name, &opts)).await {
+                    Ok(r) => r?,
+                    Err(_) => return Err(no_answer(backend_name, name, round_trip)),
+                }
+            }
+            Wait::For(d) => {
+                match tokio::time::timeout(
+                    d + round_trip,
+                    backend.acquire_wait(name, &opts, Some(started + d)),
+                )
+                .await
+                {
+                    Ok(r) => r?,
+                    Err(_) => None,
+                }
+            }
             Wait::Forever => backend.acquire_wait(name, &opts, None).await?,
         };
         match lease {
@@ -64,6 +82,16 @@ pub async fn acquire(
     }
     .instrument(span)
     .await
+}
+
+fn no_answer(backend: &'static str, name: &LockName, timeout: std::time::Duration) -> Error {
+    Error::backend(
+        backend,
+        "acquire",
+        Some(name),
+        true,
+        format!("no answer within the connection timeout of {timeout:?}"),
+    )
 }
 
 /// Convenience methods on a connected backend.

@@ -1,0 +1,180 @@
+//! Guard and acquire behaviour when the store misbehaves, using a memory backend wrapped with
+//! switchable faults.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use lockcore::{
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, KeepAlive, Lease,
+    LockExt, LockInfo, LockName, LostReason, MemoryLock, Released, Result, Wait, async_trait,
+};
+
+#[derive(Debug)]
+struct Faulty {
+    inner: MemoryLock,
+    hang_acquire: AtomicBool,
+    fail_extend: AtomicBool,
+}
+
+impl Faulty {
+    fn new(ns: &str) -> Arc<Self> {
+        let mut defaults = ClientDefaults::default();
+        defaults.timeout = Duration::from_millis(200);
+        Arc::new(Faulty {
+            inner: MemoryLock::new(ns).with_defaults(defaults),
+            hang_acquire: AtomicBool::new(false),
+            fail_extend: AtomicBool::new(false),
+        })
+    }
+}
+
+#[async_trait]
+impl DistributedLock for Faulty {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn defaults(&self) -> ClientDefaults {
+        self.inner.defaults()
+    }
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        if self.hang_acquire.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.inner.try_acquire(name, opts).await
+    }
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        d: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        if self.hang_acquire.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        self.inner.acquire_wait(name, opts, d).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        self.inner.release(lease).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        if self.fail_extend.load(Ordering::SeqCst) {
+            return Err(Error::backend(
+                "faulty",
+                "extend",
+                Some(lease.name()),
+                true,
+                "connection refused",
+            ));
+        }
+        self.inner.extend(lease, ttl).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+#[tokio::test]
+async fn hung_store_cannot_stretch_a_bounded_wait() {
+    let f = Faulty::new("hung");
+    f.hang_acquire.store(true, Ordering::SeqCst);
+    let locks: Arc<dyn DistributedLock> = f;
+    let opts = AcquireOptions::new().wait(Wait::No);
+    match tokio::time::timeout(Duration::from_secs(30), locks.lock("x", &opts))
+        .await
+        .expect("hang guard")
+    {
+        Err(e @ Error::Backend { .. }) => assert!(
+            e.is_retryable(),
+            "a store that does not answer is retryable"
+        ),
+        other => panic!("expected a retryable backend error, got {other:?}"),
+    }
+    let opts = AcquireOptions::new().wait(Wait::For(Duration::from_millis(100)));
+    let out = tokio::time::timeout(Duration::from_secs(30), locks.lock("x", &opts))
+        .await
+        .expect("hang guard");
+    assert!(matches!(out, Err(Error::Timeout { .. })), "got {out:?}");
+}
+
+#[tokio::test]
+async fn failing_renewals_report_connection_lost_when_the_lease_runs_out() {
+    let f = Faulty::new("renew-fails");
+    let locks: Arc<dyn DistributedLock> = f.clone();
+    let opts = AcquireOptions::new()
+        .ttl(Duration::from_millis(300))
+        .keep_alive(KeepAlive::renew());
+    let g = locks.lock("x", &opts).await.expect("acquire");
+    f.fail_extend.store(true, Ordering::SeqCst);
+    let reason = tokio::time::timeout(Duration::from_secs(30), g.lost())
+        .await
+        .expect("lost() fires");
+    assert_eq!(reason, LostReason::ConnectionLost);
+    assert!(!g.is_held());
+    assert!(
+        Instant::now() >= g.lease().valid_until(),
+        "lost() fired before the lease could have run out"
+    );
+}
+
+#[tokio::test]
+async fn renewals_survive_a_short_outage() {
+    let f = Faulty::new("renew-blip");
+    let locks: Arc<dyn DistributedLock> = f.clone();
+    let opts = AcquireOptions::new()
+        .ttl(Duration::from_millis(900))
+        .keep_alive(KeepAlive::renew());
+    let g = locks.lock("x", &opts).await.expect("acquire");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    f.fail_extend.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    f.fail_extend.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        g.is_held(),
+        "a renewal outage shorter than the lease lost the lock"
+    );
+    assert_eq!(g.lost_reason(), None);
+    assert_eq!(g.release().await.unwrap(), Released::Released);
+}
+
+#[test]
+fn guard_dropped_outside_a_runtime_does_not_panic_and_the_ttl_frees_it() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let locks: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new("no-runtime"));
+    let opts = AcquireOptions::new()
+        .ttl(Duration::from_millis(200))
+        .keep_alive(KeepAlive::Off)
+        .wait(Wait::No);
+    let g = rt.block_on(locks.lock("x", &opts)).unwrap();
+    drop(rt);
+    drop(g); // no runtime here: must log, not panic or block
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let again = rt.block_on(async {
+        let opts = opts.clone().wait(Wait::For(Duration::from_secs(20)));
+        locks.lock("x", &opts).await
+    });
+    assert!(again.is_ok(), "the lease should have run out: {again:?}");
+}
+
+#[tokio::test]
+async fn max_hold_caps_total_hold_time() {
+    let locks: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new("max-hold"));
+    let opts = AcquireOptions::new()
+        .ttl(Duration::from_millis(300))
+        .keep_alive(KeepAlive::max_hold(Duration::from_millis(700)));
+    let g = locks.lock("x", &opts).await.unwrap();
+    let acquired = g.lease().acquired_at();
+    let reason = tokio::time::timeout(Duration::from_secs(30), g.lost())
+        .await
+        .expect("lost() fires");
+    assert_eq!(reason, LostReason::RenewalLimit);
+    assert!(
+        g.lease().valid_until() <= acquired + Duration::from_millis(700),
+        "renewed past max_hold"
+    );
+    assert!(
+        g.lease().valid_until() > acquired + Duration::from_millis(300),
+        "never renewed at all"
+    );
+}
