@@ -1,1 +1,13 @@
-//! dlock facade
+#![doc = include_str!("../README.md")]
+
+pub mod bench;
+mod config;
+mod redact;
+mod registry;
+
+pub use config::LockConfig;
+pub use redact::redact;
+pub use registry::{Backend, backends, connect, connect_config, scheme_of, schemes};
+
+/// The whole lockcore API, so applications depend on `dlock` only.
+pub use lockcore::*;

@@ -1,0 +1,807 @@
+//! The `dlock bench` engine: uncontended pairs against the backend's raw floor, and contention
+//! between independent clients on one name. The binary only formats the [`BenchReport`].
+//!
+//! Latencies are recorded in HDR histograms at nanosecond resolution (3 significant digits) and
+//! reported in microseconds. Nothing here asserts speed; the report is for people and scripts.
+
+use std::fmt;
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::{
+    AcquireOptions, DistributedLock, Error, KeepAlive, LockExt, LockName, OwnerId, Released,
+    Result, Wait, connect, redact,
+};
+
+/// Which measurements to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// One client: acquire+release pairs, and the raw floor.
+    Uncontended,
+    /// N clients on one name.
+    Contended,
+    /// Both, one after the other.
+    #[default]
+    All,
+}
+
+impl Mode {
+    fn uncontended(self) -> bool {
+        matches!(self, Mode::Uncontended | Mode::All)
+    }
+    fn contended(self) -> bool {
+        matches!(self, Mode::Contended | Mode::All)
+    }
+}
+
+impl FromStr for Mode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "uncontended" => Ok(Mode::Uncontended),
+            "contended" => Ok(Mode::Contended),
+            "all" => Ok(Mode::All),
+            other => Err(Error::invalid_argument(
+                "mode",
+                format!("`{other}`: expected uncontended, contended or all"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Uncontended => "uncontended",
+            Mode::Contended => "contended",
+            Mode::All => "all",
+        })
+    }
+}
+
+/// What to measure and for how long.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct BenchOptions {
+    /// Store URL (printed only redacted).
+    pub url: String,
+    /// Which measurements.
+    pub mode: Mode,
+    /// Measured time per phase (uncontended, floor, contended).
+    pub duration: Duration,
+    /// Unmeasured time before each phase.
+    pub warmup: Duration,
+    /// Clients in the contended phase, each with its own connection.
+    pub clients: usize,
+    /// How long each contended acquisition holds the lock.
+    pub hold: Duration,
+    /// Lock name prefix; default `dlock-bench/<random>` so runs on a shared store do not collide.
+    pub name: Option<String>,
+}
+
+impl fmt::Debug for BenchOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BenchOptions")
+            .field("url", &redact(&self.url))
+            .field("mode", &self.mode)
+            .field("duration", &self.duration)
+            .field("warmup", &self.warmup)
+            .field("clients", &self.clients)
+            .field("hold", &self.hold)
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl BenchOptions {
+    /// Defaults: all modes, 5 s per phase after 1 s of warm-up, 8 clients holding 1 ms.
+    pub fn new(url: impl Into<String>) -> Self {
+        BenchOptions {
+            url: url.into(),
+            mode: Mode::All,
+            duration: Duration::from_secs(5),
+            warmup: Duration::from_secs(1),
+            clients: 8,
+            hold: Duration::from_millis(1),
+            name: None,
+        }
+    }
+
+    /// Sets the mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+    /// Sets the measured time per phase.
+    pub fn duration(mut self, d: Duration) -> Self {
+        self.duration = d;
+        self
+    }
+    /// Sets the warm-up per phase.
+    pub fn warmup(mut self, d: Duration) -> Self {
+        self.warmup = d;
+        self
+    }
+    /// Sets the number of contending clients.
+    pub fn clients(mut self, n: usize) -> Self {
+        self.clients = n;
+        self
+    }
+    /// Sets the hold time per contended acquisition.
+    pub fn hold(mut self, d: Duration) -> Self {
+        self.hold = d;
+        self
+    }
+    /// Sets the lock name prefix.
+    pub fn name(mut self, prefix: impl Into<String>) -> Self {
+        self.name = Some(prefix.into());
+        self
+    }
+
+    /// The lease ttl used in the contended phase: comfortably above the hold time
+    /// (20 × hold, at least 5 s), so no lease expires while held.
+    pub fn contended_ttl(&self) -> Duration {
+        (self.hold * 20)
+            .max(Duration::from_secs(5))
+            .min(lockcore::MAX_TTL)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.duration.is_zero() {
+            return Err(Error::invalid_argument("duration", "must be above zero"));
+        }
+        if self.clients == 0 {
+            return Err(Error::invalid_argument("clients", "must be at least 1"));
+        }
+        if self.hold * 20 > lockcore::MAX_TTL {
+            return Err(Error::invalid_argument("hold", "must be below 8 hours"));
+        }
+        Ok(())
+    }
+}
+
+/// The benchmark phases, for progress reporting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Phase {
+    /// Uncontended acquire+release pairs through dlock.
+    Uncontended,
+    /// The backend's raw commands.
+    Floor,
+    /// N clients on one name.
+    Contended,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Phase::Uncontended => "uncontended",
+            Phase::Floor => "raw floor",
+            Phase::Contended => "contended",
+        })
+    }
+}
+
+/// Receives progress while a benchmark runs (the binary draws a progress bar with it).
+pub trait Progress: Send + Sync {
+    /// `elapsed` of `total` (warm-up included) has passed in `phase`. Called every ~100 ms.
+    fn update(&self, phase: Phase, elapsed: Duration, total: Duration);
+}
+
+struct NoProgress;
+impl Progress for NoProgress {
+    fn update(&self, _: Phase, _: Duration, _: Duration) {}
+}
+
+/// Latency percentiles of one measurement, in microseconds. All zero when `count` is 0.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LatencySummary {
+    /// Samples recorded.
+    pub count: u64,
+    /// Mean.
+    pub mean_us: f64,
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+    /// Largest sample.
+    pub max_us: f64,
+}
+
+impl LatencySummary {
+    fn of(h: &Histogram<u64>) -> Self {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        if h.is_empty() {
+            return LatencySummary {
+                count: 0,
+                mean_us: 0.0,
+                p50_us: 0.0,
+                p99_us: 0.0,
+                p999_us: 0.0,
+                max_us: 0.0,
+            };
+        }
+        LatencySummary {
+            count: h.len(),
+            mean_us: h.mean() / 1000.0,
+            p50_us: us(h.value_at_quantile(0.5)),
+            p99_us: us(h.value_at_quantile(0.99)),
+            p999_us: us(h.value_at_quantile(0.999)),
+            max_us: us(h.max()),
+        }
+    }
+}
+
+/// Uncontended acquire+release through dlock, with the raw floor measured in the same run.
+#[derive(Clone, Debug, Serialize)]
+pub struct UncontendedReport {
+    /// Lock name used.
+    pub name: String,
+    /// Pairs completed in the measured window.
+    pub pairs: u64,
+    /// Pairs per second.
+    pub pairs_per_sec: f64,
+    /// Latency of one pair (`lock` with `Wait::No` + `release`).
+    pub latency: LatencySummary,
+    /// Failed pairs (store errors, or the lock found held).
+    pub errors: u64,
+    /// The first failure's message, if any.
+    pub first_error: Option<String>,
+    /// The raw floor, or `None` if the backend offers none ("no floor").
+    pub floor: Option<FloorReport>,
+}
+
+/// The backend's minimal commands, measured like the uncontended pairs.
+#[derive(Clone, Debug, Serialize)]
+pub struct FloorReport {
+    /// What one raw pair consists of.
+    pub description: String,
+    /// Pairs completed in the measured window.
+    pub pairs: u64,
+    /// Pairs per second.
+    pub pairs_per_sec: f64,
+    /// Latency of one raw pair.
+    pub latency: LatencySummary,
+    /// Failed pairs.
+    pub errors: u64,
+    /// dlock pairs/s ÷ floor pairs/s (1.0 means dlock costs nothing over the raw commands).
+    pub ratio: f64,
+}
+
+/// N clients, each with its own connection, contending for one name.
+#[derive(Clone, Debug, Serialize)]
+pub struct ContendedReport {
+    /// Lock name used.
+    pub name: String,
+    /// Clients.
+    pub clients: usize,
+    /// Hold time per acquisition, milliseconds.
+    pub hold_ms: f64,
+    /// Lease ttl used, milliseconds.
+    pub ttl_ms: u64,
+    /// Acquisitions in the measured window, all clients.
+    pub acquisitions: u64,
+    /// Acquisitions per second.
+    pub acquisitions_per_sec: f64,
+    /// Time from one client's release returning to a *different* client's acquire returning
+    /// (0 when the acquire returned first).
+    pub handoff: LatencySummary,
+    /// Time from an acquire call's start to its return.
+    pub wait: LatencySummary,
+    /// Acquisitions per client in the measured window, by client index.
+    pub per_client: Vec<u64>,
+    /// Fewest acquisitions of one client.
+    pub per_client_min: u64,
+    /// Most acquisitions of one client.
+    pub per_client_max: u64,
+    /// `per_client_min / per_client_max` (1.0 is perfectly even; 0 when a client starved).
+    pub fairness: f64,
+    /// Clients with at least one acquisition.
+    pub clients_that_acquired: usize,
+    /// Times a client acquired while another still held the lock. Must be 0.
+    pub violations: u64,
+    /// Failed acquires or releases (including releases that found the lease gone).
+    pub errors: u64,
+    /// The first failure's message, if any.
+    pub first_error: Option<String>,
+}
+
+/// Everything one `dlock bench` run measured. Field names are stable (the `--json` output).
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    /// The URL, redacted.
+    pub url: String,
+    /// Backend name from its capabilities.
+    pub backend: String,
+    /// The backend's fairness promise (`fifo` or `unordered`).
+    pub fairness: String,
+    /// How the backend wakes waiters (`notify`, `pubsub`, `poll`, ...).
+    pub wait_mechanism: String,
+    /// Modes run.
+    pub mode: Mode,
+    /// Measured seconds per phase.
+    pub duration_secs: f64,
+    /// Warm-up seconds per phase.
+    pub warmup_secs: f64,
+    /// The uncontended phase, if run.
+    pub uncontended: Option<UncontendedReport>,
+    /// The contended phase, if run.
+    pub contended: Option<ContendedReport>,
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 ns .. 1 hour at 3 significant digits; larger values saturate.
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+fn record(h: &mut Histogram<u64>, d: Duration) {
+    h.saturating_record(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+}
+
+fn per_sec(count: u64, window: Duration) -> f64 {
+    count as f64 / window.as_secs_f64()
+}
+
+/// Runs the benchmark.
+///
+/// # Cancel safety
+/// Dropping the future stops the clients at their next await; locks they held are released in
+/// the background by their guards, and the bench's names are unique per run.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a zero duration, zero clients or a hold time too long for a
+/// ttl; connection errors from [`connect`](crate::connect). Failures of individual operations
+/// while running are counted in the report, not returned.
+pub async fn run(opts: &BenchOptions) -> Result<BenchReport> {
+    run_with_progress(opts, Arc::new(NoProgress)).await
+}
+
+/// [`run`] reporting progress to `progress`.
+///
+/// # Cancel safety
+/// As [`run`].
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with_progress(
+    opts: &BenchOptions,
+    progress: Arc<dyn Progress>,
+) -> Result<BenchReport> {
+    opts.validate()?;
+    let backend = connect(&opts.url).await?;
+    let caps = backend.capabilities();
+    let prefix = opts
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("dlock-bench/{}", &OwnerId::random().to_string()[..12]));
+    tracing::info!(url = %redact(&opts.url), backend = caps.backend, prefix, "bench starting");
+
+    let uncontended = if opts.mode.uncontended() {
+        Some(uncontended(opts, &backend, &prefix, progress.as_ref()).await?)
+    } else {
+        None
+    };
+    let contended = if opts.mode.contended() {
+        Some(contended(opts, &prefix, progress.clone()).await?)
+    } else {
+        None
+    };
+    Ok(BenchReport {
+        url: redact(&opts.url),
+        backend: caps.backend.to_owned(),
+        fairness: format!("{:?}", caps.fairness).to_ascii_lowercase(),
+        wait_mechanism: format!("{:?}", caps.waiting).to_ascii_lowercase(),
+        mode: opts.mode,
+        duration_secs: opts.duration.as_secs_f64(),
+        warmup_secs: opts.warmup.as_secs_f64(),
+        uncontended,
+        contended,
+    })
+}
+
+/// Result of one timed loop.
+struct LoopStats {
+    hist: Histogram<u64>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+/// Calls `op` back to back for `warmup + duration`, recording the latency of the calls that start
+/// after the warm-up.
+async fn timed_loop<F, Fut>(
+    opts: &BenchOptions,
+    phase: Phase,
+    progress: &dyn Progress,
+    mut op: F,
+) -> LoopStats
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    let total = opts.warmup + opts.duration;
+    let start = Instant::now();
+    let measure_from = start + opts.warmup;
+    let end = measure_from + opts.duration;
+    let mut stats = LoopStats {
+        hist: new_histogram(),
+        errors: 0,
+        first_error: None,
+    };
+    let mut last_tick = start;
+    loop {
+        let t0 = Instant::now();
+        if t0 >= end {
+            break;
+        }
+        if t0.duration_since(last_tick) >= Duration::from_millis(100) {
+            progress.update(phase, t0 - start, total);
+            last_tick = t0;
+        }
+        let outcome = op().await;
+        let t1 = Instant::now();
+        if t0 < measure_from {
+            continue;
+        }
+        match outcome {
+            Ok(()) => record(&mut stats.hist, t1 - t0),
+            Err(e) => {
+                stats.errors += 1;
+                if stats.first_error.is_none() {
+                    stats.first_error = Some(e.to_string());
+                }
+            }
+        }
+    }
+    progress.update(phase, total, total);
+    stats
+}
+
+async fn uncontended(
+    opts: &BenchOptions,
+    backend: &Arc<dyn DistributedLock>,
+    prefix: &str,
+    progress: &dyn Progress,
+) -> Result<UncontendedReport> {
+    let name = format!("{prefix}/uncontended");
+    let lock_opts = AcquireOptions::new()
+        .wait(Wait::No)
+        .keep_alive(KeepAlive::Off);
+    let (name_ref, opts_ref) = (name.as_str(), &lock_opts);
+    let dlock = timed_loop(opts, Phase::Uncontended, progress, || async move {
+        let guard = backend.lock(name_ref, opts_ref).await?;
+        match guard.release().await? {
+            Released::Released => Ok(()),
+            Released::NotHeld => Err(Error::LockLost {
+                backend: backend.capabilities().backend,
+                name: name_ref.to_owned(),
+                operation: "bench release",
+            }),
+        }
+    })
+    .await;
+    let pairs = dlock.hist.len();
+    let pairs_per_sec = per_sec(pairs, opts.duration);
+
+    let floor = match backend.raw_floor() {
+        Some(floor) => {
+            let floor_name = LockName::new(format!("{prefix}/floor"))?;
+            let raw = timed_loop(opts, Phase::Floor, progress, || floor.pair(&floor_name)).await;
+            let floor_pairs = raw.hist.len();
+            let floor_per_sec = per_sec(floor_pairs, opts.duration);
+            Some(FloorReport {
+                description: floor.description(),
+                pairs: floor_pairs,
+                pairs_per_sec: floor_per_sec,
+                latency: LatencySummary::of(&raw.hist),
+                errors: raw.errors,
+                ratio: if floor_per_sec > 0.0 {
+                    pairs_per_sec / floor_per_sec
+                } else {
+                    0.0
+                },
+            })
+        }
+        None => None,
+    };
+
+    Ok(UncontendedReport {
+        name,
+        pairs,
+        pairs_per_sec,
+        latency: LatencySummary::of(&dlock.hist),
+        errors: dlock.errors,
+        first_error: dlock.first_error,
+        floor,
+    })
+}
+
+/// Who had the lock last, for handoff latency.
+enum Slot {
+    Free,
+    /// `client` holds it since `since`; `prev` is the client whose release had not been recorded
+    /// yet when `client` acquired (a handoff to measure when that release returns).
+    Held {
+        client: usize,
+        since: Instant,
+        prev: Option<usize>,
+    },
+    /// `client` released; its release call returned at `at`.
+    Released {
+        client: usize,
+        at: Instant,
+    },
+}
+
+struct Shared {
+    holding: AtomicUsize,
+    violations: AtomicU64,
+    slot: Mutex<Slot>,
+    measure_from: Instant,
+    end: Instant,
+}
+
+impl Shared {
+    fn measuring(&self, t: Instant) -> bool {
+        t >= self.measure_from && t < self.end
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `client`'s acquire returned at `now`; returns the handoff latency if this was a handoff
+    /// from a different client whose release already returned.
+    fn acquired(&self, client: usize, now: Instant) -> Option<Duration> {
+        let mut slot = self.slot();
+        let (handoff, prev) = match *slot {
+            Slot::Released { client: from, at } if from != client => {
+                (Some(now.saturating_duration_since(at)), None)
+            }
+            Slot::Held { client: from, .. } if from != client => (None, Some(from)),
+            _ => (None, None),
+        };
+        *slot = Slot::Held {
+            client,
+            since: now,
+            prev,
+        };
+        handoff
+    }
+
+    /// `client`'s release returned at `now`; returns a handoff latency (zero) if another client's
+    /// acquire had already returned.
+    fn released(&self, client: usize, now: Instant) -> Option<Duration> {
+        let mut slot = self.slot();
+        match *slot {
+            Slot::Held { client: holder, .. } if holder == client => {
+                *slot = Slot::Released { client, at: now };
+                None
+            }
+            Slot::Held {
+                client: holder,
+                since,
+                prev: Some(from),
+            } if from == client => {
+                *slot = Slot::Held {
+                    client: holder,
+                    since,
+                    prev: None,
+                };
+                Some(since.saturating_duration_since(now))
+            }
+            _ => None,
+        }
+    }
+
+    fn reset(&self, client: usize) {
+        let mut slot = self.slot();
+        if matches!(*slot, Slot::Held { client: c, .. } if c == client) {
+            *slot = Slot::Free;
+        }
+    }
+}
+
+struct ClientStats {
+    acquisitions: u64,
+    wait: Histogram<u64>,
+    handoff: Histogram<u64>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl ClientStats {
+    fn error(&mut self, e: impl fmt::Display) {
+        self.errors += 1;
+        if self.first_error.is_none() {
+            self.first_error = Some(e.to_string());
+        }
+    }
+}
+
+async fn contended(
+    opts: &BenchOptions,
+    prefix: &str,
+    progress: Arc<dyn Progress>,
+) -> Result<ContendedReport> {
+    let name = format!("{prefix}/contended");
+    let ttl = opts.contended_ttl();
+    let lock_opts = AcquireOptions::new()
+        .ttl(ttl)
+        .wait(Wait::Forever)
+        .keep_alive(KeepAlive::Off);
+
+    // Independent connections, all made before the clock starts.
+    let mut clients = Vec::with_capacity(opts.clients);
+    for _ in 0..opts.clients {
+        clients.push(connect(&opts.url).await?);
+    }
+
+    let start = Instant::now();
+    let shared = Arc::new(Shared {
+        holding: AtomicUsize::new(0),
+        violations: AtomicU64::new(0),
+        slot: Mutex::new(Slot::Free),
+        measure_from: start + opts.warmup,
+        end: start + opts.warmup + opts.duration,
+    });
+    let mut tasks = Vec::with_capacity(clients.len());
+    for (id, client) in clients.into_iter().enumerate() {
+        let shared = shared.clone();
+        let name = name.clone();
+        let lock_opts = lock_opts.clone();
+        let hold = opts.hold;
+        tasks.push(tokio::spawn(async move {
+            contend(id, client, &name, &lock_opts, hold, &shared).await
+        }));
+    }
+
+    let total = opts.warmup + opts.duration;
+    let ticker = {
+        let progress = progress.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                every.tick().await;
+                let elapsed = start.elapsed().min(total);
+                progress.update(Phase::Contended, elapsed, total);
+                if elapsed >= total {
+                    break;
+                }
+            }
+        })
+    };
+
+    let mut per_client = Vec::with_capacity(tasks.len());
+    let mut wait = new_histogram();
+    let mut handoff = new_histogram();
+    let mut errors = 0;
+    let mut first_error = None;
+    for task in tasks {
+        let stats = task
+            .await
+            .map_err(|e| Error::backend("bench", "contended client", None, false, e.to_string()))?;
+        per_client.push(stats.acquisitions);
+        wait.add(&stats.wait).expect("same histogram bounds");
+        handoff.add(&stats.handoff).expect("same histogram bounds");
+        errors += stats.errors;
+        if first_error.is_none() {
+            first_error = stats.first_error;
+        }
+    }
+    ticker.abort();
+    progress.update(Phase::Contended, total, total);
+
+    let acquisitions: u64 = per_client.iter().sum();
+    let per_client_min = per_client.iter().copied().min().unwrap_or(0);
+    let per_client_max = per_client.iter().copied().max().unwrap_or(0);
+    Ok(ContendedReport {
+        name,
+        clients: per_client.len(),
+        hold_ms: opts.hold.as_secs_f64() * 1000.0,
+        ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        acquisitions,
+        acquisitions_per_sec: per_sec(acquisitions, opts.duration),
+        handoff: LatencySummary::of(&handoff),
+        wait: LatencySummary::of(&wait),
+        clients_that_acquired: per_client.iter().filter(|&&n| n > 0).count(),
+        fairness: if per_client_max > 0 {
+            per_client_min as f64 / per_client_max as f64
+        } else {
+            0.0
+        },
+        per_client,
+        per_client_min,
+        per_client_max,
+        violations: shared.violations.load(Ordering::SeqCst),
+        errors,
+        first_error,
+    })
+}
+
+/// One contending client: acquire (waiting), hold, release, until the end of the window.
+async fn contend(
+    id: usize,
+    client: Arc<dyn DistributedLock>,
+    name: &str,
+    opts: &AcquireOptions,
+    hold: Duration,
+    shared: &Shared,
+) -> ClientStats {
+    let mut stats = ClientStats {
+        acquisitions: 0,
+        wait: new_histogram(),
+        handoff: new_histogram(),
+        errors: 0,
+        first_error: None,
+    };
+    let end = shared.end;
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        // Stop waiting at the end of the window: dropping the acquire future is cancel-safe.
+        let acquired = tokio::select! {
+            r = client.lock(name, opts) => r,
+            _ = tokio::time::sleep_until(end.into()) => break,
+        };
+        let t1 = Instant::now();
+        let guard = match acquired {
+            Ok(g) => g,
+            Err(e) => {
+                stats.error(e);
+                // Do not spin on a store that fails fast.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if shared.holding.fetch_add(1, Ordering::SeqCst) != 0 {
+            shared.violations.fetch_add(1, Ordering::SeqCst);
+            tracing::error!(
+                client = id,
+                "mutual exclusion violated: two clients hold the lock"
+            );
+        }
+        let handoff = shared.acquired(id, t1);
+        let measured = shared.measuring(t1);
+        if measured {
+            stats.acquisitions += 1;
+            record(&mut stats.wait, t1 - t0);
+            if let Some(h) = handoff {
+                record(&mut stats.handoff, h);
+            }
+        }
+        if hold.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(hold).await;
+        }
+        // Leave the critical section before the store can hand the lock to someone else.
+        shared.holding.fetch_sub(1, Ordering::SeqCst);
+        match guard.release().await {
+            Ok(Released::Released) => {
+                let t2 = Instant::now();
+                if let Some(h) = shared.released(id, t2)
+                    && measured
+                {
+                    record(&mut stats.handoff, h);
+                }
+            }
+            Ok(Released::NotHeld) => {
+                shared.reset(id);
+                stats.error("release found the lease gone (ttl too short for the hold time?)");
+            }
+            Err(e) => {
+                shared.reset(id);
+                stats.error(e);
+            }
+        }
+    }
+    stats
+}

@@ -1,0 +1,64 @@
+//! Exit codes (sysexits.h where one fits) and the text that documents them.
+
+use dlock::Error;
+
+/// Success, or the command's own exit code.
+pub const OK: u8 = 0;
+/// `dlock bench` saw two clients hold the lock at once.
+pub const VIOLATION: u8 = 1;
+/// Usage error: bad flags or arguments, an invalid lock name, ttl or wait (EX_USAGE).
+pub const USAGE: u8 = 64;
+/// The lock store could not be reached or failed (EX_UNAVAILABLE).
+pub const UNAVAILABLE: u8 = 69;
+/// An internal error (EX_SOFTWARE).
+pub const SOFTWARE: u8 = 70;
+/// The lock was not acquired within `--wait` (EX_TEMPFAIL).
+pub const TEMPFAIL: u8 = 75;
+/// The lock was lost while the command ran.
+pub const LOST: u8 = 76;
+/// Bad URL or configuration: unknown scheme, bad option, no default store (EX_CONFIG).
+pub const CONFIG: u8 = 78;
+/// The command was found but could not be executed.
+pub const CANNOT_EXECUTE: u8 = 126;
+/// The command was not found.
+pub const NOT_FOUND: u8 = 127;
+
+/// The exit code for a library error.
+pub fn for_error(e: &Error) -> u8 {
+    match e {
+        Error::InvalidName { .. } | Error::InvalidArgument { .. } => USAGE,
+        Error::InvalidConfig { .. } | Error::UnsupportedScheme { .. } => CONFIG,
+        Error::Timeout { .. } => TEMPFAIL,
+        Error::LockLost { .. } => LOST,
+        Error::Backend { .. } | Error::QuorumNotReached { .. } | Error::Unsupported { .. } => {
+            UNAVAILABLE
+        }
+        _ => SOFTWARE,
+    }
+}
+
+/// `128 + signal`, as shells report a death by signal.
+pub fn for_signal(signal: i32) -> u8 {
+    u8::try_from(128 + signal).unwrap_or(255)
+}
+
+/// Shown after `dlock --help`.
+pub const ALL: &str = "\
+Exit codes:
+  0        success (run: the command's own exit code is passed through, 0..=255)
+  1        bench: a mutual-exclusion violation was seen (two clients held the lock at once)
+  64       usage error: bad flags or arguments, invalid lock name, --ttl or --wait
+  69       the lock store is unreachable or failed
+  70       internal error
+  75       run: the lock was not acquired within --wait (held by another owner)
+  76       run: the lock was lost while the command ran (the command got SIGTERM, then
+           SIGKILL after --grace), or it was found gone when releasing
+  78       bad URL or configuration: unknown scheme, bad option, no usable default store
+  126      run: the command could not be executed
+  127      run: the command was not found
+  128+N    run: the command was killed by signal N
+  129/130/143  run: dlock got SIGHUP/SIGINT/SIGTERM; it stopped the command and released the lock
+
+Logging: warnings only by default, on stderr; -v info, -vv debug, -vvv trace; without -v,
+RUST_LOG (e.g. RUST_LOG=dlock=debug) is used when set. URLs are always shown with passwords
+replaced by ***.";

@@ -1,0 +1,75 @@
+//! Which lock store `run` and `status` use: --url, else $DLOCK_URL, else a per-user SQLite file.
+
+use std::path::PathBuf;
+
+use crate::exit;
+
+/// `$XDG_STATE_HOME/dlock/locks.db` (when that is an absolute path), else
+/// `$HOME/.local/state/dlock/locks.db`.
+pub fn default_db_path() -> Option<PathBuf> {
+    let state = std::env::var_os("XDG_STATE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute())
+                .map(|home| home.join(".local/state"))
+        })?;
+    Some(state.join("dlock").join("locks.db"))
+}
+
+fn sqlite_compiled_in() -> bool {
+    dlock::schemes().contains(&"sqlite")
+}
+
+/// Text for the long help of run and status.
+pub fn help_text() -> String {
+    let location = match default_db_path() {
+        Some(p) => format!("sqlite://{}", p.display()),
+        None => "(none: neither XDG_STATE_HOME nor HOME is set)".to_owned(),
+    };
+    let note = if sqlite_compiled_in() {
+        ""
+    } else {
+        "\n  (this build has no SQLite support: build with the `sql` feature, or give --url)"
+    };
+    format!(
+        "Lock store: --url, else $DLOCK_URL, else the per-user SQLite file\n  {location}{note}\nCompiled-in schemes: {}",
+        dlock::schemes().join(", ")
+    )
+}
+
+/// The URL to use, or an exit code after printing why there is none.
+pub fn resolve(url: Option<String>) -> Result<String, u8> {
+    if let Some(url) = url.filter(|u| !u.trim().is_empty()) {
+        return Ok(url);
+    }
+    let Some(path) = default_db_path() else {
+        eprintln!(
+            "dlock: no lock store: give --url or set DLOCK_URL (the default SQLite file needs XDG_STATE_HOME or HOME)"
+        );
+        return Err(exit::CONFIG);
+    };
+    let url = format!("sqlite://{}", path.display());
+    if !sqlite_compiled_in() {
+        eprintln!(
+            "dlock: no lock store given (--url or DLOCK_URL) and this build cannot use the default {url}: it has no SQLite support; compiled-in schemes: {}",
+            dlock::schemes().join(", ")
+        );
+        return Err(exit::CONFIG);
+    }
+    if let Some(dir) = path.parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        if let Err(e) = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+        {
+            eprintln!("dlock: cannot create {}: {e}", dir.display());
+            return Err(exit::CONFIG);
+        }
+    }
+    tracing::debug!(url, "using the default lock store");
+    Ok(url)
+}
