@@ -1,1 +1,125 @@
 //! Test kit: real servers as child processes and a fault-injecting TCP proxy.
+//!
+//! Every server ([`Postgres`], [`MariaDb`], [`Redis`], [`ZooKeeper`], [`ZkEnsemble`]) is a child
+//! process of the test process, on a free loopback port, with its data in a temp dir. Each has a
+//! `start()` for a private instance (fault tests kill, pause and restart it) and most have a
+//! `shared()` for one instance per test process that many tests use side by side.
+//!
+//! Shutdown: servers are forked by one long-lived kit thread with `PR_SET_PDEATHSIG(SIGKILL)`, so
+//! the kernel kills them when the test process dies, however it dies; an `atexit` hook kills every
+//! registered server (with the processes it started) and removes the temp dirs of the shared
+//! ones; and a private instance is killed, reaped and its temp dir removed when it is dropped,
+//! including when its test panics.
+//!
+//! A missing server binary is an error whose message names the Debian package to install (and
+//! `scripts/install-deps` installs them all); tests should fail on it, never skip.
+//!
+//! The kit never touches the machine's own PostgreSQL, MariaDB or Redis: it only uses ports it
+//! picked outside the default ones and the kernel's ephemeral range, and passes `--no-defaults`
+//! (or a config of its own) so no system config file is read.
+//!
+//! [`Proxy`] is a TCP proxy for one link that injects [`Fault`]s into live connections.
+
+mod error;
+mod mariadb;
+mod postgres;
+mod process;
+
+pub use error::{KitError, KitErrorKind, KitResult};
+pub use mariadb::MariaDb;
+pub use postgres::Postgres;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+
+/// A free TCP port on 127.0.0.1.
+///
+/// Ports come from below the kernel's ephemeral range (so an outgoing connection cannot take a
+/// killed server's port before its restart), are never handed out twice in one process, and
+/// were bindable a moment ago. Another process may still take one first: servers retry on
+/// another port when a first start fails.
+pub fn free_port() -> u16 {
+    static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let (low, _) = ephemeral_range();
+    let lo: u16 = 10_000;
+    let hi: u16 = low.saturating_sub(1).max(lo + 1000);
+    let mut handed = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    let handed = handed.get_or_insert_with(HashSet::new);
+    for _ in 0..10_000 {
+        let port = rand::random_range(lo..=hi);
+        if handed.contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok() {
+            handed.insert(port);
+            return port;
+        }
+    }
+    // Hardly reachable: fall back to a kernel-chosen port.
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("cannot bind 127.0.0.1:0");
+    let port = listener.local_addr().expect("local_addr").port();
+    handed.insert(port);
+    port
+}
+
+fn ephemeral_range() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|p| p.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999))
+}
+
+/// `127.0.0.1:port`.
+pub(crate) fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
+}
+
+/// Runs `attempt` on up to three fresh ports, moving on when the server exits early (another
+/// process took the port between [`free_port`] and the server's bind).
+pub(crate) async fn first_boot<F, Fut>(port: &AtomicU16, mut attempt: F) -> KitResult<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = KitResult<()>>,
+{
+    const ATTEMPTS: usize = 3;
+    for i in 0..ATTEMPTS {
+        port.store(free_port(), Ordering::SeqCst);
+        match attempt().await {
+            Err(e) if e.kind() == KitErrorKind::ServerExited && i + 1 < ATTEMPTS => {
+                tracing::warn!("dlock kit: start failed, trying another port: {e}");
+            }
+            result => return result,
+        }
+    }
+    unreachable!("the last attempt always returns")
+}
+
+/// `{prefix}_{n}` with n unique in this process.
+pub(crate) fn unique_name(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("{prefix}_{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Database names the kit creates: ASCII letters, digits, `_`, `-`; no quoting surprises in SQL
+/// or URLs.
+pub(crate) fn valid_database_name(name: &str, max: usize) -> KitResult<()> {
+    let ok = !name.is_empty()
+        && name.len() <= max
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(KitError::new(
+            KitErrorKind::InvalidArgument,
+            format!("database name {name:?} must be 1..={max} ASCII letters, digits, `_` or `-`"),
+        ))
+    }
+}

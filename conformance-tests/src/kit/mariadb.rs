@@ -1,0 +1,236 @@
+//! A private MariaDB server: `mariadb-install-db` + `mariadbd`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+
+use super::error::{KitError, KitResult};
+use super::process::{
+    Proc, Workdir, boot, find_any_binary, probe_command, run_command, running_as_root,
+};
+use super::{first_boot, loopback, unique_name, valid_database_name};
+
+const SERVER_PACKAGE: &str = "mariadb-server";
+const CLIENT_PACKAGE: &str = "mariadb-client";
+
+/// A MariaDB server of the kit's own: a fresh data dir in a temp dir, `root` without a password
+/// on 127.0.0.1 (real grant tables, so tests can create users), a `test` database, the socket
+/// in the temp dir, on a free port, `--no-defaults` so no system config is read.
+///
+/// Server defaults follow Debian's packaged config (`utf8mb4`, `utf8mb4_general_ci`), so
+/// behaviour matches a typical installation; `innodb_flush_log_at_trx_commit=2` (a killed
+/// process loses nothing the OS already has).
+#[derive(Debug)]
+pub struct MariaDb {
+    proc: Proc,
+    port: AtomicU16,
+    mariadbd: PathBuf,
+    client: PathBuf,
+    admin: PathBuf,
+    lifecycle: tokio::sync::Mutex<()>,
+    dir: Workdir,
+}
+
+impl MariaDb {
+    /// Starts a private server (for fault tests: kill it, pause it, restart it).
+    ///
+    /// # Errors
+    /// A missing binary (naming the package), a failed `mariadb-install-db`, or a server that
+    /// does not answer within 60 s (with the server's log tail).
+    pub async fn start() -> KitResult<MariaDb> {
+        let mariadbd = find_any_binary(&["mariadbd", "mysqld"], SERVER_PACKAGE)?;
+        let install = find_any_binary(&["mariadb-install-db", "mysql_install_db"], SERVER_PACKAGE)?;
+        let client = find_any_binary(&["mariadb", "mysql"], CLIENT_PACKAGE)?;
+        let admin = find_any_binary(&["mariadb-admin", "mysqladmin"], CLIENT_PACKAGE)?;
+        let dir = Workdir::new("mariadb")?;
+        let db = MariaDb {
+            proc: Proc::new("mariadbd", dir.path().join("mariadb.log")),
+            port: AtomicU16::new(0),
+            mariadbd,
+            client,
+            admin,
+            lifecycle: tokio::sync::Mutex::new(()),
+            dir,
+        };
+        let mut cmd = Command::new(install);
+        cmd.arg("--no-defaults")
+            .arg(format!("--datadir={}", db.data_dir().display()))
+            .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+            .arg("--skip-name-resolve")
+            // Concurrent bootstraps sharing /tmp trip over each other's temp tables.
+            .env("TMPDIR", db.dir.path())
+            .current_dir(db.dir.path());
+        if running_as_root() {
+            cmd.arg("--user=root");
+        }
+        run_command("mariadb-install-db", cmd).await?;
+        first_boot(&db.port, || db.boot(false)).await?;
+        db.query("mysql", "CREATE DATABASE IF NOT EXISTS `test`")
+            .await?;
+        Ok(db)
+    }
+
+    /// The server shared by every test of this test process, started on first use.
+    ///
+    /// Use [`MariaDb::create_database`] to isolate tests on it; never kill or pause it.
+    ///
+    /// # Errors
+    /// As [`MariaDb::start`]; a failed start is remembered and returned to every caller.
+    pub async fn shared() -> KitResult<&'static MariaDb> {
+        static SHARED: OnceCell<Result<MariaDb, KitError>> = OnceCell::const_new();
+        SHARED
+            .get_or_init(Self::start)
+            .await
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// `mysql://root@127.0.0.1:{port}/test`.
+    pub fn url(&self) -> String {
+        self.database_url("test")
+    }
+
+    /// The URL of database `name` on this server.
+    pub fn database_url(&self, name: &str) -> String {
+        format!("mysql://root@127.0.0.1:{}/{name}", self.port())
+    }
+
+    /// The TCP port (the same across restarts).
+    pub fn port(&self) -> u16 {
+        self.port.load(Ordering::SeqCst)
+    }
+
+    /// `127.0.0.1:{port}`.
+    pub fn addr(&self) -> SocketAddr {
+        loopback(self.port())
+    }
+
+    /// The temp dir holding `data/`, the socket and `mariadb.log`.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// SIGKILLs the server (a crash); connections fail at once.
+    pub fn kill9(&self) {
+        self.proc.kill9();
+    }
+
+    /// SIGSTOPs the server: connections hang, nothing is refused.
+    pub fn pause(&self) {
+        self.proc.signal_tree(libc::SIGSTOP);
+    }
+
+    /// SIGCONTs the server after [`MariaDb::pause`].
+    pub fn resume(&self) {
+        self.proc.signal_tree(libc::SIGCONT);
+    }
+
+    /// Starts the server again on the same port and data dir (InnoDB recovery runs) and waits
+    /// until it answers. Kills it first if it is running.
+    ///
+    /// # Errors
+    /// A server that does not answer within 60 s.
+    pub async fn restart(&self) -> KitResult<()> {
+        let _lifecycle = self.lifecycle.lock().await;
+        self.proc.kill9();
+        self.boot(true).await
+    }
+
+    /// Creates database `name` if it does not exist and returns its URL.
+    ///
+    /// Names are limited to ASCII letters, digits, `_` and `-` (up to 64 bytes).
+    ///
+    /// # Errors
+    /// An invalid name, or the `mariadb` client failing.
+    pub async fn create_database(&self, name: &str) -> KitResult<String> {
+        valid_database_name(name, 64)?;
+        self.query("mysql", &format!("CREATE DATABASE IF NOT EXISTS `{name}`"))
+            .await?;
+        Ok(self.database_url(name))
+    }
+
+    /// Creates a database with a name unique in this test process (`{prefix}_{n}`) and returns
+    /// its URL.
+    ///
+    /// # Errors
+    /// As [`MariaDb::create_database`].
+    pub async fn fresh_database(&self, prefix: &str) -> KitResult<String> {
+        self.create_database(&unique_name(prefix)).await
+    }
+
+    /// Runs `sql` with the `mariadb` client as root over TCP in `database`; returns the
+    /// tab-separated rows without column names.
+    ///
+    /// # Errors
+    /// The client failing (its stderr is in the message).
+    pub async fn query(&self, database: &str, sql: &str) -> KitResult<String> {
+        let mut cmd = Command::new(&self.client);
+        cmd.args(["--no-defaults", "--protocol=tcp", "-h", "127.0.0.1"])
+            .arg(format!("-P{}", self.port()))
+            .args([
+                "-uroot",
+                "--connect-timeout=10",
+                "-N",
+                "-B",
+                "-D",
+                database,
+                "-e",
+                sql,
+            ]);
+        run_command("mariadb", cmd).await
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn spawn_server(&self) -> KitResult<()> {
+        let dir = self.dir.path();
+        let mut cmd = Command::new(&self.mariadbd);
+        // --no-defaults must come first.
+        cmd.arg("--no-defaults")
+            .arg(format!("--datadir={}", self.data_dir().display()))
+            .arg(format!("--socket={}", dir.join("mysqld.sock").display()))
+            .arg(format!("--pid-file={}", dir.join("mariadbd.pid").display()))
+            .arg(format!("--tmpdir={}", dir.display()))
+            .arg(format!("--port={}", self.port()))
+            .args(["--bind-address=127.0.0.1", "--skip-name-resolve"])
+            .args([
+                "--character-set-server=utf8mb4",
+                "--collation-server=utf8mb4_general_ci",
+            ])
+            .args([
+                "--innodb-flush-log-at-trx-commit=2",
+                "--innodb-buffer-pool-size=64M",
+            ])
+            .args(["--max-connections=500", "--skip-log-bin"])
+            .current_dir(dir);
+        if running_as_root() {
+            cmd.arg("--user=root");
+        }
+        self.proc.spawn(cmd)
+    }
+
+    async fn boot(&self, retry_on_exit: bool) -> KitResult<()> {
+        boot(
+            &self.proc,
+            self.port(),
+            retry_on_exit,
+            || self.spawn_server(),
+            || self.is_ready(),
+        )
+        .await
+    }
+
+    async fn is_ready(&self) -> bool {
+        let mut cmd = Command::new(&self.admin);
+        cmd.args(["--no-defaults", "--protocol=tcp", "-h", "127.0.0.1"])
+            .arg(format!("-P{}", self.port()))
+            .args(["-uroot", "--connect-timeout=2", "ping"]);
+        probe_command(cmd, Duration::from_secs(5)).await
+    }
+}

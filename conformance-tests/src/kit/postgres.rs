@@ -1,0 +1,289 @@
+//! A private PostgreSQL server: `initdb` + `postgres` as the `postgres` OS user.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+
+use super::error::{KitError, KitErrorKind, KitResult};
+use super::process::{
+    Proc, Workdir, boot, find_binary, probe_command, run_command, running_as_root, system_user,
+};
+use super::{first_boot, loopback, unique_name, valid_database_name};
+
+const PACKAGE: &str = "postgresql";
+
+/// A PostgreSQL server of the kit's own: a fresh cluster in a temp dir, trust auth on
+/// 127.0.0.1, on a free port; socket in the temp dir; `fsync=off` (a killed process loses
+/// nothing the OS already has, which is all a kill -9 test needs).
+///
+/// Started as the `postgres` OS user when the tests run as root (initdb refuses root), through
+/// `setpriv`, which execs without forking, so the child is the postmaster itself and it still
+/// gets the parent-death signal. Killed, with all its backends, when dropped or when the test
+/// process exits.
+#[derive(Debug)]
+pub struct Postgres {
+    proc: Proc,
+    port: AtomicU16,
+    bindir: PathBuf,
+    setpriv: Option<PathBuf>,
+    lifecycle: tokio::sync::Mutex<()>,
+    dir: Workdir,
+}
+
+impl Postgres {
+    /// Starts a private server (for fault tests: kill it, pause it, restart it).
+    ///
+    /// # Errors
+    /// A missing binary (naming the package), a failed `initdb`, or a server that does not
+    /// answer `pg_isready` within 60 s (with the server's log tail).
+    pub async fn start() -> KitResult<Postgres> {
+        let bindir = bindir()?;
+        for tool in ["initdb", "postgres", "pg_isready", "psql"] {
+            if !bindir.join(tool).exists() {
+                return Err(KitError::missing(tool, PACKAGE));
+            }
+        }
+        let setpriv = if running_as_root() {
+            Some(find_binary("setpriv", "util-linux")?)
+        } else {
+            None
+        };
+        let dir = Workdir::new("postgres")?;
+        if running_as_root() {
+            let (uid, gid) = system_user("postgres").ok_or_else(|| {
+                KitError::new(
+                    KitErrorKind::MissingBinary,
+                    "system user `postgres` not found: install it with `apt-get install postgresql` or run scripts/install-deps",
+                )
+            })?;
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+                .map_err(|e| KitError::io("cannot chown the postgres temp dir", e))?;
+        }
+        let pg = Postgres {
+            proc: Proc::new("postgres", dir.path().join("postgres.log")),
+            port: AtomicU16::new(0),
+            bindir,
+            setpriv,
+            lifecycle: tokio::sync::Mutex::new(()),
+            dir,
+        };
+        let mut initdb = pg.as_postgres(&pg.bindir.join("initdb"), false);
+        initdb
+            .arg("-D")
+            .arg(pg.data_dir())
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale"])
+            .args(["--no-sync", "--no-instructions"])
+            .current_dir(pg.dir.path());
+        run_command("initdb", initdb).await?;
+        first_boot(&pg.port, || pg.boot(false)).await?;
+        Ok(pg)
+    }
+
+    /// The server shared by every test of this test process, started on first use.
+    ///
+    /// Use [`Postgres::create_database`] to isolate tests on it; never kill or pause it.
+    ///
+    /// # Errors
+    /// As [`Postgres::start`]; a failed start is remembered and returned to every caller.
+    pub async fn shared() -> KitResult<&'static Postgres> {
+        static SHARED: OnceCell<Result<Postgres, KitError>> = OnceCell::const_new();
+        SHARED
+            .get_or_init(Self::start)
+            .await
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// `postgres://postgres@127.0.0.1:{port}/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port())
+    }
+
+    /// The TCP port (the same across restarts).
+    pub fn port(&self) -> u16 {
+        self.port.load(Ordering::SeqCst)
+    }
+
+    /// `127.0.0.1:{port}`.
+    pub fn addr(&self) -> SocketAddr {
+        loopback(self.port())
+    }
+
+    /// The temp dir holding the cluster (`data/`), the socket and `postgres.log`.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// SIGKILLs the postmaster and all its backends (a crash); connections fail at once.
+    pub fn kill9(&self) {
+        self.proc.kill9();
+    }
+
+    /// SIGSTOPs the postmaster and all its backends: connections hang, nothing is refused.
+    pub fn pause(&self) {
+        self.proc.signal_tree(libc::SIGSTOP);
+    }
+
+    /// SIGCONTs everything [`Postgres::pause`] stopped.
+    pub fn resume(&self) {
+        self.proc.signal_tree(libc::SIGCONT);
+    }
+
+    /// Starts the server again on the same port and data dir (crash recovery runs) and waits
+    /// until it answers. Kills it first if it is running.
+    ///
+    /// # Errors
+    /// A server that does not answer within 60 s.
+    pub async fn restart(&self) -> KitResult<()> {
+        let _lifecycle = self.lifecycle.lock().await;
+        self.proc.kill9();
+        // Our postmaster and its backends are dead and reaped; a stale lock file could otherwise
+        // name a pid that was reused meanwhile.
+        let _ = std::fs::remove_file(self.data_dir().join("postmaster.pid"));
+        self.boot(true).await
+    }
+
+    /// Creates database `name` if it does not exist and returns its URL.
+    ///
+    /// Names are limited to ASCII letters, digits, `_` and `-` (up to 63 bytes).
+    ///
+    /// # Errors
+    /// An invalid name, or `psql` failing.
+    pub async fn create_database(&self, name: &str) -> KitResult<String> {
+        valid_database_name(name, 63)?;
+        let sql = format!("CREATE DATABASE \"{name}\"");
+        match self.query("postgres", &sql).await {
+            Ok(_) => {}
+            Err(e) if e.message().contains("already exists") => {}
+            Err(e) => return Err(e),
+        }
+        Ok(self.database_url(name))
+    }
+
+    /// Creates a database with a name unique in this test process (`{prefix}_{n}`) and returns
+    /// its URL.
+    ///
+    /// # Errors
+    /// As [`Postgres::create_database`].
+    pub async fn fresh_database(&self, prefix: &str) -> KitResult<String> {
+        self.create_database(&unique_name(prefix)).await
+    }
+
+    /// The URL of database `name` on this server.
+    pub fn database_url(&self, name: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port())
+    }
+
+    /// Runs `sql` with `psql` in `database`; returns the unaligned, tuples-only output.
+    ///
+    /// # Errors
+    /// `psql` failing (its stderr is in the message).
+    pub async fn query(&self, database: &str, sql: &str) -> KitResult<String> {
+        let mut psql = Command::new(self.bindir.join("psql"));
+        psql.args([
+            "-X",
+            "-q",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+        ])
+        .arg("-p")
+        .arg(self.port().to_string())
+        .args(["-U", "postgres", "-d", database, "-c", sql])
+        .env("PGCONNECT_TIMEOUT", "10");
+        run_command("psql", psql).await
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn as_postgres(&self, program: &Path, pdeathsig: bool) -> Command {
+        match &self.setpriv {
+            Some(setpriv) => {
+                let mut cmd = Command::new(setpriv);
+                cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"]);
+                if pdeathsig {
+                    // Changing credentials clears the parent-death signal set in pre_exec.
+                    cmd.arg("--pdeathsig=SIGKILL");
+                }
+                cmd.arg("--").arg(program);
+                cmd
+            }
+            None => Command::new(program),
+        }
+    }
+
+    fn spawn_server(&self) -> KitResult<()> {
+        let mut cmd = self.as_postgres(&self.bindir.join("postgres"), true);
+        cmd.arg("-D")
+            .arg(self.data_dir())
+            .arg("-k")
+            .arg(self.dir.path())
+            .arg("-p")
+            .arg(self.port().to_string())
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+            .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB"])
+            .current_dir(self.dir.path());
+        self.proc.spawn(cmd)
+    }
+
+    async fn boot(&self, retry_on_exit: bool) -> KitResult<()> {
+        boot(
+            &self.proc,
+            self.port(),
+            retry_on_exit,
+            || self.spawn_server(),
+            || self.is_ready(),
+        )
+        .await
+    }
+
+    async fn is_ready(&self) -> bool {
+        let mut cmd = Command::new(self.bindir.join("pg_isready"));
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-t",
+            "2",
+        ])
+        .arg("-p")
+        .arg(self.port().to_string());
+        probe_command(cmd, Duration::from_secs(5)).await
+    }
+}
+
+/// The PostgreSQL bin dir: the newest `/usr/lib/postgresql/*/bin`, else `postgres` on PATH.
+fn bindir() -> KitResult<PathBuf> {
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = entry.path().join("bin");
+            (bin.join("postgres").exists() && bin.join("initdb").exists()).then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    if let Some((_, bin)) = versions.pop() {
+        return Ok(bin);
+    }
+    let postgres = find_binary("postgres", PACKAGE)?;
+    let real = std::fs::canonicalize(&postgres).unwrap_or(postgres);
+    real.parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| KitError::missing("postgres", PACKAGE))
+}
