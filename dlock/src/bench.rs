@@ -359,7 +359,7 @@ fn per_sec(count: u64, window: Duration) -> f64 {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for a zero duration, zero clients or a hold time too long for a
-/// ttl; connection errors from [`connect`](crate::connect). Failures of individual operations
+/// ttl; connection errors from [`connect`]. Failures of individual operations
 /// while running are counted in the report, not returned.
 pub async fn run(opts: &BenchOptions) -> Result<BenchReport> {
     run_with_progress(opts, Arc::new(NoProgress)).await

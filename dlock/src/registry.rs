@@ -127,8 +127,12 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
             available: schemes(),
         });
     };
+    // Schemes are case-insensitive; backends see them lowercase.
+    let url = url.trim();
+    let url = format!("{scheme}{}", &url[scheme.len()..]);
+    let url = url.as_str();
     tracing::debug!(url = %redact(url), backend = backend.name, "connecting");
-    let client = (backend.connect)(url.trim()).await;
+    let client = (backend.connect)(url).await;
     match &client {
         Ok(c) => {
             tracing::debug!(url = %redact(url), backend = c.capabilities().backend, "connected")

@@ -1,0 +1,132 @@
+//! The bench engine against memory:// for short durations. Speed and latency values are never
+//! asserted: only that every field is measured and that mutual exclusion held.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use dlock::bench::{self, BenchOptions, Mode, Phase, Progress};
+
+fn short(url: &str, mode: Mode) -> BenchOptions {
+    BenchOptions::new(url)
+        .mode(mode)
+        .duration(Duration::from_millis(300))
+        .warmup(Duration::from_millis(50))
+        .clients(4)
+        .hold(Duration::from_millis(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_reports_pairs_and_the_floor() {
+    let report = bench::run(&short("memory://bench-u", Mode::Uncontended))
+        .await
+        .unwrap();
+    assert_eq!(report.backend, "memory");
+    assert_eq!(report.mode, Mode::Uncontended);
+    assert!(report.contended.is_none());
+    let u = report.uncontended.expect("uncontended phase ran");
+    assert!(u.pairs > 0);
+    assert_eq!(u.errors, 0, "{:?}", u.first_error);
+    assert_eq!(u.latency.count, u.pairs);
+    assert!(u.pairs_per_sec > 0.0);
+    assert!(u.latency.p50_us > 0.0);
+    assert!(u.latency.p50_us <= u.latency.p99_us && u.latency.p99_us <= u.latency.max_us);
+    let floor = u.floor.expect("memory:// has a raw floor");
+    assert!(floor.pairs > 0);
+    assert!(!floor.description.is_empty());
+    assert!(floor.ratio > 0.0);
+    let expected = u.pairs_per_sec / floor.pairs_per_sec;
+    assert!((floor.ratio - expected).abs() < 1e-9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contended_clients_take_turns_without_overlap() {
+    let report = bench::run(&short("memory://bench-c", Mode::Contended))
+        .await
+        .unwrap();
+    assert!(report.uncontended.is_none());
+    let c = report.contended.expect("contended phase ran");
+    assert_eq!(c.violations, 0);
+    assert_eq!(c.errors, 0, "{:?}", c.first_error);
+    assert_eq!(c.clients, 4);
+    assert_eq!(c.per_client.len(), 4);
+    assert!(c.clients_that_acquired > 1, "{:?}", c.per_client);
+    assert_eq!(c.acquisitions, c.per_client.iter().sum::<u64>());
+    assert_eq!(c.wait.count, c.acquisitions);
+    assert!(c.handoff.count > 0, "no handoff between different clients");
+    assert!(c.handoff.count <= c.acquisitions);
+    assert_eq!(c.per_client_min, *c.per_client.iter().min().unwrap());
+    assert_eq!(c.per_client_max, *c.per_client.iter().max().unwrap());
+    assert!(c.fairness > 0.0 && c.fairness <= 1.0);
+    assert!(c.ttl_ms >= 5000);
+    assert!(c.acquisitions_per_sec > 0.0);
+}
+
+#[derive(Default)]
+struct Recorder {
+    phases: Mutex<Vec<Phase>>,
+    calls: AtomicU64,
+}
+
+impl Progress for Recorder {
+    fn update(&self, phase: Phase, elapsed: Duration, total: Duration) {
+        assert!(elapsed <= total);
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let mut phases = self.phases.lock().unwrap();
+        if phases.last() != Some(&phase) {
+            phases.push(phase);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_mode_runs_every_phase_and_serialises() {
+    let progress = Arc::new(Recorder::default());
+    let report = bench::run_with_progress(&short("memory://bench-a", Mode::All), progress.clone())
+        .await
+        .unwrap();
+    assert!(report.uncontended.is_some() && report.contended.is_some());
+    assert_eq!(
+        *progress.phases.lock().unwrap(),
+        vec![Phase::Uncontended, Phase::Floor, Phase::Contended]
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    for pointer in [
+        "/url",
+        "/backend",
+        "/mode",
+        "/uncontended/pairs_per_sec",
+        "/uncontended/latency/p50_us",
+        "/uncontended/latency/p999_us",
+        "/uncontended/floor/ratio",
+        "/contended/acquisitions_per_sec",
+        "/contended/handoff/p99_us",
+        "/contended/wait/max_us",
+        "/contended/per_client_min",
+        "/contended/fairness",
+        "/contended/violations",
+    ] {
+        assert!(
+            json.pointer(pointer).is_some(),
+            "missing {pointer} in {json}"
+        );
+    }
+    assert_eq!(json["mode"], "all");
+    assert_eq!(json["contended"]["violations"], 0);
+}
+
+#[tokio::test]
+async fn bad_options_and_urls_are_errors() {
+    let zero = BenchOptions::new("memory://bench-bad").duration(Duration::ZERO);
+    assert!(matches!(
+        bench::run(&zero).await,
+        Err(dlock::Error::InvalidArgument { .. })
+    ));
+    let none = BenchOptions::new("memory://bench-bad").clients(0);
+    assert!(bench::run(&none).await.is_err());
+    let unknown = short("nope://u:hunter2@h", Mode::All);
+    let err = bench::run(&unknown).await.unwrap_err();
+    assert!(matches!(err, dlock::Error::UnsupportedScheme { .. }));
+    assert!(!format!("{unknown:?}").contains("hunter2"));
+}
