@@ -95,6 +95,23 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// [`Error::LockLost`](crate::Error::LockLost) if the lease expired or was taken; store failures.
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease>;
 
+    /// Extends many leases at once (keep-alive calls this with every lease that is due). The
+    /// default extends them one after another; network backends override it to send one
+    /// pipeline or batch. Results are in the order of `leases`.
+    ///
+    /// # Cancel safety
+    /// As [`extend`](Self::extend), for each lease.
+    ///
+    /// # Errors
+    /// Per lease, in the returned vector.
+    async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for (lease, ttl) in leases {
+            out.push(self.extend(lease, *ttl).await);
+        }
+        out
+    }
+
     /// Who holds `name`, its token and time left; `Ok(None)` when the store has never seen it.
     ///
     /// # Cancel safety

@@ -1,15 +1,13 @@
 //! [`LockGuard`]: an owned handle on a held lock, with background keep-alive and a lost signal.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
-use crate::{
-    DistributedLock, Error, FencingToken, KeepAlive, Lease, LockName, MIN_TTL, Released, Result,
-};
+use crate::{DistributedLock, Error, FencingToken, KeepAlive, Lease, LockName, Released, Result};
 
 /// Why a lock is no longer held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -58,8 +56,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-struct Shared {
+pub(crate) struct Shared {
     backend: &'static str,
+    /// Set when the guard is released or dropped: the renewer stops renewing it.
+    finished: AtomicBool,
     lease: Mutex<Lease>,
     /// The reason to report when `valid_until` passes without a renewal.
     fallback: Mutex<LostReason>,
@@ -67,11 +67,23 @@ struct Shared {
 }
 
 impl Shared {
-    fn lease(&self) -> Lease {
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn store_lease(&self, lease: Lease) {
+        *lock(&self.lease) = lease;
+    }
+
+    pub(crate) fn fallback(&self) -> LostReason {
+        *lock(&self.fallback)
+    }
+
+    pub(crate) fn lease(&self) -> Lease {
         lock(&self.lease).clone()
     }
 
-    fn set_lost(&self, reason: LostReason) {
+    pub(crate) fn set_lost(&self, reason: LostReason) {
         let changed = self.lost.send_if_modified(|v| {
             if v.is_none() {
                 *v = Some(reason);
@@ -86,7 +98,7 @@ impl Shared {
         }
     }
 
-    fn set_fallback(&self, reason: LostReason) {
+    pub(crate) fn set_fallback(&self, reason: LostReason) {
         *lock(&self.fallback) = reason;
     }
 }
@@ -164,7 +176,7 @@ impl LeaseWatch {
 pub struct LockGuard {
     backend: Arc<dyn DistributedLock>,
     watch: LeaseWatch,
-    keep_alive: Option<JoinHandle<()>>,
+    keep_alive: bool,
     finished: bool,
 }
 
@@ -173,7 +185,7 @@ impl fmt::Debug for LockGuard {
         f.debug_struct("LockGuard")
             .field("backend", &self.watch.shared.backend)
             .field("lease", &self.watch.lease())
-            .field("keep_alive", &self.keep_alive.is_some())
+            .field("keep_alive", &self.keep_alive)
             .finish()
     }
 }
@@ -185,32 +197,34 @@ impl LockGuard {
     pub fn new(backend: Arc<dyn DistributedLock>, lease: Lease, policy: KeepAlive) -> Self {
         let shared = Arc::new(Shared {
             backend: backend.capabilities().backend,
+            finished: AtomicBool::new(false),
             lease: Mutex::new(lease),
             fallback: Mutex::new(LostReason::Expired),
             lost: watch::Sender::new(None),
         });
-        let keep_alive = match (policy, tokio::runtime::Handle::try_current()) {
-            (
-                KeepAlive::Renew {
-                    every,
-                    max_renewals,
-                    max_hold,
-                },
-                Ok(rt),
-            ) => Some(rt.spawn(keep_alive(
-                backend.clone(),
-                shared.clone(),
-                Caps {
-                    every,
-                    max_renewals,
-                    max_hold,
-                },
-            ))),
-            (KeepAlive::Renew { .. }, Err(_)) => {
-                tracing::warn!("no tokio runtime: keep-alive disabled, the lease ends at its ttl");
-                None
+        let keep_alive = match policy {
+            KeepAlive::Renew {
+                every,
+                max_renewals,
+                max_hold,
+            } => {
+                let registered = crate::renewer::register(
+                    &backend,
+                    &shared,
+                    crate::renewer::Policy {
+                        every,
+                        max_renewals,
+                        max_hold,
+                    },
+                );
+                if !registered {
+                    tracing::warn!(
+                        "no tokio runtime: keep-alive disabled, the lease ends at its ttl"
+                    );
+                }
+                registered
             }
-            _ => None,
+            KeepAlive::Off => false,
         };
         LockGuard {
             backend,
@@ -301,9 +315,7 @@ impl LockGuard {
     /// Store failures (the lock then ends at its ttl).
     pub async fn release(mut self) -> Result<Released> {
         self.finished = true;
-        if let Some(task) = self.keep_alive.take() {
-            task.abort();
-        }
+        self.watch.shared.finished.store(true, Ordering::Release);
         let lease = self.watch.lease();
         let result = self.backend.release(&lease).await;
         match &result {
@@ -320,9 +332,7 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if let Some(task) = self.keep_alive.take() {
-            task.abort();
-        }
+        self.watch.shared.finished.store(true, Ordering::Release);
         if self.finished {
             return;
         }
@@ -341,70 +351,6 @@ impl Drop for LockGuard {
                 lock = %lease.name(),
                 "LockGuard dropped outside a tokio runtime; the lock stays until its ttl runs out"
             ),
-        }
-    }
-}
-
-#[derive(Clone, Copy)]
-struct Caps {
-    every: Option<Duration>,
-    max_renewals: Option<u32>,
-    max_hold: Option<Duration>,
-}
-
-async fn keep_alive(backend: Arc<dyn DistributedLock>, shared: Arc<Shared>, caps: Caps) {
-    let first = shared.lease();
-    let every = caps.every.unwrap_or(first.ttl() / 3);
-    let mut next_attempt = first.acquired_at() + every;
-    let mut renewals: u32 = 0;
-    loop {
-        let lease = shared.lease();
-        let valid_until = lease.valid_until();
-        let mut ttl = lease.ttl();
-        if let Some(max_hold) = caps.max_hold {
-            let end = lease.acquired_at() + max_hold;
-            ttl = ttl.min(end.saturating_duration_since(next_attempt.max(Instant::now())));
-        }
-        let capped = caps.max_renewals.is_some_and(|m| renewals >= m) || ttl < MIN_TTL;
-        if capped {
-            shared.set_fallback(LostReason::RenewalLimit);
-            tokio::time::sleep_until(valid_until.into()).await;
-            shared.set_lost(LostReason::RenewalLimit);
-            return;
-        }
-        tokio::time::sleep_until(next_attempt.min(valid_until).into()).await;
-        let started = Instant::now();
-        if started >= valid_until {
-            let fallback = *lock(&shared.fallback);
-            shared.set_lost(fallback);
-            return;
-        }
-        match tokio::time::timeout(valid_until - started, backend.extend(&lease, ttl)).await {
-            Ok(Ok(new)) => {
-                renewals += 1;
-                tracing::trace!(lock = %new.name(), renewals, "lease renewed");
-                *lock(&shared.lease) = new;
-                shared.set_fallback(LostReason::Expired);
-                next_attempt = started + every;
-            }
-            Ok(Err(Error::LockLost { .. })) => {
-                let reason = if Instant::now() < valid_until {
-                    LostReason::Taken
-                } else {
-                    LostReason::Expired
-                };
-                shared.set_lost(reason);
-                return;
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(lock = %lease.name(), error = %e, "renewal failed; retrying until the lease runs out");
-                shared.set_fallback(LostReason::from_error(&e));
-                next_attempt = Instant::now() + (every / 4).max(Duration::from_millis(10));
-            }
-            Err(_elapsed) => {
-                shared.set_fallback(LostReason::ConnectionLost);
-                next_attempt = Instant::now();
-            }
         }
     }
 }

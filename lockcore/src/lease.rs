@@ -110,6 +110,12 @@ impl Lease {
         }
     }
 
+    /// The same lease, trusted no later than `until` (a keep-alive cap, for example).
+    pub fn valid_no_later_than(mut self, until: Instant) -> Self {
+        self.valid_until = self.valid_until.min(until);
+        self
+    }
+
     /// Lock name.
     pub fn name(&self) -> &LockName {
         &self.name

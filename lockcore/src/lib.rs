@@ -11,6 +11,7 @@ mod multi;
 mod name;
 mod options;
 mod reentrant;
+mod renewer;
 pub mod wait;
 
 pub use backend::{DistributedLock, RawFloor};

@@ -2,7 +2,7 @@
 //! switchable faults.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lockcore::{
@@ -15,6 +15,8 @@ struct Faulty {
     inner: MemoryLock,
     hang_acquire: AtomicBool,
     fail_extend: AtomicBool,
+    batches: AtomicUsize,
+    renewed: AtomicUsize,
 }
 
 impl Faulty {
@@ -25,6 +27,8 @@ impl Faulty {
             inner: MemoryLock::new(ns).with_defaults(defaults),
             hang_acquire: AtomicBool::new(false),
             fail_extend: AtomicBool::new(false),
+            batches: AtomicUsize::new(0),
+            renewed: AtomicUsize::new(0),
         })
     }
 }
@@ -68,6 +72,15 @@ impl DistributedLock for Faulty {
             ));
         }
         self.inner.extend(lease, ttl).await
+    }
+    async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
+        self.batches.fetch_add(1, Ordering::SeqCst);
+        self.renewed.fetch_add(leases.len(), Ordering::SeqCst);
+        let mut out = Vec::new();
+        for (l, ttl) in leases {
+            out.push(self.extend(l, *ttl).await);
+        }
+        out
     }
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         self.inner.inspect(name).await
@@ -177,4 +190,38 @@ async fn max_hold_caps_total_hold_time() {
         g.lease().valid_until() > acquired + Duration::from_millis(300),
         "never renewed at all"
     );
+}
+
+#[tokio::test]
+async fn renewals_of_many_guards_are_batched_in_one_task() {
+    let f = Faulty::new("batched");
+    let locks: Arc<dyn DistributedLock> = f.clone();
+    let opts = AcquireOptions::new()
+        .ttl(Duration::from_millis(600))
+        .keep_alive(KeepAlive::renew())
+        .wait(Wait::No);
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        guards.push(locks.lock(&format!("lease-{i}"), &opts).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        guards.iter().all(|g| g.is_held()),
+        "a batched renewal let a lease lapse"
+    );
+    let (batches, renewed) = (
+        f.batches.load(Ordering::SeqCst),
+        f.renewed.load(Ordering::SeqCst),
+    );
+    assert!(
+        renewed >= 400,
+        "expected each of 200 leases renewed at least twice, got {renewed} renewals"
+    );
+    assert!(
+        batches * 20 <= renewed,
+        "renewals were not batched: {batches} batches for {renewed} renewals"
+    );
+    for g in guards {
+        assert_eq!(g.release().await.unwrap(), Released::Released);
+    }
 }

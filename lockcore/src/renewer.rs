@@ -1,0 +1,249 @@
+//! Keep-alive for every guard of one backend client, in one task, in batches.
+//!
+//! Each backend client (`Arc<dyn DistributedLock>`) gets at most one renewer task per process
+//! while it has guards to renew. On each wake-up the renewer gathers every lease that is due (or
+//! nearly due: renewing a little early is harmless) and hands them to
+//! [`DistributedLock::extend_many`] as one batch, which a network backend can send as one
+//! pipeline. So 10 000 held leases cost one task and a few round trips per tick, not 10 000 of
+//! each. The task exits when it has had nothing to renew for a few seconds.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::guard::Shared;
+use crate::{DistributedLock, Error, Lease, LostReason, MIN_TTL};
+
+/// A guard's keep-alive policy.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Policy {
+    pub(crate) every: Option<Duration>,
+    pub(crate) max_renewals: Option<u32>,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+struct Entry {
+    shared: Weak<Shared>,
+    policy: Policy,
+    every: Duration,
+    renewals: u32,
+    next: Instant,
+}
+
+type Registry = Mutex<HashMap<usize, mpsc::UnboundedSender<Entry>>>;
+
+fn registry() -> &'static Registry {
+    static R: OnceLock<Registry> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
+fn key(backend: &Arc<dyn DistributedLock>) -> usize {
+    Arc::as_ptr(backend) as *const () as usize
+}
+
+const IDLE_EXIT: Duration = Duration::from_secs(5);
+
+/// Registers a guard for renewal; `false` when there is no tokio runtime to run the renewer on.
+pub(crate) fn register(
+    backend: &Arc<dyn DistributedLock>,
+    shared: &Arc<Shared>,
+    policy: Policy,
+) -> bool {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    let first = shared.lease();
+    let every = policy.every.unwrap_or(first.ttl() / 3);
+    let entry = Entry {
+        shared: Arc::downgrade(shared),
+        policy,
+        every,
+        renewals: 0,
+        next: first.acquired_at() + every,
+    };
+    let k = key(backend);
+    let mut map = registry().lock().unwrap_or_else(PoisonError::into_inner);
+    let entry = match map.get(&k) {
+        Some(tx) => match tx.send(entry) {
+            Ok(()) => return true,
+            // The renewer's runtime is gone: start a new one here.
+            Err(mpsc::error::SendError(entry)) => entry,
+        },
+        None => entry,
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(entry);
+    map.insert(k, tx);
+    rt.spawn(run(backend.clone(), k, rx));
+    true
+}
+
+impl Entry {
+    /// The lease ttl to ask for now, or `None` once a cap forbids another renewal.
+    fn next_ttl(&self, lease: &Lease, now: Instant) -> Option<Duration> {
+        if self.policy.max_renewals.is_some_and(|m| self.renewals >= m) {
+            return None;
+        }
+        let mut ttl = lease.ttl();
+        if let Some(max_hold) = self.policy.max_hold {
+            let end = lease.acquired_at() + max_hold;
+            ttl = ttl.min(end.saturating_duration_since(now));
+        }
+        (ttl >= MIN_TTL).then_some(ttl)
+    }
+
+    fn wake_at(&self, lease: &Lease) -> Instant {
+        self.next.min(lease.valid_until())
+    }
+}
+
+async fn run(
+    backend: Arc<dyn DistributedLock>,
+    key: usize,
+    mut rx: mpsc::UnboundedReceiver<Entry>,
+) {
+    let mut entries: Vec<Entry> = Vec::new();
+    loop {
+        entries.retain(|e| e.shared.upgrade().is_some_and(|s| !s.is_finished()));
+        if entries.is_empty() {
+            match tokio::time::timeout(IDLE_EXIT, rx.recv()).await {
+                Ok(Some(e)) => {
+                    entries.push(e);
+                    continue;
+                }
+                Ok(None) => return,
+                Err(_) => {
+                    // Exit under the registry lock so no registration can slip in unseen.
+                    let mut map = registry().lock().unwrap_or_else(PoisonError::into_inner);
+                    match rx.try_recv() {
+                        Ok(e) => entries.push(e),
+                        Err(_) => {
+                            map.remove(&key);
+                            return;
+                        }
+                    }
+                    continue;
+                }
+            }
+        }
+        let wake = entries
+            .iter()
+            .filter_map(|e| e.shared.upgrade().map(|s| e.wake_at(&s.lease())))
+            .min()
+            .unwrap_or_else(Instant::now);
+        tokio::select! {
+            e = rx.recv() => {
+                if let Some(e) = e {
+                    entries.push(e);
+                }
+                continue;
+            }
+            _ = tokio::time::sleep_until(wake.into()) => {}
+        }
+        renew_due(&*backend, &mut entries).await;
+    }
+}
+
+/// Renews every entry that is due, ends those whose lease ran out or whose cap was reached.
+async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
+    let now = Instant::now();
+    let mut batch: Vec<(usize, Lease, Duration)> = Vec::new();
+    let mut done: Vec<usize> = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        let Some(shared) = e.shared.upgrade() else {
+            done.push(i);
+            continue;
+        };
+        let lease = shared.lease();
+        if now >= lease.valid_until() {
+            shared.set_lost(shared.fallback());
+            done.push(i);
+            continue;
+        }
+        // Renew a little early rather than wake again a moment later.
+        if e.next > now + e.every / 8 {
+            continue;
+        }
+        match e.next_ttl(&lease, now) {
+            Some(ttl) => batch.push((i, lease, ttl)),
+            None => shared.set_fallback(LostReason::RenewalLimit),
+        }
+    }
+    if !batch.is_empty() {
+        let deadline = batch
+            .iter()
+            .map(|(_, l, _)| l.valid_until())
+            .min()
+            .unwrap_or(now);
+        let requests: Vec<(Lease, Duration)> =
+            batch.iter().map(|(_, l, t)| (l.clone(), *t)).collect();
+        let started = Instant::now();
+        let results = tokio::time::timeout(
+            deadline.saturating_duration_since(started),
+            backend.extend_many(&requests),
+        )
+        .await;
+        match results {
+            Ok(results) => {
+                for ((i, lease, asked), result) in batch.iter().zip(results) {
+                    let e = &mut entries[*i];
+                    let Some(shared) = e.shared.upgrade() else {
+                        continue;
+                    };
+                    match result {
+                        Ok(mut new) => {
+                            if let Some(max_hold) = e.policy.max_hold {
+                                let cap = new.acquired_at() + max_hold;
+                                new = new.valid_no_later_than(cap);
+                            }
+                            e.renewals += 1;
+                            e.next = started + e.every;
+                            if !shared.is_finished() {
+                                tracing::trace!(lock = %new.name(), renewals = e.renewals, "lease renewed");
+                                shared.store_lease(new);
+                            }
+                            // A renewal shortened by max_hold, or the last one allowed, is the
+                            // cap's doing when the lease later runs out.
+                            let capped = *asked < lease.ttl()
+                                || e.policy.max_renewals.is_some_and(|m| e.renewals >= m);
+                            shared.set_fallback(if capped {
+                                LostReason::RenewalLimit
+                            } else {
+                                LostReason::Expired
+                            });
+                        }
+                        Err(Error::LockLost { .. }) => {
+                            let reason = if lease.is_valid() {
+                                LostReason::Taken
+                            } else {
+                                LostReason::Expired
+                            };
+                            shared.set_lost(reason);
+                            done.push(*i);
+                        }
+                        Err(err) => {
+                            tracing::warn!(lock = %lease.name(), error = %err, "renewal failed; retrying until the lease runs out");
+                            shared.set_fallback(LostReason::from_error(&err));
+                            e.next = Instant::now() + (e.every / 4).max(Duration::from_millis(10));
+                        }
+                    }
+                }
+            }
+            Err(_elapsed) => {
+                for (i, _, _) in &batch {
+                    if let Some(shared) = entries[*i].shared.upgrade() {
+                        shared.set_fallback(LostReason::ConnectionLost);
+                    }
+                    entries[*i].next = Instant::now();
+                }
+            }
+        }
+    }
+    done.sort_unstable();
+    done.dedup();
+    for i in done.into_iter().rev() {
+        entries.swap_remove(i);
+    }
+}
