@@ -1,0 +1,251 @@
+//! Machinery the three dialects share: running one statement with a time limit and internal
+//! retries, closing connections whose statement was interrupted, the cancel-cleanup guard, and
+//! unit conversions.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use lockcore::wait::Backoff;
+use lockcore::{Error, LockName, Result};
+use sqlx::pool::PoolConnection;
+use sqlx::{Database, Pool};
+
+/// How a failed statement should be handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// The connection is broken (server restarted, session terminated): retry at once on another
+    /// connection.
+    Stale,
+    /// Lock contention inside the database (SQLite busy, InnoDB deadlock): retry after a short
+    /// backoff.
+    Busy,
+    /// Surface to the caller.
+    Fail {
+        /// Whether the caller may retry.
+        retryable: bool,
+    },
+}
+
+/// Attempts on broken connections before giving up (a restart leaves every idle pooled
+/// connection broken; each one fails fast and is closed).
+const MAX_STALE_ATTEMPTS: u32 = 12;
+
+/// A pooled connection that is closed, not returned to the pool, unless the statement run on it
+/// completed. A statement interrupted by a timeout or a dropped future leaves the protocol in an
+/// unknown state (or the socket blackholed), so the connection must not be reused.
+pub(crate) struct Checked<DB: Database> {
+    conn: PoolConnection<DB>,
+    clean: bool,
+}
+
+impl<DB: Database> Checked<DB> {
+    fn new(conn: PoolConnection<DB>) -> Self {
+        Checked { conn, clean: false }
+    }
+
+    /// The connection to run one statement on.
+    pub(crate) fn conn(&mut self) -> &mut DB::Connection {
+        &mut self.conn
+    }
+}
+
+impl<DB: Database> Drop for Checked<DB> {
+    fn drop(&mut self) {
+        if !self.clean {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// A pool plus the rules for running statements on it.
+pub(crate) struct Core<DB: Database> {
+    pub(crate) backend: &'static str,
+    pub(crate) pool: Pool<DB>,
+    pub(crate) timeout: Duration,
+    pub(crate) classify: fn(&sqlx::Error) -> Class,
+}
+
+impl<DB: Database> Core<DB> {
+    /// Runs `attempt` on a pooled connection, within the `timeout` budget for the whole call.
+    /// Broken connections are replaced and busy errors retried with backoff, inside the budget;
+    /// other errors are returned. `attempt` may run more than once, so it must be idempotent for
+    /// the same inputs.
+    pub(crate) async fn run<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        name: Option<&LockName>,
+        mut attempt: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Checked<DB>) -> Fut,
+        Fut: Future<Output = (Checked<DB>, std::result::Result<T, sqlx::Error>)>,
+    {
+        let deadline = Instant::now() + self.timeout;
+        let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
+        let mut stale = 0;
+        loop {
+            let once = async {
+                let conn = self.pool.acquire().await?;
+                let (mut checked, result) = attempt(Checked::new(conn)).await;
+                checked.clean = match &result {
+                    Ok(_) => true,
+                    // The server answered in protocol: the connection is fine unless the error
+                    // says the session is gone.
+                    Err(e @ sqlx::Error::Database(_)) => (self.classify)(e) != Class::Stale,
+                    Err(
+                        sqlx::Error::RowNotFound
+                        | sqlx::Error::ColumnNotFound(_)
+                        | sqlx::Error::ColumnIndexOutOfBounds { .. }
+                        | sqlx::Error::ColumnDecode { .. }
+                        | sqlx::Error::Decode(_)
+                        | sqlx::Error::TypeNotFound { .. },
+                    ) => true,
+                    Err(_) => false,
+                };
+                result
+            };
+            let error = match tokio::time::timeout_at(deadline.into(), once).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => e,
+                Err(_) => return Err(self.timed_out(operation, name)),
+            };
+            let class = (self.classify)(&error);
+            let retry = match class {
+                Class::Stale => {
+                    stale += 1;
+                    stale < MAX_STALE_ATTEMPTS
+                }
+                Class::Busy => true,
+                Class::Fail { .. } => false,
+            };
+            if retry && Instant::now() < deadline {
+                tracing::debug!(backend = self.backend, operation, lock = ?name.map(LockName::as_str), error = %error, ?class, "retrying statement");
+                if class == Class::Busy {
+                    let pause = backoff.next_delay();
+                    tokio::time::sleep_until((Instant::now() + pause).min(deadline).into()).await;
+                }
+                continue;
+            }
+            let retryable = !matches!(class, Class::Fail { retryable: false });
+            return Err(Error::backend(
+                self.backend,
+                operation,
+                name,
+                retryable,
+                error,
+            ));
+        }
+    }
+
+    fn timed_out(&self, operation: &'static str, name: Option<&LockName>) -> Error {
+        Error::backend(
+            self.backend,
+            operation,
+            name,
+            true,
+            format!(
+                "no answer from the database within {:?} (the `timeout` option)",
+                self.timeout
+            ),
+        )
+    }
+}
+
+/// Classification of errors every driver shares (not server error codes).
+pub(crate) fn classify_transport(e: &sqlx::Error) -> Option<Class> {
+    Some(match e {
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => Class::Stale,
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
+            Class::Fail { retryable: true }
+        }
+        sqlx::Error::Database(_) => return None,
+        _ => Class::Fail { retryable: false },
+    })
+}
+
+/// A cleanup armed while an acquire may have written a row for an owner the caller never
+/// hears about. Dropping it armed runs the cleanup (which spawns a task) right away.
+pub(crate) struct CancelCleanup {
+    action: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl CancelCleanup {
+    pub(crate) fn arm(action: impl FnOnce() + Send + 'static) -> Self {
+        CancelCleanup {
+            action: Some(Box::new(action)),
+        }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.action = None;
+    }
+}
+
+impl Drop for CancelCleanup {
+    fn drop(&mut self) {
+        if let Some(action) = self.action.take() {
+            action();
+        }
+    }
+}
+
+/// Spawns `fut` on the current tokio runtime, or logs that the ttl will have to end the lock.
+pub(crate) fn spawn_cleanup(
+    backend: &'static str,
+    name: &LockName,
+    fut: impl Future<Output = Result<bool>> + Send + 'static,
+) {
+    let name_for_log = name.clone();
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(async move {
+                match fut.await {
+                    Ok(released) => tracing::debug!(
+                        backend,
+                        lock = %name_for_log,
+                        released,
+                        "cleanup after an interrupted acquire"
+                    ),
+                    Err(e) => tracing::warn!(
+                        backend,
+                        lock = %name_for_log,
+                        error = %e,
+                        "cleanup after an interrupted acquire failed; the row frees at its ttl"
+                    ),
+                }
+            });
+        }
+        Err(_) => tracing::warn!(
+            backend,
+            lock = %name,
+            "acquire interrupted outside a tokio runtime; the row frees at its ttl"
+        ),
+    }
+}
+
+/// A ttl in whole microseconds (rounded up), for PostgreSQL and MySQL intervals.
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1000)).unwrap_or(i64::MAX)
+}
+
+/// A ttl in whole milliseconds (rounded up), for SQLite.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+/// A database-computed remaining time in microseconds as a `Duration` (`None` if negative).
+pub(crate) fn from_micros(us: Option<i64>) -> Option<Duration> {
+    us.and_then(|u| u64::try_from(u).ok())
+        .map(Duration::from_micros)
+}
+
+/// The fence column as a token.
+pub(crate) fn token(fence: i64) -> lockcore::FencingToken {
+    lockcore::FencingToken(u64::try_from(fence).unwrap_or(0))
+}
+
+/// Wraps SQL built once per client (with a validated table name) so every call clones an `Arc`.
+pub(crate) fn sql(text: String) -> sqlx::SqlStr {
+    use sqlx::SqlSafeStr;
+    sqlx::AssertSqlSafe(std::sync::Arc::<str>::from(text)).into_sql_str()
+}

@@ -1,0 +1,605 @@
+//! URL and option parsing. Everything here runs before any I/O, and no message it produces
+//! contains a password.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lockcore::{ClientDefaults, Error, Result};
+use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use sqlx::sqlite::SqliteSynchronous;
+
+/// The table used when the URL does not name one.
+pub const DEFAULT_TABLE: &str = "dlock_leases";
+
+/// Options every SQL URL accepts.
+const COMMON_OPTIONS: &[&str] = &["table", "ttl", "drift", "timeout"];
+
+/// Which database family a URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// PostgreSQL (`postgres://`, `postgresql://`).
+    Postgres,
+    /// MySQL or MariaDB (`mysql://`, `mariadb://`).
+    MySql,
+    /// SQLite (`sqlite://path`, `sqlite::memory:`).
+    Sqlite,
+}
+
+impl Dialect {
+    /// The backend name used in capabilities and error messages.
+    pub fn backend(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "postgres",
+            Dialect::MySql => "mysql",
+            Dialect::Sqlite => "sqlite",
+        }
+    }
+}
+
+/// Where a SQLite database lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SqlitePath {
+    /// `sqlite::memory:`: private to one client (one pool), gone when it is dropped.
+    Memory,
+    /// A database file (relative paths are relative to the working directory).
+    File(PathBuf),
+}
+
+/// Dialect-specific connection settings.
+#[derive(Clone)]
+pub(crate) enum Target {
+    Postgres(PgConnectOptions),
+    MySql(MySqlConnectOptions),
+    Sqlite {
+        path: SqlitePath,
+        synchronous: SqliteSynchronous,
+    },
+}
+
+/// A parsed and validated SQL backend URL.
+///
+/// `Debug` and [`redacted_url`](Self::redacted_url) never show the password.
+#[derive(Clone)]
+pub struct SqlConfig {
+    pub(crate) dialect: Dialect,
+    pub(crate) target: Target,
+    pub(crate) table: String,
+    pub(crate) defaults: ClientDefaults,
+    pub(crate) redacted: String,
+}
+
+impl fmt::Debug for SqlConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlConfig")
+            .field("url", &self.redacted)
+            .field("table", &self.table)
+            .field("defaults", &self.defaults)
+            .finish()
+    }
+}
+
+impl SqlConfig {
+    /// Parses and validates `url` without any I/O.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedScheme`] for a scheme other than [`crate::SCHEMES`];
+    /// [`Error::InvalidConfig`] for a malformed URL, a bad table name, an unknown or malformed
+    /// option. Messages never contain the password.
+    pub fn parse(url: &str) -> Result<Self> {
+        let redacted = redact_url(url);
+        let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+        match scheme.to_ascii_lowercase().as_str() {
+            "sqlite" => parse_sqlite(url, redacted),
+            "postgres" | "postgresql" => parse_server(url, Dialect::Postgres, redacted),
+            "mysql" | "mariadb" => parse_server(url, Dialect::MySql, redacted),
+            _ => Err(Error::UnsupportedScheme {
+                scheme: scheme.to_owned(),
+                available: crate::SCHEMES.to_vec(),
+            }),
+        }
+    }
+
+    /// The database family.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// The lease table name (validated identifier).
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// ttl, drift and timeout from the URL.
+    pub fn defaults(&self) -> &ClientDefaults {
+        &self.defaults
+    }
+
+    /// The URL with its password replaced by `***`.
+    pub fn redacted_url(&self) -> &str {
+        &self.redacted
+    }
+
+    /// The SQLite location, for SQLite URLs.
+    pub fn sqlite_path(&self) -> Option<&SqlitePath> {
+        match &self.target {
+            Target::Sqlite { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+}
+
+/// `url` with the password of its user-info part replaced by `***`. Works on malformed URLs too
+/// (it never needs to parse them), so it is safe for error messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let start = scheme_end + 3;
+    let rest = &url[start..];
+    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..auth_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &authority[..at];
+    let Some(colon) = userinfo.find(':') else {
+        return url.to_owned();
+    };
+    format!(
+        "{}{}:***{}",
+        &url[..start],
+        &userinfo[..colon],
+        &url[start + at..]
+    )
+}
+
+/// Checks a table name against `[A-Za-z_][A-Za-z0-9_]{0,62}`, so it can be quoted into SQL.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] naming the rule.
+pub fn validate_table(backend: &'static str, table: &str) -> Result<()> {
+    let mut bytes = table.bytes();
+    let ok = match bytes.next() {
+        Some(b) if b.is_ascii_alphabetic() || b == b'_' => {
+            table.len() <= 63 && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        }
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_config(
+            backend,
+            format!(
+                "table name {table:?} is not a plain SQL identifier: use 1 to 63 characters from \
+                 [A-Za-z0-9_], not starting with a digit"
+            ),
+        ))
+    }
+}
+
+/// Collects query pairs, rejecting duplicates; returns the shared options applied.
+struct Options {
+    backend: &'static str,
+    scheme: String,
+    accepted: Vec<&'static str>,
+    table: Option<String>,
+    defaults: ClientDefaults,
+    seen: Vec<String>,
+}
+
+impl Options {
+    fn new(backend: &'static str, scheme: &str, extra: &[&'static str]) -> Self {
+        let mut accepted = COMMON_OPTIONS.to_vec();
+        accepted.extend_from_slice(extra);
+        Options {
+            backend,
+            scheme: scheme.to_owned(),
+            accepted,
+            table: None,
+            defaults: ClientDefaults::default(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// Handles a shared option; returns `Ok(false)` for a dialect option (already checked to be
+    /// in `accepted`).
+    fn apply(&mut self, key: &str, value: &str) -> Result<bool> {
+        if !self.accepted.contains(&key) {
+            return Err(Error::invalid_config(
+                self.backend,
+                format!(
+                    "unknown option `{key}`; {}:// accepts {}",
+                    self.scheme,
+                    self.accepted.join(", ")
+                ),
+            ));
+        }
+        if self.seen.iter().any(|k| k == key) {
+            return Err(Error::invalid_config(
+                self.backend,
+                format!("option `{key}` is given more than once"),
+            ));
+        }
+        self.seen.push(key.to_owned());
+        if key == "table" {
+            validate_table(self.backend, value)?;
+            self.table = Some(value.to_owned());
+            return Ok(true);
+        }
+        self.defaults.apply(self.backend, key, value)
+    }
+
+    fn finish(self) -> Result<(String, ClientDefaults)> {
+        let d = &self.defaults;
+        let drift = d.drift.unwrap_or_else(|| lockcore::default_drift(d.ttl));
+        if drift >= d.ttl {
+            return Err(Error::invalid_config(
+                self.backend,
+                format!("drift {drift:?} must be shorter than the ttl {:?}", d.ttl),
+            ));
+        }
+        Ok((
+            self.table.unwrap_or_else(|| DEFAULT_TABLE.to_owned()),
+            self.defaults,
+        ))
+    }
+}
+
+fn percent_decode(backend: &'static str, what: &str, text: &str) -> Result<String> {
+    let mut out = Vec::with_capacity(text.len());
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            match hex {
+                Some(b) => {
+                    out.push(b);
+                    i += 3;
+                    continue;
+                }
+                None => {
+                    return Err(Error::invalid_config(
+                        backend,
+                        format!("bad percent-encoding in the {what}"),
+                    ));
+                }
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out)
+        .map_err(|_| Error::invalid_config(backend, format!("the {what} is not UTF-8")))
+}
+
+fn query_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
+    url::form_urlencoded::parse(query.as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned()))
+}
+
+fn parse_sqlite(url: &str, redacted: String) -> Result<SqlConfig> {
+    const B: &str = "sqlite";
+    let usage = "expected sqlite://relative/path.db, sqlite:///absolute/path.db or sqlite::memory:";
+    let rest = &url["sqlite:".len()..];
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let path = percent_decode(B, "path", path)?;
+    let path = match path.as_str() {
+        "" => {
+            return Err(Error::invalid_config(
+                B,
+                format!("the URL has no database path; {usage}"),
+            ));
+        }
+        ":memory:" => SqlitePath::Memory,
+        p if p.ends_with('/') => {
+            return Err(Error::invalid_config(
+                B,
+                format!("the database path {p:?} names a directory, not a file; {usage}"),
+            ));
+        }
+        p => SqlitePath::File(PathBuf::from(p)),
+    };
+    let mut opts = Options::new(B, "sqlite", &["synchronous"]);
+    let mut synchronous = SqliteSynchronous::Full;
+    for (k, v) in query_pairs(query) {
+        if opts.apply(&k, &v)? {
+            continue;
+        }
+        if k == "synchronous" {
+            synchronous = match v.to_ascii_lowercase().as_str() {
+                "full" => SqliteSynchronous::Full,
+                "extra" => SqliteSynchronous::Extra,
+                "normal" => SqliteSynchronous::Normal,
+                other => {
+                    return Err(Error::invalid_config(
+                        B,
+                        format!(
+                            "option `synchronous={other}`: use full (default), extra or normal"
+                        ),
+                    ));
+                }
+            };
+        }
+    }
+    let (table, defaults) = opts.finish()?;
+    Ok(SqlConfig {
+        dialect: Dialect::Sqlite,
+        target: Target::Sqlite { path, synchronous },
+        table,
+        defaults,
+        redacted,
+    })
+}
+
+fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConfig> {
+    let b = dialect.backend();
+    let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
+    let parsed = url::Url::parse(url).map_err(|e| {
+        Error::invalid_config(
+            b,
+            format!("cannot parse the URL {redacted:?}: {e}; expected {scheme}://user[:password]@host[:port]/database"),
+        )
+    })?;
+    if parsed.fragment().is_some() {
+        return Err(Error::invalid_config(
+            b,
+            "the URL has a #fragment; options go in the ?query",
+        ));
+    }
+    let host = match parsed.host() {
+        Some(url::Host::Domain(d)) if !d.is_empty() => d.to_owned(),
+        Some(url::Host::Ipv4(a)) => a.to_string(),
+        Some(url::Host::Ipv6(a)) => a.to_string(),
+        _ => {
+            return Err(Error::invalid_config(
+                b,
+                format!(
+                    "the URL {redacted:?} has no host; expected {scheme}://user[:password]@host[:port]/database"
+                ),
+            ));
+        }
+    };
+    let user = percent_decode(b, "user name", parsed.username())?;
+    let password = parsed
+        .password()
+        .map(|p| percent_decode(b, "password", p))
+        .transpose()?;
+    let path = parsed.path().trim_start_matches('/');
+    if path.contains('/') {
+        return Err(Error::invalid_config(
+            b,
+            format!("the URL path must be just a database name, not {path:?}"),
+        ));
+    }
+    let database = percent_decode(b, "database name", path)?;
+    let query = parsed.query().unwrap_or("");
+
+    let (target, table, defaults) = match dialect {
+        Dialect::Postgres => {
+            let mut o = PgConnectOptions::new()
+                .host(&host)
+                .port(parsed.port().unwrap_or(5432));
+            if !user.is_empty() {
+                o = o.username(&user);
+            }
+            if let Some(p) = &password {
+                o = o.password(p);
+            }
+            if !database.is_empty() {
+                o = o.database(&database);
+            }
+            let mut opts = Options::new(b, scheme, &["sslmode", "application_name"]);
+            o = o.application_name("dlock");
+            for (k, v) in query_pairs(query) {
+                if opts.apply(&k, &v)? {
+                    continue;
+                }
+                match k.as_str() {
+                    "sslmode" => {
+                        let mode = match v.as_str() {
+                            "disable" => PgSslMode::Disable,
+                            "allow" => PgSslMode::Allow,
+                            "prefer" => PgSslMode::Prefer,
+                            "require" | "verify-ca" | "verify-full" => {
+                                return Err(Error::invalid_config(
+                                    b,
+                                    format!(
+                                        "option `sslmode={v}` needs TLS, which this build of \
+                                         backend-sql does not include; use disable, allow or prefer"
+                                    ),
+                                ));
+                            }
+                            other => {
+                                return Err(Error::invalid_config(
+                                    b,
+                                    format!(
+                                        "option `sslmode={other}`: use disable, allow or prefer"
+                                    ),
+                                ));
+                            }
+                        };
+                        o = o.ssl_mode(mode);
+                    }
+                    "application_name" => o = o.application_name(&v),
+                    _ => unreachable!("accepted options are handled"),
+                }
+            }
+            let (table, defaults) = opts.finish()?;
+            (Target::Postgres(o), table, defaults)
+        }
+        Dialect::MySql => {
+            if database.is_empty() {
+                return Err(Error::invalid_config(
+                    b,
+                    format!(
+                        "the URL {redacted:?} names no database; expected {scheme}://user[:password]@host[:port]/database"
+                    ),
+                ));
+            }
+            let mut o = MySqlConnectOptions::new()
+                .host(&host)
+                .port(parsed.port().unwrap_or(3306))
+                .database(&database)
+                // Every session in UTC, so DATETIME values written by NOW(6) compare the same
+                // way from every client.
+                .timezone(Some("+00:00".to_owned()));
+            if !user.is_empty() {
+                o = o.username(&user);
+            }
+            if let Some(p) = &password {
+                o = o.password(p);
+            }
+            let mut opts = Options::new(b, scheme, &["sslmode", "ssl-mode"]);
+            for (k, v) in query_pairs(query) {
+                if opts.apply(&k, &v)? {
+                    continue;
+                }
+                let mode = match v.to_ascii_lowercase().as_str() {
+                    "disabled" | "disable" => MySqlSslMode::Disabled,
+                    "preferred" | "prefer" => MySqlSslMode::Preferred,
+                    "required" | "verify_ca" | "verify_identity" => {
+                        return Err(Error::invalid_config(
+                            b,
+                            format!(
+                                "option `{k}={v}` needs TLS, which this build of backend-sql \
+                                 does not include; use disabled or preferred"
+                            ),
+                        ));
+                    }
+                    _ => {
+                        return Err(Error::invalid_config(
+                            b,
+                            format!("option `{k}={v}`: use disabled or preferred"),
+                        ));
+                    }
+                };
+                o = o.ssl_mode(mode);
+            }
+            let (table, defaults) = opts.finish()?;
+            (Target::MySql(o), table, defaults)
+        }
+        Dialect::Sqlite => unreachable!("sqlite URLs are parsed by parse_sqlite"),
+    };
+    Ok(SqlConfig {
+        dialect,
+        target,
+        table,
+        defaults,
+        redacted,
+    })
+}
+
+/// Round-trip budget for one statement, from the `timeout` option.
+pub(crate) fn timeout_of(config: &SqlConfig) -> Duration {
+    config.defaults.timeout
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(url: &str) -> String {
+        SqlConfig::parse(url).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn redaction() {
+        assert_eq!(
+            redact_url("postgres://u:s3cret@h:5/db?x=1"),
+            "postgres://u:***@h:5/db?x=1"
+        );
+        assert_eq!(
+            redact_url("mysql://u:p@ss@h/db"),
+            "mysql://u:***@h/db",
+            "the last @ ends the user info"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("sqlite:///a:b@c"), "sqlite:///a:b@c");
+        assert_eq!(redact_url("garbage"), "garbage");
+    }
+
+    #[test]
+    fn sqlite_forms() {
+        let c = SqlConfig::parse("sqlite://data/locks.db").unwrap();
+        assert_eq!(
+            c.sqlite_path(),
+            Some(&SqlitePath::File("data/locks.db".into()))
+        );
+        let c = SqlConfig::parse("sqlite:///tmp/x.db?table=t1&ttl=5s").unwrap();
+        assert_eq!(c.sqlite_path(), Some(&SqlitePath::File("/tmp/x.db".into())));
+        assert_eq!(c.table(), "t1");
+        assert_eq!(c.defaults().ttl, Duration::from_secs(5));
+        let c = SqlConfig::parse("sqlite::memory:").unwrap();
+        assert_eq!(c.sqlite_path(), Some(&SqlitePath::Memory));
+        assert_eq!(c.table(), DEFAULT_TABLE);
+        assert!(err("sqlite://").contains("no database path"));
+        assert!(err("sqlite://?ttl=1s").contains("no database path"));
+        assert!(err("sqlite://dir/").contains("directory"));
+        assert!(err("sqlite::memory:?synchronous=sometimes").contains("synchronous"));
+    }
+
+    #[test]
+    fn server_forms() {
+        let c = SqlConfig::parse("postgres://u:pw@127.0.0.1:5433/db?sslmode=disable&timeout=2s")
+            .unwrap();
+        assert_eq!(c.dialect(), Dialect::Postgres);
+        assert_eq!(c.defaults().timeout, Duration::from_secs(2));
+        assert!(!format!("{c:?}").contains("pw"));
+        let c = SqlConfig::parse("postgresql://h/db").unwrap();
+        assert_eq!(c.dialect(), Dialect::Postgres);
+        let c = SqlConfig::parse("mariadb://root@[::1]:3307/test?table=locks").unwrap();
+        assert_eq!(c.dialect(), Dialect::MySql);
+        assert_eq!(c.table(), "locks");
+        assert!(err("mysql://root@h").contains("names no database"));
+        assert!(err("postgres:///db").contains("no host"));
+        assert!(err("postgres://h/a/b").contains("just a database name"));
+    }
+
+    #[test]
+    fn options_checked() {
+        let e = err("postgres://u:hunter2@h/db?colour=blue");
+        assert!(e.contains("unknown option `colour`"), "{e}");
+        assert!(e.contains("table, ttl, drift, timeout, sslmode"), "{e}");
+        assert!(!e.contains("hunter2"));
+        assert!(err("mysql://h/db?ttl=1ms").contains("ttl"));
+        assert!(err("mysql://h/db?ttl=1s&ttl=2s").contains("more than once"));
+        assert!(err("sqlite::memory:?timeout=0s").contains("timeout"));
+        assert!(err("sqlite::memory:?ttl=100ms&drift=1s").contains("drift"));
+        assert!(err("postgres://h/db?sslmode=require").contains("TLS"));
+        assert!(err("mysql://h/db?ssl-mode=required").contains("TLS"));
+        for bad in ["1abc", "a-b", "a b", "\"x\"", "x;drop", "", &"a".repeat(64)] {
+            let e = err(&format!(
+                "sqlite::memory:?table={}",
+                bad.replace(' ', "%20")
+            ));
+            assert!(e.contains("table name"), "{bad}: {e}");
+        }
+        assert!(SqlConfig::parse(&format!("sqlite::memory:?table=_{}", "a".repeat(62))).is_ok());
+        let e = SqlConfig::parse("redis://h").unwrap_err();
+        assert!(matches!(e, Error::UnsupportedScheme { .. }), "{e}");
+    }
+
+    #[test]
+    fn malformed_urls_hide_passwords() {
+        for url in [
+            "postgres://u:s3cr3t@h:notaport/db",
+            "mysql://u:s3cr3t@h:99999/db",
+            "postgres://u:s3cr3t@/db",
+            "mysql://u:s3cr3t@h",
+            "postgres://u:s3cr3t@h/db?sslmode=require",
+            "postgres://u:s3cr3t@h/db?table=bad-name",
+            "postgres://u:s3cr3t@h/db#frag",
+        ] {
+            let e = SqlConfig::parse(url).unwrap_err();
+            let text = format!("{e} {e:?}");
+            assert!(!text.contains("s3cr3t"), "{url}: {text}");
+        }
+    }
+}

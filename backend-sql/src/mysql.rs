@@ -1,0 +1,412 @@
+//! MySQL and MariaDB: lease rows, `INSERT .. ON DUPLICATE KEY UPDATE` with `IF(..)` and
+//! `LAST_INSERT_ID(expr)` to return the fence; waiters poll (the store has no notification).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::{
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
+    Fencing, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result, WaitMechanism,
+    async_trait,
+};
+use sqlx::mysql::{MySqlDatabaseError, MySqlPoolOptions};
+use sqlx::{MySql, SqlStr};
+
+use crate::common::{
+    CancelCleanup, Class, Core, classify_transport, from_micros, micros, spawn_cleanup, sql, token,
+};
+use crate::config::{SqlConfig, Target};
+
+const BACKEND: &str = "mysql";
+
+/// Pooled connections.
+const POOL_SIZE: u32 = 8;
+
+/// The statements of one client, built once with the validated table name.
+struct Statements {
+    create: SqlStr,
+    acquire: SqlStr,
+    release: SqlStr,
+    release_owner: SqlStr,
+    extend: SqlStr,
+    inspect: SqlStr,
+}
+
+impl Statements {
+    fn new(table: &str) -> Self {
+        let t = format!("`{table}`");
+        Statements {
+            // VARBINARY: names compare byte for byte (case-sensitive), and 1024 bytes fit
+            // InnoDB's 3072-byte index limit whatever the character set.
+            create: sql(format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 name VARBINARY(1024) NOT NULL PRIMARY KEY, \
+                 owner CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NULL, \
+                 fence BIGINT NOT NULL, \
+                 expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
+            )),
+            // Binds: name, owner, ttl µs, owner, owner, owner, owner, ttl µs.
+            // MySQL applies the SET list left to right, each assignment seeing the columns
+            // already assigned. So: `fence` first (reads the old owner/expiry), then `owner`
+            // (same old values), then `expires_at`, which can no longer test expiry and instead
+            // tests whether `owner` is now ours (owner ids are unique per acquisition).
+            // LAST_INSERT_ID(expr) reports the outcome in the OK packet: 1 for a new row, the
+            // new fence for a take-over, 0 when the row is held by someone else.
+            acquire: sql(format!(
+                "INSERT INTO {t} (name, owner, fence, expires_at) \
+                 VALUES (?, ?, LAST_INSERT_ID(1), NOW(6) + INTERVAL ? MICROSECOND) \
+                 ON DUPLICATE KEY UPDATE \
+                 fence = IF(owner IS NULL OR expires_at <= NOW(6) OR owner = ?, \
+                 LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
+                 owner = IF(owner IS NULL OR expires_at <= NOW(6) OR owner = ?, ?, owner), \
+                 expires_at = IF(owner <=> ?, NOW(6) + INTERVAL ? MICROSECOND, expires_at)"
+            )),
+            // Binds: name, owner, fence. The row stays (the fence must never reset).
+            release: sql(format!(
+                "UPDATE {t} SET owner = NULL \
+                 WHERE name = ? AND owner = ? AND fence = ? AND expires_at > NOW(6)"
+            )),
+            // Binds: name, owner.
+            release_owner: sql(format!(
+                "UPDATE {t} SET owner = NULL WHERE name = ? AND owner = ?"
+            )),
+            // Binds: ttl µs, name, owner, fence. Never resurrects an expired row.
+            extend: sql(format!(
+                "UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND owner = ? AND fence = ? AND expires_at > NOW(6)"
+            )),
+            // Binds: name.
+            inspect: sql(format!(
+                "SELECT owner, fence, \
+                 IF(owner IS NOT NULL AND expires_at > NOW(6), \
+                 TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), NULL) \
+                 FROM {t} WHERE name = ?"
+            )),
+        }
+    }
+}
+
+fn classify(e: &sqlx::Error) -> Class {
+    if let Some(class) = classify_transport(e) {
+        return class;
+    }
+    let number = match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(|m| m.number())
+            .unwrap_or(0),
+        _ => 0,
+    };
+    match number {
+        // deadlock, lock wait timeout: the statement was rolled back.
+        1205 | 1213 => Class::Busy,
+        // server shutdown, connection killed (MariaDB), gone away, lost, idle disconnect.
+        1053 | 1927 | 2006 | 2013 | 4031 => Class::Stale,
+        // too many connections, out of resources.
+        1040 | 1041 | 1203 => Class::Fail { retryable: true },
+        _ => Class::Fail { retryable: false },
+    }
+}
+
+struct Inner {
+    core: Core<MySql>,
+    sql: Statements,
+    table: String,
+    redacted: String,
+    defaults: ClientDefaults,
+}
+
+impl Inner {
+    async fn release_owner(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
+        let owner = owner.to_string();
+        let done = self
+            .core
+            .run("release", Some(name), |mut c| {
+                let q = sqlx::query(self.sql.release_owner.clone())
+                    .bind(name.as_str().as_bytes())
+                    .bind(owner.as_str());
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+}
+
+/// A MySQL/MariaDB lock client over a pool of up to 8 connections. Sessions run in UTC
+/// (`time_zone = '+00:00'`) so every client compares `DATETIME` expiries alike.
+///
+/// `Debug` shows the URL without its password.
+#[derive(Clone)]
+pub struct MySqlLock {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for MySqlLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlLock")
+            .field("url", &self.inner.redacted)
+            .field("table", &self.inner.table)
+            .finish()
+    }
+}
+
+impl MySqlLock {
+    /// Connects and creates the lease table if it does not exist.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if `config` is not a MySQL/MariaDB URL; [`Error::Backend`] if the
+    /// server cannot be reached or the table cannot be created.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes what was opened; a table being created is either created or
+    /// not.
+    pub async fn connect(config: &SqlConfig) -> Result<Self> {
+        let Target::MySql(opts) = &config.target else {
+            return Err(Error::invalid_config(BACKEND, "not a mysql:// URL"));
+        };
+        let timeout = crate::config::timeout_of(config);
+        let pool = MySqlPoolOptions::new()
+            .max_connections(POOL_SIZE)
+            .min_connections(0)
+            .acquire_timeout(timeout)
+            .idle_timeout(Duration::from_secs(60))
+            .test_before_acquire(false)
+            .connect_lazy_with(opts.clone());
+        let lock = MySqlLock {
+            inner: Arc::new(Inner {
+                core: Core {
+                    backend: BACKEND,
+                    pool,
+                    timeout,
+                    classify,
+                },
+                sql: Statements::new(&config.table),
+                table: config.table.clone(),
+                redacted: config.redacted.clone(),
+                defaults: config.defaults.clone(),
+            }),
+        };
+        let inner = &lock.inner;
+        inner
+            .core
+            .run("create table", None, |mut c| {
+                let q = sqlx::query(inner.sql.create.clone());
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(lock)
+    }
+
+    /// Closes the pool gracefully. Dropping every clone does the same without waiting.
+    ///
+    /// # Cancel safety
+    /// Safe to drop; connections then close in the background.
+    pub async fn close(&self) {
+        self.inner.core.pool.close().await;
+    }
+
+    /// The lease table's name.
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MySqlLock {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            BACKEND,
+            Fencing::Strict,
+            Expiry::Ttl,
+            Fairness::Unordered,
+            WaitMechanism::Poll,
+        )
+    }
+
+    fn defaults(&self) -> ClientDefaults {
+        self.inner.defaults.clone()
+    }
+
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        let started = Instant::now();
+        let owner = OwnerId::random();
+        let owner_text = owner.to_string();
+        let ttl = micros(opts.ttl_value());
+        let inner = &self.inner;
+        let mut cleanup = {
+            let inner = inner.clone();
+            let name = name.clone();
+            CancelCleanup::arm(move || {
+                let task_name = name.clone();
+                spawn_cleanup(BACKEND, &name, async move {
+                    inner.release_owner(&task_name, owner).await
+                });
+            })
+        };
+        let done = inner
+            .core
+            .run("acquire", Some(name), |mut c| {
+                let o = owner_text.as_str();
+                let q = sqlx::query(inner.sql.acquire.clone())
+                    .bind(name.as_str().as_bytes())
+                    .bind(o)
+                    .bind(ttl)
+                    .bind(o)
+                    .bind(o)
+                    .bind(o)
+                    .bind(o)
+                    .bind(ttl);
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        cleanup.disarm();
+        let fence = done.last_insert_id();
+        Ok((fence > 0).then(|| {
+            Lease::new(
+                name.clone(),
+                owner,
+                lockcore::FencingToken(fence),
+                started,
+                opts.ttl_value(),
+                opts.drift_value(),
+            )
+        }))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        let inner = &self.inner;
+        let owner = lease.owner().to_string();
+        let fence = i64::try_from(lease.token().0).unwrap_or(i64::MAX);
+        let done = inner
+            .core
+            .run("release", Some(lease.name()), |mut c| {
+                let q = sqlx::query(inner.sql.release.clone())
+                    .bind(lease.name().as_str().as_bytes())
+                    .bind(owner.as_str())
+                    .bind(fence);
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(if done.rows_affected() > 0 {
+            Released::Released
+        } else {
+            Released::NotHeld
+        })
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        lockcore::check_ttl(ttl)?;
+        let started = Instant::now();
+        let inner = &self.inner;
+        let owner = lease.owner().to_string();
+        let fence = i64::try_from(lease.token().0).unwrap_or(i64::MAX);
+        let done = inner
+            .core
+            .run("extend", Some(lease.name()), |mut c| {
+                let q = sqlx::query(inner.sql.extend.clone())
+                    .bind(micros(ttl))
+                    .bind(lease.name().as_str().as_bytes())
+                    .bind(owner.as_str())
+                    .bind(fence);
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        // The connection sets CLIENT_FOUND_ROWS, so a matched row counts even if unchanged.
+        if done.rows_affected() == 1 {
+            Ok(lease.renewed(started, ttl))
+        } else {
+            Err(Error::lock_lost(BACKEND, lease.name(), "extend"))
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let inner = &self.inner;
+        let row: Option<(Option<String>, i64, Option<i64>)> = inner
+            .core
+            .run("inspect", Some(name), |mut c| {
+                let q = sqlx::query_as(inner.sql.inspect.clone()).bind(name.as_str().as_bytes());
+                async move {
+                    let r = q.fetch_optional(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(row.map(|(owner, fence, remaining)| {
+            let remaining = from_micros(remaining);
+            LockInfo::new(
+                name,
+                owner.filter(|_| remaining.is_some()),
+                Some(token(fence)),
+                remaining,
+                None,
+            )
+        }))
+    }
+
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        Some(Arc::new(MySqlFloor {
+            inner: self.inner.clone(),
+        }))
+    }
+}
+
+/// The same acquire and release statements straight on the pool.
+struct MySqlFloor {
+    inner: Arc<Inner>,
+}
+
+#[async_trait]
+impl RawFloor for MySqlFloor {
+    fn description(&self) -> String {
+        "INSERT .. ON DUPLICATE KEY UPDATE (fence via LAST_INSERT_ID), then UPDATE .. SET owner = \
+         NULL, on the same sqlx pool"
+            .into()
+    }
+
+    async fn pair(&self, name: &LockName) -> Result<()> {
+        let pool = &self.inner.core.pool;
+        let owner = OwnerId::random().to_string();
+        let o = owner.as_str();
+        let ttl = micros(Duration::from_secs(10));
+        let err = |e| Error::backend(BACKEND, "raw floor", Some(name), true, e);
+        let done = sqlx::query(self.inner.sql.acquire.clone())
+            .bind(name.as_str().as_bytes())
+            .bind(o)
+            .bind(ttl)
+            .bind(o)
+            .bind(o)
+            .bind(o)
+            .bind(o)
+            .bind(ttl)
+            .execute(pool)
+            .await
+            .map_err(err)?;
+        let fence = done.last_insert_id();
+        if fence > 0 {
+            sqlx::query(self.inner.sql.release.clone())
+                .bind(name.as_str().as_bytes())
+                .bind(o)
+                .bind(i64::try_from(fence).unwrap_or(i64::MAX))
+                .execute(pool)
+                .await
+                .map_err(err)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,608 @@
+//! PostgreSQL: lease rows, `INSERT .. ON CONFLICT DO UPDATE .. WHERE expired RETURNING fence`,
+//! and waiters woken by LISTEN/NOTIFY over one listener connection per client.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use lockcore::{
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
+    Fencing, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result, WaitMechanism,
+    async_trait,
+};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Postgres, SqlStr};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::common::{
+    CancelCleanup, Class, Core, classify_transport, from_micros, micros, spawn_cleanup, sql, token,
+};
+use crate::config::{SqlConfig, Target};
+
+const BACKEND: &str = "postgres";
+
+/// Pooled connections for statements (the listener has its own).
+const POOL_SIZE: u32 = 8;
+
+/// The statements of one client, built once with the validated table name.
+struct Statements {
+    create: SqlStr,
+    acquire: SqlStr,
+    release: SqlStr,
+    release_owner: SqlStr,
+    extend: SqlStr,
+    inspect: SqlStr,
+}
+
+impl Statements {
+    fn new(table: &str) -> Self {
+        // The table name is a validated identifier ([A-Za-z_][A-Za-z0-9_]{0,62}); it doubles as
+        // the NOTIFY channel.
+        let t = format!("\"{table}\"");
+        Statements {
+            create: sql(format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 name text COLLATE \"C\" NOT NULL PRIMARY KEY, \
+                 owner text NULL, \
+                 fence bigint NOT NULL, \
+                 expires_at timestamptz NOT NULL)"
+            )),
+            // $1 name, $2 owner, $3 ttl in µs. The row is inserted, or taken over when free or
+            // expired (or already ours: a retry of this same statement), bumping the fence.
+            acquire: sql(format!(
+                "INSERT INTO {t} AS l (name, owner, fence, expires_at) \
+                 VALUES ($1, $2, 1, clock_timestamp() + $3::bigint * interval '1 microsecond') \
+                 ON CONFLICT (name) DO UPDATE \
+                 SET owner = EXCLUDED.owner, fence = l.fence + 1, expires_at = EXCLUDED.expires_at \
+                 WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
+                 RETURNING fence"
+            )),
+            // $1 name, $2 owner, $3 fence. The row stays (the fence must never reset).
+            release: sql(format!(
+                "WITH released AS (\
+                 UPDATE {t} SET owner = NULL \
+                 WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp() \
+                 RETURNING name) \
+                 SELECT count(pg_notify('{table}', name)) FROM released"
+            )),
+            // $1 name, $2 owner: cleanup after an interrupted acquire (the fence is unknown).
+            release_owner: sql(format!(
+                "WITH released AS (\
+                 UPDATE {t} SET owner = NULL WHERE name = $1 AND owner = $2 RETURNING name) \
+                 SELECT count(pg_notify('{table}', name)) FROM released"
+            )),
+            // $1 name, $2 owner, $3 fence, $4 ttl in µs. Never resurrects an expired row.
+            extend: sql(format!(
+                "UPDATE {t} SET expires_at = clock_timestamp() + $4::bigint * interval '1 microsecond' \
+                 WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()"
+            )),
+            // $1 name. Remaining time as the database's clock sees it.
+            inspect: sql(format!(
+                "SELECT l.owner, l.fence, \
+                 CASE WHEN l.owner IS NOT NULL AND l.expires_at > c.now \
+                 THEN (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint END \
+                 FROM {t} AS l, LATERAL (SELECT clock_timestamp() AS now) AS c \
+                 WHERE l.name = $1"
+            )),
+        }
+    }
+}
+
+fn classify(e: &sqlx::Error) -> Class {
+    if let Some(class) = classify_transport(e) {
+        return class;
+    }
+    let code = match e {
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()).unwrap_or_default(),
+        _ => String::new(),
+    };
+    match code.as_str() {
+        // admin_shutdown (pg_terminate_backend, fast shutdown), crash_shutdown, connection
+        // exceptions: the session is gone, another connection may work.
+        "57P01" | "57P02" => Class::Stale,
+        c if c.starts_with("08") => Class::Stale,
+        // serialization failure, deadlock, lock not available.
+        "40001" | "40P01" | "55P03" => Class::Busy,
+        // starting up, too many connections, out of memory/disk.
+        "57P03" | "53300" | "53200" | "53100" => Class::Fail { retryable: true },
+        _ => Class::Fail { retryable: false },
+    }
+}
+
+/// Per-name wakeups fed by the listener task.
+struct Waiters {
+    by_name: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Whether the listener connection is up and LISTENing.
+    ready: watch::Sender<bool>,
+}
+
+impl Waiters {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+        self.by_name.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn register(self: &Arc<Self>, name: &str) -> Registration {
+        let notify = self.map().entry(name.to_owned()).or_default().clone();
+        Registration {
+            waiters: self.clone(),
+            name: name.to_owned(),
+            notify,
+        }
+    }
+
+    fn wake(&self, name: &str) {
+        if let Some(n) = self.map().get(name) {
+            n.notify_waiters();
+        }
+    }
+
+    /// After a reconnect notifications may have been missed: everyone re-checks.
+    fn wake_all(&self) {
+        for n in self.map().values() {
+            n.notify_waiters();
+        }
+    }
+}
+
+/// One waiter's interest in a name; removes the map entry when the last waiter leaves.
+struct Registration {
+    waiters: Arc<Waiters>,
+    name: String,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut map = self.waiters.map();
+        // The map's reference plus ours: nobody else waits on this name.
+        if Arc::strong_count(&self.notify) == 2 {
+            map.remove(&self.name);
+        }
+    }
+}
+
+/// Keeps one LISTEN connection up and dispatches notifications by payload (the lock name).
+async fn listen_loop(pool: PgPool, channel: String, waiters: Arc<Waiters>) {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let connected = async {
+            let mut l = PgListener::connect_with(&pool).await?;
+            l.listen(&channel).await?;
+            Ok::<_, sqlx::Error>(l)
+        }
+        .await;
+        let mut listener = match connected {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(backend = BACKEND, error = %e, "listener connection failed; waiters poll until it is back");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        delay = Duration::from_millis(50);
+        waiters.ready.send_replace(true);
+        waiters.wake_all();
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(n)) => waiters.wake(n.payload()),
+                // The connection dropped and was re-established (LISTEN included); anything sent
+                // in between is lost, so everyone re-checks.
+                Ok(None) => waiters.wake_all(),
+                Err(e) => {
+                    tracing::debug!(backend = BACKEND, error = %e, "listener connection lost");
+                    break;
+                }
+            }
+        }
+        waiters.ready.send_replace(false);
+        waiters.wake_all();
+    }
+}
+
+struct Inner {
+    core: Core<Postgres>,
+    sql: Statements,
+    table: String,
+    redacted: String,
+    defaults: ClientDefaults,
+    listen_pool: PgPool,
+    listener: Mutex<Option<JoinHandle<()>>>,
+    waiters: Arc<Waiters>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
+impl Inner {
+    fn ensure_listener(&self) {
+        let mut slot = self.listener.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(tokio::spawn(listen_loop(
+                self.listen_pool.clone(),
+                self.table.clone(),
+                self.waiters.clone(),
+            )));
+        }
+    }
+
+    async fn release_owner(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
+        let owner = owner.to_string();
+        let n: i64 = self
+            .core
+            .run("release", Some(name), |mut c| {
+                let q = sqlx::query_scalar(self.sql.release_owner.clone())
+                    .bind(name.as_str())
+                    .bind(owner.as_str());
+                async move {
+                    let r = q.fetch_one(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn inspect_row(
+        &self,
+        name: &LockName,
+    ) -> Result<Option<(Option<String>, i64, Option<i64>)>> {
+        self.core
+            .run("inspect", Some(name), |mut c| {
+                let q = sqlx::query_as(self.sql.inspect.clone()).bind(name.as_str());
+                async move {
+                    let r = q.fetch_optional(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await
+    }
+}
+
+/// A PostgreSQL lock client: a pool of up to 8 connections for statements plus one listener
+/// connection, started on the first wait, shared by every name this client waits on.
+///
+/// `Debug` shows the URL without its password.
+#[derive(Clone)]
+pub struct PostgresLock {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for PostgresLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLock")
+            .field("url", &self.inner.redacted)
+            .field("table", &self.inner.table)
+            .finish()
+    }
+}
+
+impl PostgresLock {
+    /// Connects and creates the lease table if it does not exist.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if `config` is not a PostgreSQL URL; [`Error::Backend`] if the
+    /// server cannot be reached or the table cannot be created.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes what was opened; a table being created is either created or
+    /// not.
+    pub async fn connect(config: &SqlConfig) -> Result<Self> {
+        let Target::Postgres(opts) = &config.target else {
+            return Err(Error::invalid_config(BACKEND, "not a postgres:// URL"));
+        };
+        let timeout = crate::config::timeout_of(config);
+        let opts: PgConnectOptions = opts.clone();
+        let pool = PgPoolOptions::new()
+            .max_connections(POOL_SIZE)
+            .min_connections(0)
+            .acquire_timeout(timeout)
+            .idle_timeout(Duration::from_secs(60))
+            .test_before_acquire(false)
+            .connect_lazy_with(opts.clone());
+        let listen_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(timeout)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .test_before_acquire(false)
+            .connect_lazy_with(opts);
+        let waiters = Arc::new(Waiters {
+            by_name: Mutex::default(),
+            ready: watch::Sender::new(false),
+        });
+        let lock = PostgresLock {
+            inner: Arc::new(Inner {
+                core: Core {
+                    backend: BACKEND,
+                    pool,
+                    timeout,
+                    classify,
+                },
+                sql: Statements::new(&config.table),
+                table: config.table.clone(),
+                redacted: config.redacted.clone(),
+                defaults: config.defaults.clone(),
+                listen_pool,
+                listener: Mutex::new(None),
+                waiters,
+            }),
+        };
+        lock.create_table().await?;
+        Ok(lock)
+    }
+
+    /// `CREATE TABLE IF NOT EXISTS` is not safe against itself in PostgreSQL: two sessions may
+    /// both pass the existence check and one fails on the `pg_type` unique index (23505) or with
+    /// 42P07. Running it again then finds the table.
+    async fn create_table(&self) -> Result<()> {
+        let inner = &self.inner;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let r = inner
+                .core
+                .run("create table", None, |mut c| {
+                    let q = sqlx::query(inner.sql.create.clone());
+                    async move {
+                        let r = q.execute(c.conn()).await;
+                        (c, r)
+                    }
+                })
+                .await;
+            match r {
+                Ok(_) => return Ok(()),
+                Err(Error::Backend { source, .. })
+                    if tries < 10
+                        && source
+                            .downcast_ref::<sqlx::Error>()
+                            .and_then(|e| e.as_database_error())
+                            .and_then(|d| d.code())
+                            .is_some_and(|c| c == "23505" || c == "42P07") =>
+                {
+                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Closes the pools (and the listener) gracefully. Dropping every clone does the same without
+    /// waiting.
+    ///
+    /// # Cancel safety
+    /// Safe to drop; connections then close in the background.
+    pub async fn close(&self) {
+        let task = self
+            .inner
+            .listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+        }
+        self.inner.listen_pool.close().await;
+        self.inner.core.pool.close().await;
+    }
+
+    /// The lease table's name.
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+}
+
+#[async_trait]
+impl DistributedLock for PostgresLock {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            BACKEND,
+            Fencing::Strict,
+            Expiry::Ttl,
+            Fairness::Unordered,
+            WaitMechanism::ListenNotify,
+        )
+    }
+
+    fn defaults(&self) -> ClientDefaults {
+        self.inner.defaults.clone()
+    }
+
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        let started = Instant::now();
+        let owner = OwnerId::random();
+        let owner_text = owner.to_string();
+        let ttl = opts.ttl_value();
+        let inner = &self.inner;
+        let mut cleanup = {
+            let inner = inner.clone();
+            let name = name.clone();
+            CancelCleanup::arm(move || {
+                let task_name = name.clone();
+                spawn_cleanup(BACKEND, &name, async move {
+                    inner.release_owner(&task_name, owner).await
+                });
+            })
+        };
+        let fence: Option<i64> = inner
+            .core
+            .run("acquire", Some(name), |mut c| {
+                let q = sqlx::query_scalar(inner.sql.acquire.clone())
+                    .bind(name.as_str())
+                    .bind(owner_text.as_str())
+                    .bind(micros(ttl));
+                async move {
+                    let r = q.fetch_optional(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        cleanup.disarm();
+        Ok(fence.map(|f| {
+            Lease::new(
+                name.clone(),
+                owner,
+                token(f),
+                started,
+                ttl,
+                opts.drift_value(),
+            )
+        }))
+    }
+
+    async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
+        let inner = &self.inner;
+        inner.ensure_listener();
+        // Subscribe first, then look: a release between the two still wakes us.
+        let registration = inner.waiters.register(name.as_str());
+        let notified = registration.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let mut ready = inner.waiters.ready.subscribe();
+        if !*ready.borrow_and_update() {
+            // Not listening yet (first wait, or the server is away): poll at the helper's pace.
+            let _ = tokio::time::timeout_at(until.into(), ready.wait_for(|r| *r)).await;
+            return Ok(());
+        }
+        let wake_at = match tokio::time::timeout_at(until.into(), inner.inspect_row(name)).await {
+            // Free, expired or never used: try again now.
+            Ok(Ok(None)) | Ok(Ok(Some((_, _, None)))) => return Ok(()),
+            // Held: wake on NOTIFY, or when the lease runs out by the database's clock.
+            Ok(Ok(Some((_, _, Some(us))))) => {
+                let left = from_micros(Some(us)).unwrap_or_default();
+                (Instant::now() + left + Duration::from_millis(1)).min(until)
+            }
+            Ok(Err(_)) | Err(_) => until,
+        };
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(wake_at.into()) => {}
+        }
+        Ok(())
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        let inner = &self.inner;
+        let owner = lease.owner().to_string();
+        let fence = i64::try_from(lease.token().0).unwrap_or(i64::MAX);
+        let n: i64 = inner
+            .core
+            .run("release", Some(lease.name()), |mut c| {
+                let q = sqlx::query_scalar(inner.sql.release.clone())
+                    .bind(lease.name().as_str())
+                    .bind(owner.as_str())
+                    .bind(fence);
+                async move {
+                    let r = q.fetch_one(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(if n > 0 {
+            Released::Released
+        } else {
+            Released::NotHeld
+        })
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        lockcore::check_ttl(ttl)?;
+        let started = Instant::now();
+        let inner = &self.inner;
+        let owner = lease.owner().to_string();
+        let fence = i64::try_from(lease.token().0).unwrap_or(i64::MAX);
+        let done = inner
+            .core
+            .run("extend", Some(lease.name()), |mut c| {
+                let q = sqlx::query(inner.sql.extend.clone())
+                    .bind(lease.name().as_str())
+                    .bind(owner.as_str())
+                    .bind(fence)
+                    .bind(micros(ttl));
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        if done.rows_affected() == 1 {
+            Ok(lease.renewed(started, ttl))
+        } else {
+            Err(Error::lock_lost(BACKEND, lease.name(), "extend"))
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        Ok(self
+            .inner
+            .inspect_row(name)
+            .await?
+            .map(|(owner, fence, remaining)| {
+                let remaining = from_micros(remaining);
+                LockInfo::new(
+                    name,
+                    owner.filter(|_| remaining.is_some()),
+                    Some(token(fence)),
+                    remaining,
+                    None,
+                )
+            }))
+    }
+
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        Some(Arc::new(PgFloor {
+            inner: self.inner.clone(),
+        }))
+    }
+}
+
+/// The same acquire and release statements straight on the pool: no retries, time limits,
+/// guards or lockcore layer.
+struct PgFloor {
+    inner: Arc<Inner>,
+}
+
+#[async_trait]
+impl RawFloor for PgFloor {
+    fn description(&self) -> String {
+        "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence, then UPDATE .. SET owner = NULL with \
+         pg_notify, on the same sqlx pool"
+            .into()
+    }
+
+    async fn pair(&self, name: &LockName) -> Result<()> {
+        let pool = &self.inner.core.pool;
+        let owner = OwnerId::random().to_string();
+        let err = |e| Error::backend(BACKEND, "raw floor", Some(name), true, e);
+        let fence: Option<i64> = sqlx::query_scalar(self.inner.sql.acquire.clone())
+            .bind(name.as_str())
+            .bind(owner.as_str())
+            .bind(micros(Duration::from_secs(10)))
+            .fetch_optional(pool)
+            .await
+            .map_err(err)?;
+        if let Some(fence) = fence {
+            let _: i64 = sqlx::query_scalar(self.inner.sql.release.clone())
+                .bind(name.as_str())
+                .bind(owner.as_str())
+                .bind(fence)
+                .fetch_one(pool)
+                .await
+                .map_err(err)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,489 @@
+//! SQLite, the embedded default: one database file in WAL mode shared by every process on the
+//! host, `INSERT .. ON CONFLICT DO UPDATE .. WHERE expired RETURNING fence`, polling waiters.
+//! "database is locked" is retried inside, within the `timeout` budget.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lockcore::wait::Backoff;
+use lockcore::{
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
+    Fencing, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result, WaitMechanism,
+    async_trait,
+};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePoolOptions};
+use sqlx::{Connection, SqlStr, Sqlite};
+
+use crate::common::{
+    CancelCleanup, Class, Core, classify_transport, from_micros, millis, spawn_cleanup, sql, token,
+};
+use crate::config::{SqlConfig, SqlitePath, Target};
+
+const BACKEND: &str = "sqlite";
+
+/// Pooled connections for a database file (SQLite serialises writers anyway).
+const POOL_SIZE: u32 = 4;
+
+/// The database's clock in milliseconds since the Unix epoch (SQLite ≥ 3.42).
+const NOW_MS: &str = "CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)";
+
+/// The statements of one client, built once with the validated table name.
+struct Statements {
+    create: SqlStr,
+    acquire: SqlStr,
+    release: SqlStr,
+    release_owner: SqlStr,
+    extend: SqlStr,
+    inspect: SqlStr,
+}
+
+impl Statements {
+    fn new(table: &str) -> Self {
+        let t = format!("\"{table}\"");
+        Statements {
+            // TEXT with SQLite's default BINARY collation: names compare byte for byte.
+            create: sql(format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\
+                 name TEXT NOT NULL PRIMARY KEY, \
+                 owner TEXT NULL, \
+                 fence INTEGER NOT NULL, \
+                 expires_at INTEGER NOT NULL)"
+            )),
+            // ?1 name, ?2 owner, ?3 ttl ms. Unqualified columns in DO UPDATE are the existing
+            // row's.
+            acquire: sql(format!(
+                "INSERT INTO {t} (name, owner, fence, expires_at) \
+                 VALUES (?1, ?2, 1, {NOW_MS} + ?3) \
+                 ON CONFLICT (name) DO UPDATE \
+                 SET owner = excluded.owner, fence = fence + 1, expires_at = excluded.expires_at \
+                 WHERE owner IS NULL OR expires_at <= {NOW_MS} OR owner = excluded.owner \
+                 RETURNING fence"
+            )),
+            // ?1 name, ?2 owner, ?3 fence. The row stays (the fence must never reset).
+            release: sql(format!(
+                "UPDATE {t} SET owner = NULL \
+                 WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND expires_at > {NOW_MS}"
+            )),
+            // ?1 name, ?2 owner.
+            release_owner: sql(format!(
+                "UPDATE {t} SET owner = NULL WHERE name = ?1 AND owner = ?2"
+            )),
+            // ?1 name, ?2 owner, ?3 fence, ?4 ttl ms. Never resurrects an expired row.
+            extend: sql(format!(
+                "UPDATE {t} SET expires_at = {NOW_MS} + ?4 \
+                 WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND expires_at > {NOW_MS}"
+            )),
+            // ?1 name. Remaining time in µs by the database's clock.
+            inspect: sql(format!(
+                "SELECT l.owner, l.fence, \
+                 CASE WHEN l.owner IS NOT NULL AND l.expires_at > c.now \
+                 THEN (l.expires_at - c.now) * 1000 END \
+                 FROM {t} AS l, (SELECT {NOW_MS} AS now) AS c WHERE l.name = ?1"
+            )),
+        }
+    }
+}
+
+fn is_busy(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            let primary = db
+                .code()
+                .and_then(|c| c.parse::<i32>().ok())
+                .map(|c| c & 0xff);
+            // SQLITE_BUSY, SQLITE_LOCKED
+            matches!(primary, Some(5 | 6)) || db.message().contains("database is locked")
+        }
+        _ => false,
+    }
+}
+
+fn classify(e: &sqlx::Error) -> Class {
+    if is_busy(e) {
+        return Class::Busy;
+    }
+    if let Some(class) = classify_transport(e) {
+        return class;
+    }
+    Class::Fail { retryable: false }
+}
+
+struct Inner {
+    core: Core<Sqlite>,
+    sql: Statements,
+    table: String,
+    redacted: String,
+    defaults: ClientDefaults,
+    memory: bool,
+    /// For `sqlite::memory:`: a connection that is never used, so the shared in-memory database
+    /// lives as long as the client even when pooled connections are closed.
+    _anchor: Mutex<Option<SqliteConnection>>,
+}
+
+impl Inner {
+    async fn release_owner(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
+        let owner = owner.to_string();
+        let done = self
+            .core
+            .run("release", Some(name), |mut c| {
+                let q = sqlx::query(self.sql.release_owner.clone())
+                    .bind(name.as_str())
+                    .bind(owner.as_str());
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+}
+
+/// A SQLite lock client. Several clients and processes may share one database file; writers are
+/// serialised by SQLite and "database is locked" is retried within the `timeout` option.
+///
+/// `Debug` shows the URL.
+#[derive(Clone)]
+pub struct SqliteLock {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for SqliteLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteLock")
+            .field("url", &self.inner.redacted)
+            .field("table", &self.inner.table)
+            .finish()
+    }
+}
+
+/// Runs `statement` on a single connection, retrying SQLITE_BUSY until `deadline`. Used before
+/// the pool exists: switching to WAL takes an exclusive lock that the busy handler does not
+/// wait for.
+async fn setup_statement(
+    conn: &mut SqliteConnection,
+    statement: SqlStr,
+    deadline: Instant,
+    what: &'static str,
+) -> Result<()> {
+    let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
+    loop {
+        match sqlx::query(statement.clone()).execute(&mut *conn).await {
+            Ok(_) => return Ok(()),
+            Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            Err(e) => {
+                let retryable = is_busy(&e);
+                return Err(Error::backend(BACKEND, what, None, retryable, e));
+            }
+        }
+    }
+}
+
+impl SqliteLock {
+    /// Opens (creating it and its parent directory if needed) the database, switches a file
+    /// database to WAL, and creates the lease table if it does not exist.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if `config` is not a SQLite URL; [`Error::Backend`] if the file
+    /// cannot be created or opened, or the database stays locked for the whole `timeout`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes what was opened.
+    pub async fn connect(config: &SqlConfig) -> Result<Self> {
+        let Target::Sqlite { path, synchronous } = &config.target else {
+            return Err(Error::invalid_config(BACKEND, "not a sqlite:// URL"));
+        };
+        let timeout = crate::config::timeout_of(config);
+        let deadline = Instant::now() + timeout;
+        let sql = Statements::new(&config.table);
+        let config_err = |e: sqlx::Error| Error::backend(BACKEND, "open", None, false, e);
+        let (opts, memory) = match path {
+            SqlitePath::Memory => (
+                SqliteConnectOptions::from_str("sqlite::memory:").map_err(config_err)?,
+                true,
+            ),
+            SqlitePath::File(file) => {
+                if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|e| {
+                        Error::backend(
+                            BACKEND,
+                            "create the database directory",
+                            None,
+                            false,
+                            format!("{}: {e}", dir.display()),
+                        )
+                    })?;
+                }
+                (
+                    SqliteConnectOptions::new()
+                        .filename(file)
+                        .create_if_missing(true)
+                        .synchronous(*synchronous),
+                    false,
+                )
+            }
+        };
+        let opts = opts.busy_timeout(timeout.min(Duration::from_secs(1)));
+
+        // One connection sets the file up before any pooled connection exists.
+        let mut setup =
+            tokio::time::timeout_at(deadline.into(), SqliteConnection::connect_with(&opts))
+                .await
+                .map_err(|_| {
+                    Error::backend(
+                        BACKEND,
+                        "open",
+                        None,
+                        true,
+                        format!("the database did not open within {timeout:?}"),
+                    )
+                })?
+                .map_err(|e| Error::backend(BACKEND, "open", None, is_busy(&e), e))?;
+        if !memory {
+            setup_statement(
+                &mut setup,
+                SqlStr::from_static("PRAGMA journal_mode = WAL"),
+                deadline,
+                "switch to WAL",
+            )
+            .await?;
+        }
+        setup_statement(&mut setup, sql.create.clone(), deadline, "create table").await?;
+        let anchor = if memory {
+            Some(setup)
+        } else {
+            let _ = setup.close().await;
+            None
+        };
+        // WAL is a property of the file: pooled connections need not (and, racing each other,
+        // should not) switch to it again.
+        let pool_opts = opts;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(if memory { 1 } else { POOL_SIZE })
+            .min_connections(0)
+            .acquire_timeout(timeout)
+            .idle_timeout(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(60))
+            })
+            .max_lifetime(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(30 * 60))
+            })
+            .test_before_acquire(false)
+            .connect_lazy_with(pool_opts);
+        Ok(SqliteLock {
+            inner: Arc::new(Inner {
+                core: Core {
+                    backend: BACKEND,
+                    pool,
+                    timeout,
+                    classify,
+                },
+                sql,
+                table: config.table.clone(),
+                redacted: config.redacted.clone(),
+                defaults: config.defaults.clone(),
+                memory,
+                _anchor: Mutex::new(anchor),
+            }),
+        })
+    }
+
+    /// Closes the pool gracefully. Dropping every clone does the same without waiting.
+    ///
+    /// # Cancel safety
+    /// Safe to drop; connections then close in the background.
+    pub async fn close(&self) {
+        self.inner.core.pool.close().await;
+    }
+
+    /// The lease table's name.
+    pub fn table(&self) -> &str {
+        &self.inner.table
+    }
+}
+
+#[async_trait]
+impl DistributedLock for SqliteLock {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            BACKEND,
+            Fencing::Strict,
+            Expiry::Ttl,
+            Fairness::Unordered,
+            WaitMechanism::Poll,
+        )
+        .shared_across_processes(!self.inner.memory)
+    }
+
+    fn defaults(&self) -> ClientDefaults {
+        self.inner.defaults.clone()
+    }
+
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        let started = Instant::now();
+        let owner = OwnerId::random();
+        let owner_text = owner.to_string();
+        let ttl = opts.ttl_value();
+        let inner = &self.inner;
+        let mut cleanup = {
+            let inner = inner.clone();
+            let name = name.clone();
+            CancelCleanup::arm(move || {
+                let task_name = name.clone();
+                spawn_cleanup(BACKEND, &name, async move {
+                    inner.release_owner(&task_name, owner).await
+                });
+            })
+        };
+        let fence: Option<i64> = inner
+            .core
+            .run("acquire", Some(name), |mut c| {
+                let q = sqlx::query_scalar(inner.sql.acquire.clone())
+                    .bind(name.as_str())
+                    .bind(owner_text.as_str())
+                    .bind(millis(ttl));
+                async move {
+                    let r = q.fetch_optional(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        cleanup.disarm();
+        Ok(fence.map(|f| {
+            Lease::new(
+                name.clone(),
+                owner,
+                token(f),
+                started,
+                ttl,
+                opts.drift_value(),
+            )
+        }))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        let inner = &self.inner;
+        let owner = lease.owner().to_string();
+        let fence = i64::try_from(lease.token().0).unwrap_or(i64::MAX);
+        let done = inner
+            .core
+            .run("release", Some(lease.name()), |mut c| {
+                let q = sqlx::query(inner.sql.release.clone())
+                    .bind(lease.name().as_str())
+                    .bind(owner.as_str())
+                    .bind(fence);
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(if done.rows_affected() > 0 {
+            Released::Released
+        } else {
+            Released::NotHeld
+        })
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        lockcore::check_ttl(ttl)?;
+        let started = Instant::now();
+        let inner = &self.inner;
+        let owner = lease.owner().to_string();
+        let fence = i64::try_from(lease.token().0).unwrap_or(i64::MAX);
+        let done = inner
+            .core
+            .run("extend", Some(lease.name()), |mut c| {
+                let q = sqlx::query(inner.sql.extend.clone())
+                    .bind(lease.name().as_str())
+                    .bind(owner.as_str())
+                    .bind(fence)
+                    .bind(millis(ttl));
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        if done.rows_affected() == 1 {
+            Ok(lease.renewed(started, ttl))
+        } else {
+            Err(Error::lock_lost(BACKEND, lease.name(), "extend"))
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let inner = &self.inner;
+        let row: Option<(Option<String>, i64, Option<i64>)> = inner
+            .core
+            .run("inspect", Some(name), |mut c| {
+                let q = sqlx::query_as(inner.sql.inspect.clone()).bind(name.as_str());
+                async move {
+                    let r = q.fetch_optional(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(row.map(|(owner, fence, remaining)| {
+            let remaining = from_micros(remaining);
+            LockInfo::new(
+                name,
+                owner.filter(|_| remaining.is_some()),
+                Some(token(fence)),
+                remaining,
+                None,
+            )
+        }))
+    }
+
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        Some(Arc::new(SqliteFloor {
+            inner: self.inner.clone(),
+        }))
+    }
+}
+
+/// The same acquire and release statements straight on the pool.
+struct SqliteFloor {
+    inner: Arc<Inner>,
+}
+
+#[async_trait]
+impl RawFloor for SqliteFloor {
+    fn description(&self) -> String {
+        "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence, then UPDATE .. SET owner = NULL, on \
+         the same sqlx pool"
+            .into()
+    }
+
+    async fn pair(&self, name: &LockName) -> Result<()> {
+        let pool = &self.inner.core.pool;
+        let owner = OwnerId::random().to_string();
+        let err = |e| Error::backend(BACKEND, "raw floor", Some(name), true, e);
+        let fence: Option<i64> = sqlx::query_scalar(self.inner.sql.acquire.clone())
+            .bind(name.as_str())
+            .bind(owner.as_str())
+            .bind(millis(Duration::from_secs(10)))
+            .fetch_optional(pool)
+            .await
+            .map_err(err)?;
+        if let Some(fence) = fence {
+            sqlx::query(self.inner.sql.release.clone())
+                .bind(name.as_str())
+                .bind(owner.as_str())
+                .bind(fence)
+                .execute(pool)
+                .await
+                .map_err(err)?;
+        }
+        Ok(())
+    }
+}
