@@ -6,10 +6,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use conformance_tests::kit::{MariaDb, Postgres};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::time::timeout;
+use conformance_tests::kit::{
+    Fault, MariaDb, Postgres, Proxy, Redis, RedisReply, read_redis_reply, redis_command,
+    redis_encode,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Instant, timeout};
 
 /// How long a paused server gets to (not) answer.
 const PAUSED_PROBE: Duration = Duration::from_millis(1500);
@@ -208,4 +211,338 @@ async fn mariadb_shared_is_one_server_and_databases_isolate_tests() {
         .unwrap();
     assert!(a.query("test", "SELECT * FROM only_here").await.is_err());
     assert!(a.create_database("bad`name").await.is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis
+
+fn bulk(text: &str) -> RedisReply {
+    RedisReply::Bulk(Some(text.as_bytes().to_vec()))
+}
+
+/// PING on a fresh connection, answered within `within`.
+async fn redis_pongs(addr: SocketAddr, within: Duration) -> bool {
+    let ping = async {
+        let mut s = TcpStream::connect(addr).await?;
+        s.write_all(&redis_encode(&["PING"])).await?;
+        read_redis_reply(&mut BufReader::new(s)).await
+    };
+    matches!(timeout(within, ping).await, Ok(Ok(RedisReply::Status(s))) if s == "PONG")
+}
+
+#[tokio::test]
+async fn redis_without_persistence_loses_keys_on_kill9_and_restarts_on_the_same_port() {
+    let redis = Redis::start().await.expect("redis starts");
+    assert_eq!(redis.url(), format!("redis://127.0.0.1:{}", redis.port()));
+    assert_ne!(redis.port(), 6379, "never the system server's port");
+    assert_eq!(
+        redis.command(&["PING"]).await.unwrap(),
+        RedisReply::Status("PONG".into())
+    );
+    assert_eq!(
+        redis.command(&["SET", "k", "v"]).await.unwrap(),
+        RedisReply::Status("OK".into())
+    );
+    assert_eq!(redis.command(&["GET", "k"]).await.unwrap(), bulk("v"));
+
+    redis.kill9();
+    assert!(
+        refuses(redis.addr()).await,
+        "a killed redis refuses connections"
+    );
+
+    let port = redis.port();
+    redis.restart().await.expect("redis restarts");
+    assert_eq!(redis.port(), port, "restart keeps the port");
+    assert_eq!(
+        redis.command(&["GET", "k"]).await.unwrap(),
+        RedisReply::Bulk(None),
+        "without persistence the key is gone"
+    );
+}
+
+#[tokio::test]
+async fn redis_with_aof_always_keeps_keys_across_kill9() {
+    let redis = Redis::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+        .await
+        .expect("redis with AOF starts");
+    assert_eq!(
+        redis.command(&["SET", "durable", "yes"]).await.unwrap(),
+        RedisReply::Status("OK".into())
+    );
+    redis.kill9();
+    assert!(refuses(redis.addr()).await);
+    redis
+        .restart()
+        .await
+        .expect("redis restarts and loads its AOF");
+    assert_eq!(
+        redis.command(&["GET", "durable"]).await.unwrap(),
+        bulk("yes"),
+        "a key SET before kill -9 survives with appendfsync always"
+    );
+}
+
+#[tokio::test]
+async fn redis_pause_freezes_and_resume_thaws() {
+    let redis = Redis::start().await.expect("redis starts");
+    let mut conn = BufReader::new(TcpStream::connect(redis.addr()).await.unwrap());
+    redis.pause();
+    assert!(
+        !redis_pongs(redis.addr(), PAUSED_PROBE).await,
+        "a paused redis does not answer PING"
+    );
+    conn.get_mut()
+        .write_all(&redis_encode(&["PING"]))
+        .await
+        .unwrap();
+    assert!(
+        timeout(PAUSED_PROBE, read_redis_reply(&mut conn))
+            .await
+            .is_err(),
+        "no reply on an open connection while paused"
+    );
+    redis.resume();
+    assert!(redis_pongs(redis.addr(), Duration::from_secs(10)).await);
+    assert_eq!(
+        timeout(Duration::from_secs(10), read_redis_reply(&mut conn))
+            .await
+            .expect("the pending PING is answered after resume")
+            .unwrap(),
+        RedisReply::Status("PONG".into())
+    );
+}
+
+#[tokio::test]
+async fn redis_shared_is_one_server() {
+    let a = Redis::shared().await.expect("shared redis");
+    let b = Redis::shared().await.expect("shared redis");
+    assert!(std::ptr::eq(a, b));
+    assert!(redis_pongs(a.addr(), Duration::from_secs(10)).await);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Proxy
+
+/// An echo server on the test's runtime.
+async fn echo_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Writes `msg` and reads the echo back (10 s timeout).
+async fn echo(stream: &mut TcpStream, msg: &[u8]) -> std::io::Result<Vec<u8>> {
+    let exchange = async {
+        stream.write_all(msg).await?;
+        let mut buf = vec![0; msg.len()];
+        stream.read_exact(&mut buf).await?;
+        Ok(buf)
+    };
+    timeout(Duration::from_secs(10), exchange)
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+}
+
+async fn wait_connections(proxy: &Proxy, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.connections() != n {
+        assert!(
+            Instant::now() < deadline,
+            "proxy has {} connections, expected {n}",
+            proxy.connections()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn proxy_passes_through_and_counts_connections() {
+    let upstream = echo_server().await;
+    let proxy = Proxy::start(upstream).await.unwrap();
+    assert_eq!(proxy.addr().port(), proxy.port());
+    assert_eq!(proxy.fault(), Fault::PassThrough);
+    let mut a = TcpStream::connect(proxy.addr()).await.unwrap();
+    let mut b = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(echo(&mut a, b"hello").await.unwrap(), b"hello");
+    assert_eq!(echo(&mut b, b"world").await.unwrap(), b"world");
+    let big = vec![7u8; 1 << 20];
+    assert_eq!(
+        echo(&mut a, &big).await.unwrap(),
+        big,
+        "large payloads pass intact"
+    );
+    wait_connections(&proxy, 2).await;
+    drop(a);
+    wait_connections(&proxy, 1).await;
+    drop(b);
+    wait_connections(&proxy, 0).await;
+}
+
+#[tokio::test]
+async fn proxy_latency_delays_each_direction() {
+    let upstream = echo_server().await;
+    let proxy = Proxy::start(upstream).await.unwrap();
+    let mut conn = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(echo(&mut conn, b"warm").await.unwrap(), b"warm");
+
+    let delay = Duration::from_millis(300);
+    proxy.set(Fault::Latency(delay));
+    let started = Instant::now();
+    assert_eq!(echo(&mut conn, b"slow").await.unwrap(), b"slow");
+    assert!(
+        started.elapsed() >= 2 * delay,
+        "a round trip through Latency({delay:?}) took only {:?}",
+        started.elapsed()
+    );
+    let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+    let started = Instant::now();
+    assert_eq!(echo(&mut fresh, b"new").await.unwrap(), b"new");
+    assert!(
+        started.elapsed() >= 2 * delay,
+        "new connections are delayed too"
+    );
+
+    proxy.set(Fault::PassThrough);
+    assert_eq!(echo(&mut conn, b"fast").await.unwrap(), b"fast");
+}
+
+#[tokio::test]
+async fn proxy_blackholes_replies_but_forwards_requests() {
+    let redis = Redis::start().await.expect("redis starts");
+    let proxy = Proxy::start(redis.addr()).await.unwrap();
+    let mut conn = BufReader::new(TcpStream::connect(proxy.addr()).await.unwrap());
+    conn.get_mut()
+        .write_all(&redis_encode(&["PING"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        read_redis_reply(&mut conn).await.unwrap(),
+        RedisReply::Status("PONG".into())
+    );
+
+    proxy.set(Fault::BlackholeReplies);
+    conn.get_mut()
+        .write_all(&redis_encode(&["SET", "through", "blackhole"]))
+        .await
+        .unwrap();
+    assert!(
+        timeout(Duration::from_secs(1), read_redis_reply(&mut conn))
+            .await
+            .is_err(),
+        "no reply comes back through a reply blackhole"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let direct = redis_command(redis.addr(), &["GET", "through"])
+            .await
+            .unwrap();
+        if direct == bulk("blackhole") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(proxy.connections(), 1, "the connection stays open");
+
+    // Requests blackholed: the SET never arrives, so after PassThrough the first reply on a
+    // fresh connection is the PONG, and the key is unset.
+    let mut conn2 = BufReader::new(TcpStream::connect(proxy.addr()).await.unwrap());
+    proxy.set(Fault::BlackholeRequests);
+    conn2
+        .get_mut()
+        .write_all(&redis_encode(&["SET", "dropped", "x"]))
+        .await
+        .unwrap();
+    assert!(
+        timeout(Duration::from_secs(1), read_redis_reply(&mut conn2))
+            .await
+            .is_err()
+    );
+    proxy.set(Fault::PassThrough);
+    conn2
+        .get_mut()
+        .write_all(&redis_encode(&["PING"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        timeout(Duration::from_secs(10), read_redis_reply(&mut conn2))
+            .await
+            .unwrap()
+            .unwrap(),
+        RedisReply::Status("PONG".into())
+    );
+    assert_eq!(
+        redis.command(&["GET", "dropped"]).await.unwrap(),
+        RedisReply::Bulk(None),
+        "a blackholed request never reaches the server"
+    );
+    assert!(redis_pongs(proxy.addr(), Duration::from_secs(10)).await);
+}
+
+#[tokio::test]
+async fn proxy_reset_breaks_existing_and_new_connections() {
+    let upstream = echo_server().await;
+    let proxy = Proxy::start(upstream).await.unwrap();
+    let mut conn = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(echo(&mut conn, b"before").await.unwrap(), b"before");
+    wait_connections(&proxy, 1).await;
+
+    proxy.set(Fault::Reset);
+    assert_eq!(
+        proxy.connections(),
+        0,
+        "Reset closes existing connections before set returns"
+    );
+    let err = echo(&mut conn, b"after")
+        .await
+        .expect_err("an existing connection is reset");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+
+    let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+    let mut buf = [0u8; 1];
+    let read = timeout(Duration::from_secs(10), fresh.read(&mut buf))
+        .await
+        .expect("a new connection is reset, not left hanging");
+    assert_eq!(
+        read.expect_err("a new connection is reset").kind(),
+        std::io::ErrorKind::ConnectionReset
+    );
+
+    proxy.set(Fault::PassThrough);
+    let mut again = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(echo(&mut again, b"again").await.unwrap(), b"again");
+}
+
+#[tokio::test]
+async fn proxy_down_refuses_new_connections_and_comes_back_on_the_same_port() {
+    let upstream = echo_server().await;
+    let proxy = Proxy::start(upstream).await.unwrap();
+    let port = proxy.port();
+    let mut conn = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(echo(&mut conn, b"before").await.unwrap(), b"before");
+
+    proxy.set(Fault::Down);
+    assert_eq!(proxy.connections(), 0);
+    assert!(
+        echo(&mut conn, b"after").await.is_err(),
+        "an existing connection is closed"
+    );
+    assert!(refuses(proxy.addr()).await, "new connections are refused");
+
+    proxy.set(Fault::PassThrough);
+    assert_eq!(proxy.port(), port);
+    let mut again = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(echo(&mut again, b"back").await.unwrap(), b"back");
 }

@@ -24,10 +24,14 @@ mod error;
 mod mariadb;
 mod postgres;
 mod process;
+mod proxy;
+mod redis;
 
 pub use error::{KitError, KitErrorKind, KitResult};
 pub use mariadb::MariaDb;
 pub use postgres::Postgres;
+pub use proxy::{Fault, Proxy};
+pub use redis::{Redis, RedisReply, read_redis_reply, redis_command, redis_encode};
 
 use std::collections::HashSet;
 use std::future::Future;

@@ -1,0 +1,276 @@
+//! A private `redis-server`, plus a tiny RESP client for tests that poke at it directly.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::OnceCell;
+
+use super::error::{KitError, KitErrorKind, KitResult};
+use super::process::{Proc, Workdir, boot, find_binary};
+use super::{first_boot, loopback};
+
+/// A `redis-server` of the kit's own on a free port, `dir` = its temp dir.
+///
+/// By default nothing is persisted (`--save "" --appendonly no`); [`Redis::start_with`] appends
+/// arguments (later ones win), e.g. `["--appendonly", "yes", "--appendfsync", "always"]`, and
+/// [`Redis::restart`] reuses them, so an AOF survives a kill -9 when enabled.
+#[derive(Debug)]
+pub struct Redis {
+    proc: Proc,
+    port: AtomicU16,
+    binary: PathBuf,
+    extra_args: Vec<String>,
+    lifecycle: tokio::sync::Mutex<()>,
+    dir: Workdir,
+}
+
+impl Redis {
+    /// Starts a private server without persistence.
+    ///
+    /// # Errors
+    /// `redis-server` missing (naming the package), or not answering PING within 60 s.
+    pub async fn start() -> KitResult<Redis> {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts a private server with `extra_args` after the kit's defaults (they override them).
+    ///
+    /// # Errors
+    /// As [`Redis::start`].
+    pub async fn start_with(extra_args: &[&str]) -> KitResult<Redis> {
+        let binary = find_binary("redis-server", "redis-server")?;
+        let dir = Workdir::new("redis")?;
+        let redis = Redis {
+            proc: Proc::new("redis-server", dir.path().join("redis.log")),
+            port: AtomicU16::new(0),
+            binary,
+            extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            lifecycle: tokio::sync::Mutex::new(()),
+            dir,
+        };
+        first_boot(&redis.port, || redis.boot(false)).await?;
+        Ok(redis)
+    }
+
+    /// The server shared by every test of this test process, started on first use (no
+    /// persistence). Tests on it should use their own key prefixes; never kill or pause it.
+    ///
+    /// # Errors
+    /// As [`Redis::start`]; a failed start is remembered and returned to every caller.
+    pub async fn shared() -> KitResult<&'static Redis> {
+        static SHARED: OnceCell<Result<Redis, KitError>> = OnceCell::const_new();
+        SHARED
+            .get_or_init(Self::start)
+            .await
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// `redis://127.0.0.1:{port}`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port())
+    }
+
+    /// The TCP port (the same across restarts).
+    pub fn port(&self) -> u16 {
+        self.port.load(Ordering::SeqCst)
+    }
+
+    /// `127.0.0.1:{port}`.
+    pub fn addr(&self) -> SocketAddr {
+        loopback(self.port())
+    }
+
+    /// The server's `dir` (AOF/RDB files, `redis.log`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// SIGKILLs the server; without persistence every key is gone.
+    pub fn kill9(&self) {
+        self.proc.kill9();
+    }
+
+    /// SIGSTOPs the server: connections hang, nothing is refused.
+    pub fn pause(&self) {
+        self.proc.signal_tree(libc::SIGSTOP);
+    }
+
+    /// SIGCONTs the server after [`Redis::pause`].
+    pub fn resume(&self) {
+        self.proc.signal_tree(libc::SIGCONT);
+    }
+
+    /// Starts the server again with the same port, dir and arguments (so an AOF is reloaded)
+    /// and waits until PING answers PONG (not LOADING). Kills it first if it is running.
+    ///
+    /// # Errors
+    /// A server that does not answer within 60 s.
+    pub async fn restart(&self) -> KitResult<()> {
+        let _lifecycle = self.lifecycle.lock().await;
+        self.proc.kill9();
+        self.boot(true).await
+    }
+
+    /// Sends one command on a new connection and returns the reply (10 s timeout).
+    ///
+    /// # Errors
+    /// Connection or protocol errors; an error *reply* is `Ok(RedisReply::Error(..))`.
+    pub async fn command(&self, args: &[&str]) -> KitResult<RedisReply> {
+        redis_command(self.addr(), args).await
+    }
+
+    fn spawn_server(&self) -> KitResult<()> {
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("--port")
+            .arg(self.port().to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args([
+                "--daemonize",
+                "no",
+                "--logfile",
+                "",
+                "--protected-mode",
+                "yes",
+            ])
+            .args(&self.extra_args)
+            .current_dir(self.dir.path());
+        self.proc.spawn(cmd)
+    }
+
+    async fn boot(&self, retry_on_exit: bool) -> KitResult<()> {
+        boot(
+            &self.proc,
+            self.port(),
+            retry_on_exit,
+            || self.spawn_server(),
+            || async {
+                matches!(
+                    redis_command_within(self.addr(), &["PING"], Duration::from_secs(2)).await,
+                    Ok(RedisReply::Status(s)) if s == "PONG"
+                )
+            },
+        )
+        .await
+    }
+}
+
+/// A reply in the Redis protocol (RESP2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisReply {
+    /// `+OK`.
+    Status(String),
+    /// `-ERR ...` (also `-LOADING ...` while an AOF loads).
+    Error(String),
+    /// `:42`.
+    Integer(i64),
+    /// `$3\r\nabc` or the nil bulk string (`None`).
+    Bulk(Option<Vec<u8>>),
+    /// `*2\r\n...` or the nil array (`None`).
+    Array(Option<Vec<RedisReply>>),
+}
+
+impl RedisReply {
+    /// The text of a bulk string or status reply.
+    pub fn as_text(&self) -> Option<String> {
+        match self {
+            RedisReply::Status(s) => Some(s.clone()),
+            RedisReply::Bulk(Some(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        }
+    }
+}
+
+/// Encodes a command as a RESP array of bulk strings.
+pub fn redis_encode(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Reads one RESP2 reply.
+///
+/// # Errors
+/// I/O errors, EOF, or a malformed reply.
+pub async fn read_redis_reply<R: AsyncBufRead + Unpin + Send>(
+    reader: &mut R,
+) -> std::io::Result<RedisReply> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).await? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let line = line.trim_end_matches(['\r', '\n']);
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed RESP reply");
+    let (kind, rest) = line.split_at_checked(1).ok_or_else(bad)?;
+    Ok(match kind {
+        "+" => RedisReply::Status(rest.to_string()),
+        "-" => RedisReply::Error(rest.to_string()),
+        ":" => RedisReply::Integer(rest.parse().map_err(|_| bad())?),
+        "$" => {
+            let len: i64 = rest.parse().map_err(|_| bad())?;
+            if len < 0 {
+                RedisReply::Bulk(None)
+            } else {
+                let mut buf = vec![0; len as usize + 2];
+                reader.read_exact(&mut buf).await?;
+                buf.truncate(len as usize);
+                RedisReply::Bulk(Some(buf))
+            }
+        }
+        "*" => {
+            let len: i64 = rest.parse().map_err(|_| bad())?;
+            if len < 0 {
+                RedisReply::Array(None)
+            } else {
+                let mut items = Vec::with_capacity(len as usize);
+                for _ in 0..len {
+                    items.push(Box::pin(read_redis_reply(reader)).await?);
+                }
+                RedisReply::Array(Some(items))
+            }
+        }
+        _ => return Err(bad()),
+    })
+}
+
+/// Sends one command to a Redis server on a new connection (10 s timeout).
+///
+/// # Errors
+/// Connection or protocol errors, or no reply within 10 s.
+pub async fn redis_command(addr: SocketAddr, args: &[&str]) -> KitResult<RedisReply> {
+    redis_command_within(addr, args, Duration::from_secs(10)).await
+}
+
+async fn redis_command_within(
+    addr: SocketAddr,
+    args: &[&str],
+    within: Duration,
+) -> KitResult<RedisReply> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.write_all(&redis_encode(args)).await?;
+        read_redis_reply(&mut BufReader::new(stream)).await
+    };
+    match tokio::time::timeout(within, exchange).await {
+        Ok(Ok(reply)) => Ok(reply),
+        Ok(Err(e)) => Err(KitError::io(format!("redis {addr} {:?}", args.first()), e)),
+        Err(_) => Err(KitError::new(
+            KitErrorKind::Io,
+            format!(
+                "redis {addr} {:?}: no reply within {within:?}",
+                args.first()
+            ),
+        )),
+    }
+}
