@@ -191,7 +191,7 @@ async fn busy_message(backend: &Arc<dyn DistributedLock>, name: &LockName, wait:
                 parts.push(format!("token {token}"));
             }
             if let Some(left) = info.remaining {
-                parts.push(format!("{} left", show(left)));
+                parts.push(format!("{:.1}s left", left.as_secs_f64()));
             }
             if parts.is_empty() {
                 String::new()

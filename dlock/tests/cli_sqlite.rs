@@ -1,0 +1,277 @@
+//! Cross-process `dlock run` / `status` through the SQL backend's SQLite files (memory:// locks
+//! are per process).
+#![cfg(feature = "sql")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn dlock() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    c.env_remove("DLOCK_URL")
+        .env_remove("RUST_LOG")
+        .env_remove("XDG_STATE_HOME")
+        .stdin(Stdio::null());
+    c
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn wait_for(path: &Path) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(Instant::now() < until, "{} did not appear", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn url(dir: &Path) -> String {
+    format!("sqlite://{}", dir.join("locks.db").display())
+}
+
+/// `dlock run` holding `name` with a command that signals `started` and then sleeps until
+/// `finish` exists.
+fn holder(url: &str, name: &str, dir: &Path) -> (Child, PathBuf) {
+    let started = dir.join(format!("{name}.started"));
+    let finish = dir.join(format!("{name}.finish"));
+    let script = format!(
+        "touch {}; while [ ! -e {} ]; do sleep 0.05; done",
+        started.display(),
+        finish.display()
+    );
+    let child = dlock()
+        .args([
+            "run", "--url", url, "--name", name, "--", "sh", "-c", &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&started);
+    (child, finish)
+}
+
+#[test]
+fn a_second_run_with_wait_0_exits_75_and_status_follows_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url(dir.path());
+    let (first, finish) = holder(&url, "nightly", dir.path());
+
+    let o = dlock()
+        .args([
+            "run", "--url", &url, "--name", "nightly", "--wait", "0", "--", "sh", "-c", "echo ran",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+    assert!(
+        !stdout(&o).contains("ran"),
+        "the command ran without the lock"
+    );
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "one line expected: {err}");
+    assert!(
+        err.contains("\"nightly\"") && err.contains("held by another owner"),
+        "{err}"
+    );
+
+    // A bounded wait also gives up with 75.
+    let o = dlock()
+        .args([
+            "run", "--url", &url, "--name", "nightly", "--wait", "200ms", "--", "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(75), "{}", stderr(&o));
+
+    let o = dlock()
+        .args(["status", "--url", &url, "nightly"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("held by"), "{}", stdout(&o));
+    let o = dlock()
+        .args(["status", "--url", &url, "--json", "nightly"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["state"], "held");
+    assert!(v["holder"].is_string());
+    let held_token = v["token"].as_u64().unwrap();
+    assert!(v["remaining_ms"].as_u64().unwrap() > 0);
+
+    std::fs::write(&finish, b"").unwrap();
+    let out = first.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let o = dlock()
+        .args(["status", "--url", &url, "nightly"])
+        .output()
+        .unwrap();
+    assert!(stdout(&o).contains("free"), "{}", stdout(&o));
+    let o = dlock()
+        .args(["status", "--url", &url, "--json", "nightly"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["state"], "free");
+    assert!(v["holder"].is_null());
+
+    // Now it can be had, with a larger fencing token.
+    let token_file = dir.path().join("token");
+    let o = dlock()
+        .args([
+            "run", "--url", &url, "--name", "nightly", "--wait", "0", "--", "sh", "-c",
+        ])
+        .arg(format!(
+            "echo $DLOCK_FENCING_TOKEN > {}",
+            token_file.display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let token: u64 = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(token > held_token, "{token} <= {held_token}");
+}
+
+#[test]
+fn a_waiting_run_gets_the_lock_when_the_holder_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url(dir.path());
+    let (first, finish) = holder(&url, "queue", dir.path());
+    let second = dlock()
+        .args([
+            "run", "--url", &url, "--name", "queue", "--wait", "forever", "--", "sh", "-c",
+            "exit 3",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    std::fs::write(&finish, b"").unwrap();
+    assert_eq!(first.wait_with_output().unwrap().status.code(), Some(0));
+    let out = second.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}
+
+#[test]
+fn losing_the_lock_stops_the_command_and_exits_76() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url(dir.path());
+    let started = dir.path().join("started");
+    let got = dir.path().join("got-term");
+    let script = format!(
+        "trap 'echo term > {}; exit 0' TERM; touch {}; while :; do sleep 0.05; done",
+        got.display(),
+        started.display()
+    );
+    let child = dlock()
+        .args([
+            "run", "--url", &url, "--name", "fragile", "--ttl", "300ms", "--grace", "5s", "--",
+        ])
+        .args(["sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(&started);
+    let pid = child.id().to_string();
+    // Freeze dlock (not its command) well past the ttl, so its keep-alive cannot renew, and let
+    // another owner take the expired lock meanwhile.
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::thread::sleep(Duration::from_millis(900));
+    let taker = dlock()
+        .args([
+            "run", "--url", &url, "--name", "fragile", "--wait", "0", "--", "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert_eq!(taker.status.code(), Some(0), "{}", stderr(&taker));
+
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(76), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("lost lock \"fragile\""),
+        "{}",
+        stderr(&out)
+    );
+    assert!(got.exists(), "the command did not get SIGTERM");
+}
+
+#[test]
+fn the_default_store_is_a_per_user_sqlite_file() {
+    let home = tempfile::tempdir().unwrap();
+    let o = dlock()
+        .args(["run", "--name", "default-store", "--", "true"])
+        .env("HOME", home.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(home.path().join(".local/state/dlock/locks.db").exists());
+
+    let state = tempfile::tempdir().unwrap();
+    let o = dlock()
+        .args(["status", "default-store"])
+        .env("HOME", home.path())
+        .env("XDG_STATE_HOME", state.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("never used"), "{}", stdout(&o));
+    assert!(state.path().join("dlock/locks.db").exists());
+
+    // Through the home file again: the run above left the lock free with a token.
+    let o = dlock()
+        .args(["status", "default-store"])
+        .env("HOME", home.path())
+        .output()
+        .unwrap();
+    assert!(stdout(&o).contains("free"), "{}", stdout(&o));
+}
+
+#[test]
+fn bench_json_on_sqlite_parses() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = dlock()
+        .args([
+            "bench",
+            "--url",
+            &url(dir.path()),
+            "--duration",
+            "200ms",
+            "--warmup",
+            "0s",
+            "--clients",
+            "3",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["backend"], "sqlite");
+    assert_eq!(v["contended"]["violations"], 0);
+    assert!(v["uncontended"]["pairs"].as_u64().unwrap() > 0);
+    assert!(v["contended"]["acquisitions"].as_u64().unwrap() > 0);
+}
