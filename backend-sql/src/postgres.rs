@@ -345,8 +345,8 @@ impl PostgresLock {
     }
 
     /// `CREATE TABLE IF NOT EXISTS` is not safe against itself in PostgreSQL: two sessions may
-    /// both pass the existence check and one fails on the `pg_type` unique index (23505) or with
-    /// 42P07. Running it again then finds the table.
+    /// both pass the existence check and one fails on the `pg_type` unique index (23505), with
+    /// "type already exists" (42710) or with 42P07. Running it again then finds the table.
     async fn create_table(&self) -> Result<()> {
         let inner = &self.inner;
         let mut tries = 0;
@@ -370,7 +370,7 @@ impl PostgresLock {
                             .downcast_ref::<sqlx::Error>()
                             .and_then(|e| e.as_database_error())
                             .and_then(|d| d.code())
-                            .is_some_and(|c| c == "23505" || c == "42P07") =>
+                            .is_some_and(|c| matches!(&*c, "23505" | "42P07" | "42710")) =>
                 {
                     tokio::time::sleep(Duration::from_millis(5 * tries)).await;
                 }

@@ -1,0 +1,705 @@
+//! SQL-specific tests on real databases: SQLite files, and the kit's PostgreSQL and MariaDB
+//! servers (a fresh database per test). Each property runs on all three dialects.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use backend_sql::{Dialect, SqlConfig};
+use conformance_tests::kit;
+use lockcore::{
+    AcquireOptions, DistributedLock, Error, KeepAlive, Lease, LockExt, LockName, OwnerId, Released,
+    Wait,
+};
+use sqlx::Row;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Sqlite,
+    Postgres,
+    MariaDb,
+}
+
+fn sqlite_dir() -> &'static tempfile::TempDir {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::tempdir().expect("temp dir"))
+}
+
+fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{prefix}_{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A URL to a store no other test uses.
+async fn fresh_url(kind: Kind) -> String {
+    match kind {
+        Kind::Sqlite => format!(
+            "sqlite://{}/{}/locks.db",
+            sqlite_dir().path().display(),
+            unique("db")
+        ),
+        Kind::Postgres => kit::Postgres::shared()
+            .await
+            .expect("kit PostgreSQL")
+            .fresh_database("sqltest")
+            .await
+            .expect("create database"),
+        Kind::MariaDb => kit::MariaDb::shared()
+            .await
+            .expect("kit MariaDB")
+            .fresh_database("sqltest")
+            .await
+            .expect("create database"),
+    }
+}
+
+/// `url` with `query` appended.
+fn with_query(url: &str, query: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{query}")
+}
+
+async fn client(url: &str) -> Arc<dyn DistributedLock> {
+    backend_sql::connect(url).await.expect("connect")
+}
+
+fn opts(ttl: Duration) -> AcquireOptions {
+    AcquireOptions::new()
+        .ttl(ttl)
+        .keep_alive(KeepAlive::Off)
+        .wait(Wait::No)
+}
+
+fn name(s: &str) -> LockName {
+    LockName::new(s).expect("valid name")
+}
+
+async fn take(c: &Arc<dyn DistributedLock>, n: &LockName, ttl: Duration) -> Option<Lease> {
+    c.try_acquire(n, &opts(ttl).with_defaults(&c.defaults()))
+        .await
+        .expect("try_acquire")
+}
+
+/// Direct SQL on the same store, bypassing the backend.
+enum Raw {
+    Pg(sqlx::PgPool),
+    My(sqlx::MySqlPool),
+    Lite(sqlx::SqlitePool),
+}
+
+impl Raw {
+    async fn connect(url: &str) -> Raw {
+        let dialect = SqlConfig::parse(url).expect("url").dialect();
+        match dialect {
+            Dialect::Postgres => Raw::Pg(sqlx::PgPool::connect(url).await.expect("raw pg")),
+            Dialect::MySql => Raw::My(sqlx::MySqlPool::connect(url).await.expect("raw mysql")),
+            Dialect::Sqlite => Raw::Lite(sqlx::SqlitePool::connect(url).await.expect("raw sqlite")),
+        }
+    }
+
+    /// (owner, fence, seconds until expiry by the database's clock) of `name`'s row.
+    async fn row(&self, table: &str, name: &str) -> Option<(Option<String>, i64, f64)> {
+        let row = match self {
+            Raw::Pg(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT owner, fence, extract(epoch FROM expires_at - clock_timestamp())::float8 \
+                 FROM \"{table}\" WHERE name = $1"
+            )))
+            .bind(name)
+            .fetch_optional(p)
+            .await
+            .expect("raw row")
+            .map(|r| (r.get(0), r.get(1), r.get(2))),
+            Raw::My(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT owner, fence, \
+                 CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS DOUBLE) / 1e6 \
+                 FROM `{table}` WHERE name = ?"
+            )))
+            .bind(name.as_bytes())
+            .fetch_optional(p)
+            .await
+            .expect("raw row")
+            .map(|r| (r.get(0), r.get(1), r.get(2))),
+            Raw::Lite(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SELECT owner, fence, \
+                 (expires_at - unixepoch('subsec') * 1000) / 1000.0 \
+                 FROM \"{table}\" WHERE name = ?1"
+            )))
+            .bind(name)
+            .fetch_optional(p)
+            .await
+            .expect("raw row")
+            .map(|r| (r.get(0), r.get(1), r.get(2))),
+        };
+        row
+    }
+}
+
+macro_rules! per_dialect {
+    ($($case:ident),* $(,)?) => {
+        $(
+            mod $case {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$case(super::Kind::Sqlite).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$case(super::Kind::Postgres).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn mariadb() {
+                    super::$case(super::Kind::MariaDb).await
+                }
+            }
+        )*
+    };
+}
+
+per_dialect!(
+    schema_creation_is_idempotent_under_concurrent_connects,
+    release_and_extend_are_owner_checked,
+    fence_survives_release_and_expiry,
+    long_and_case_differing_names_stay_distinct,
+    expiry_is_database_time,
+    inspect_reports_holder_token_and_remaining,
+    raw_floor_runs_the_same_statements,
+    concurrent_clients_never_see_busy_errors,
+);
+
+/// Eight clients connecting at once to a database without the table all succeed, and they then
+/// share one table (one holds, the others see it held).
+async fn schema_creation_is_idempotent_under_concurrent_connects(kind: Kind) {
+    let url = with_query(&fresh_url(kind).await, "table=fresh_table");
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let url = url.clone();
+        tasks.spawn(async move { backend_sql::connect(&url).await });
+    }
+    let mut clients = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        clients.push(r.expect("task").expect("concurrent first connect"));
+    }
+    let n = name("shared");
+    let lease = take(&clients[0], &n, Duration::from_secs(30))
+        .await
+        .expect("first client acquires");
+    for c in &clients[1..] {
+        assert!(
+            take(c, &n, Duration::from_secs(30)).await.is_none(),
+            "a client created concurrently uses another table"
+        );
+    }
+    // Connecting again to the existing table is fine too.
+    let again = client(&url).await;
+    assert!(take(&again, &n, Duration::from_secs(30)).await.is_none());
+    assert_eq!(
+        clients[0].release(&lease).await.unwrap(),
+        Released::Released
+    );
+}
+
+/// Release and extend need the holder's owner id *and* token, and a live row.
+async fn release_and_extend_are_owner_checked(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let (a, b) = (client(&url).await, client(&url).await);
+    let n = name("owned");
+    let ttl = Duration::from_secs(30);
+    let lease = take(&a, &n, ttl).await.expect("acquire");
+    let opts_ttl = Duration::from_secs(30);
+    let forged_owner = Lease::new(
+        n.clone(),
+        OwnerId::random(),
+        lease.token(),
+        Instant::now(),
+        ttl,
+        Duration::ZERO,
+    );
+    let forged_token = Lease::new(
+        n.clone(),
+        lease.owner(),
+        lockcore::FencingToken(lease.token().0 + 1),
+        Instant::now(),
+        ttl,
+        Duration::ZERO,
+    );
+    for forged in [&forged_owner, &forged_token] {
+        assert_eq!(b.release(forged).await.unwrap(), Released::NotHeld);
+        match b.extend(forged, opts_ttl).await {
+            Err(Error::LockLost { .. }) => {}
+            other => panic!("extend with a forged lease: {other:?}"),
+        }
+    }
+    assert!(
+        take(&b, &n, ttl).await.is_none(),
+        "forged release freed the lock"
+    );
+    // The real lease works from any client of the store.
+    let extended = b.extend(&lease, ttl).await.expect("extend by the owner");
+    assert_eq!(extended.token(), lease.token(), "extend keeps the token");
+    assert_eq!(b.release(&lease).await.unwrap(), Released::Released);
+    assert_eq!(a.release(&lease).await.unwrap(), Released::NotHeld);
+    match a.extend(&lease, ttl).await {
+        Err(Error::LockLost { .. }) => {}
+        other => panic!("extend after release: {other:?}"),
+    }
+}
+
+/// The row outlives release and expiry, and each acquisition's token beats every earlier one.
+async fn fence_survives_release_and_expiry(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let (a, b) = (client(&url).await, client(&url).await);
+    let raw = Raw::connect(&url).await;
+    let n = name("fence");
+    let l1 = take(&a, &n, Duration::from_secs(30)).await.expect("first");
+    a.release(&l1).await.unwrap();
+    let row = raw.row("dlock_leases", n.as_str()).await;
+    assert!(
+        matches!(row, Some((None, f, _)) if f == l1.token().0 as i64),
+        "release must keep the row with its fence and clear the owner: {row:?}"
+    );
+    let l2 = take(&b, &n, Duration::from_millis(200))
+        .await
+        .expect("second");
+    assert!(
+        l2.token() > l1.token(),
+        "{:?} !> {:?}",
+        l2.token(),
+        l1.token()
+    );
+    // Let it expire without release; the next holder takes the row over.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    match b.extend(&l2, Duration::from_secs(30)).await {
+        Err(Error::LockLost { .. }) => {}
+        other => panic!("extend of an expired lease resurrected it: {other:?}"),
+    }
+    let l3 = take(&a, &n, Duration::from_secs(30)).await.expect("third");
+    assert!(
+        l3.token() > l2.token(),
+        "{:?} !> {:?}",
+        l3.token(),
+        l2.token()
+    );
+    assert_eq!(
+        b.release(&l2).await.unwrap(),
+        Released::NotHeld,
+        "the expired holder cannot free the new holder's lock"
+    );
+    // New clients (new pools) continue from the stored fence.
+    let c = client(&url).await;
+    a.release(&l3).await.unwrap();
+    let l4 = take(&c, &n, Duration::from_secs(30)).await.expect("fourth");
+    assert!(l4.token() > l3.token());
+    c.release(&l4).await.unwrap();
+}
+
+/// 1024-byte names, names differing only in case or in their last byte, and multi-byte names are
+/// distinct locks (MariaDB's default collation is case-insensitive; the name column must not be).
+async fn long_and_case_differing_names_stay_distinct(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let c = client(&url).await;
+    let names = [
+        "a".repeat(1024),
+        format!("{}b", "a".repeat(1023)),
+        format!("{}A", "a".repeat(1023)),
+        "Lock".to_owned(),
+        "lock".to_owned(),
+        "LOCK".to_owned(),
+        "lock ".to_owned(),
+        "ä".repeat(512),
+        "a".repeat(1023),
+        "ǅ/\u{1F512}/'; DROP TABLE dlock_leases; --".to_owned(),
+    ];
+    let mut leases = Vec::new();
+    for n in &names {
+        let lease = take(&c, &name(n), Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| panic!("{:?}.. collides with another name", &n[..n.len().min(12)]));
+        leases.push(lease);
+    }
+    for lease in &leases {
+        let info = c.inspect(lease.name()).await.unwrap().expect("row exists");
+        assert_eq!(info.name, lease.name().as_str());
+        assert_eq!(info.holder, Some(lease.owner().to_string()));
+        assert_eq!(info.token, Some(lease.token()));
+    }
+    for lease in &leases {
+        assert_eq!(c.release(lease).await.unwrap(), Released::Released);
+    }
+}
+
+/// `expires_at` is written by the database's clock: the row ends ttl after the database's
+/// `now`, and the remaining time the backend reports is computed by the database.
+async fn expiry_is_database_time(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let c = client(&url).await;
+    let raw = Raw::connect(&url).await;
+    let n = name("clock");
+    let ttl = Duration::from_secs(3600);
+    let lease = take(&c, &n, ttl).await.expect("acquire");
+    let (owner, _, secs_left) = raw.row("dlock_leases", n.as_str()).await.expect("row");
+    assert_eq!(owner, Some(lease.owner().to_string()));
+    assert!(
+        (3590.0..=3600.001).contains(&secs_left),
+        "row expires {secs_left} s after the database's now, expected about 3600"
+    );
+    // Extend rewrites it from the database's now, to the new ttl.
+    c.extend(&lease, Duration::from_secs(60)).await.unwrap();
+    let (_, _, secs_left) = raw.row("dlock_leases", n.as_str()).await.expect("row");
+    assert!(
+        (50.0..=60.001).contains(&secs_left),
+        "after extend(60s) the row expires in {secs_left} s"
+    );
+    c.release(&lease).await.unwrap();
+}
+
+async fn inspect_reports_holder_token_and_remaining(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let c = client(&url).await;
+    let n = name("inspected");
+    assert!(c.inspect(&n).await.unwrap().is_none(), "never used: no row");
+    let lease = take(&c, &n, Duration::from_secs(20))
+        .await
+        .expect("acquire");
+    let info = c.inspect(&n).await.unwrap().expect("row");
+    assert!(info.is_held());
+    assert_eq!(info.holder, Some(lease.owner().to_string()));
+    assert_eq!(info.token, Some(lease.token()));
+    let left = info.remaining.expect("remaining");
+    assert!(
+        left > Duration::from_secs(10) && left <= Duration::from_secs(20),
+        "{left:?}"
+    );
+    c.release(&lease).await.unwrap();
+    let info = c.inspect(&n).await.unwrap().expect("row kept");
+    assert!(!info.is_held());
+    assert_eq!(info.holder, None);
+    assert_eq!(info.remaining, None);
+    assert_eq!(
+        info.token,
+        Some(lease.token()),
+        "the last token stays visible"
+    );
+}
+
+async fn raw_floor_runs_the_same_statements(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let c = client(&url).await;
+    let floor = c.raw_floor().expect("SQL backends have a raw floor");
+    assert!(!floor.description().is_empty());
+    let n = name("floor");
+    for _ in 0..3 {
+        floor.pair(&n).await.expect("raw pair");
+    }
+    // The floor works on the real table and leaves the lock free, with its fence advanced.
+    let lease = take(&c, &n, Duration::from_secs(10)).await.expect("free");
+    assert_eq!(lease.token().0, 4, "three raw pairs, then this acquisition");
+    c.release(&lease).await.unwrap();
+}
+
+/// Four clients (four pools) hammer one name: no error ever reaches the caller (SQLite's
+/// "database is locked" and InnoDB deadlocks are retried inside), and no two hold at once.
+async fn concurrent_clients_never_see_busy_errors(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let holders = Arc::new(AtomicU64::new(0));
+    let acquired = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..4 {
+        let c = client(&url).await;
+        let holders = holders.clone();
+        let acquired = acquired.clone();
+        tasks.spawn(async move {
+            let n = name("hammered");
+            let other = name(&format!("private-{i}"));
+            for round in 0..60 {
+                let lease = c
+                    .try_acquire(&n, &opts(Duration::from_secs(10)))
+                    .await
+                    .unwrap_or_else(|e| panic!("client {i} round {round}: {e}"));
+                if let Some(lease) = lease {
+                    assert_eq!(
+                        holders.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders at once"
+                    );
+                    acquired.fetch_add(1, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    holders.fetch_sub(1, Ordering::SeqCst);
+                    let r = c.release(&lease).await;
+                    assert_eq!(
+                        r.unwrap_or_else(|e| panic!("client {i} release: {e}")),
+                        Released::Released
+                    );
+                }
+                // Writes to other rows compete for the same database lock.
+                let own = c
+                    .try_acquire(&other, &opts(Duration::from_secs(10)))
+                    .await
+                    .unwrap_or_else(|e| panic!("client {i} own lock: {e}"))
+                    .expect("nobody else uses this name");
+                c.release(&own)
+                    .await
+                    .unwrap_or_else(|e| panic!("client {i} own release: {e}"));
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.expect("client task");
+    }
+    assert!(acquired.load(Ordering::SeqCst) > 0);
+}
+
+// ---- tests that are not per dialect ----
+
+/// Bad URLs, options and table names fail as `InvalidConfig` (before any I/O: the hosts do not
+/// exist) and never show the password.
+#[tokio::test]
+async fn bad_input_fails_before_io_without_the_password() {
+    let secret = "Sup3rS3cret";
+    let cases = [
+        format!("postgres://u:{secret}@db.invalid:5432/x?colour=blue"),
+        format!("postgres://u:{secret}@db.invalid:5432/x?table=1bad"),
+        format!("postgres://u:{secret}@db.invalid:5432/x?table=a%22b"),
+        format!("postgres://u:{secret}@db.invalid:5432/x?ttl=forever"),
+        format!("postgres://u:{secret}@db.invalid:5432/x?ttl=1ms"),
+        format!("postgres://u:{secret}@db.invalid:5432/x?timeout=0s"),
+        format!("postgres://u:{secret}@db.invalid:5432/x?sslmode=verify-full"),
+        format!("postgres://u:{secret}@db.invalid:notaport/x"),
+        format!("postgresql://u:{secret}@/x"),
+        format!("mysql://u:{secret}@db.invalid:3306"),
+        format!("mariadb://u:{secret}@db.invalid:3306/x?table="),
+        format!("mysql://u:{secret}@db.invalid:3306/x?prefix=a"),
+        format!("mysql://u:{secret}@db.invalid/x/y"),
+        "sqlite://".to_owned(),
+        "sqlite:///tmp/?ttl=1s".to_owned(),
+        "sqlite::memory:?table=drop%20table".to_owned(),
+        "sqlite::memory:?ttl=10s&drift=20s".to_owned(),
+    ];
+    for url in &cases {
+        let started = Instant::now();
+        let err = backend_sql::connect(url).await.expect_err(&format!(
+            "{} should be rejected",
+            backend_sql::redact_url(url)
+        ));
+        assert!(
+            matches!(err, Error::InvalidConfig { .. }),
+            "{}: expected InvalidConfig, got {err:?}",
+            backend_sql::redact_url(url)
+        );
+        let text = format!("{err} / {err:?}");
+        assert!(!text.contains(secret), "password leaked: {text}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "fail-instead-of-hang guard"
+        );
+    }
+    let err = backend_sql::connect("oracle://u:pw@h/x").await.unwrap_err();
+    match err {
+        Error::UnsupportedScheme { available, .. } => {
+            assert_eq!(available, backend_sql::SCHEMES)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Debug of clients and errors from a real server never show the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_stay_out_of_debug_and_server_errors() {
+    let secret = "Sup3rS3cret";
+    // Trust auth: the password is accepted and ignored, so we get a live client to Debug.
+    let pg = kit::Postgres::shared().await.expect("kit PostgreSQL");
+    let url = format!(
+        "postgres://postgres:{secret}@127.0.0.1:{}/postgres",
+        pg.port()
+    );
+    let c = client(&url).await;
+    let debug = format!("{c:?}");
+    assert!(!debug.contains(secret), "{debug}");
+    assert!(debug.contains("***"), "{debug}");
+    let config = SqlConfig::parse(&url).unwrap();
+    assert!(!format!("{config:?}").contains(secret));
+
+    // MariaDB checks passwords: a wrong one fails, without echoing it.
+    let db = kit::MariaDb::shared().await.expect("kit MariaDB");
+    let url = format!(
+        "mysql://root:{secret}@127.0.0.1:{}/test?timeout=5s",
+        db.port()
+    );
+    let err = backend_sql::connect(&url).await.unwrap_err();
+    let text = format!("{err} / {err:?}");
+    assert!(matches!(err, Error::Backend { .. }), "{text}");
+    assert!(text.contains("mysql"), "names the backend: {text}");
+    assert!(!text.contains(secret), "{text}");
+
+    // Nothing listening: a connection error, no password.
+    let port = kit::free_port();
+    let url = format!("postgres://postgres:{secret}@127.0.0.1:{port}/postgres?timeout=1s");
+    let err = backend_sql::connect(&url).await.unwrap_err();
+    let text = format!("{err} / {err:?}");
+    assert!(err.is_retryable(), "{text}");
+    assert!(!text.contains(secret), "{text}");
+}
+
+/// Count the server sessions of our clients before, during and after use: every connection,
+/// the PostgreSQL listener included, is closed once the clients are dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_connection_leak_postgres() {
+    let pg = kit::Postgres::shared().await.expect("kit PostgreSQL");
+    let url = with_query(
+        &pg.fresh_database("leak").await.unwrap(),
+        "application_name=dlock_leak_test",
+    );
+    let count = || async {
+        pg.query(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dlock_leak_test'",
+        )
+        .await
+        .expect("psql")
+        .trim()
+        .parse::<u32>()
+        .expect("count")
+    };
+    leak_check(&url, count).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_connection_leak_mariadb() {
+    let db = kit::MariaDb::shared().await.expect("kit MariaDB");
+    let url = db.fresh_database("leak").await.unwrap();
+    let database = url.rsplit('/').next().unwrap().to_owned();
+    let count = || {
+        let database = database.clone();
+        async move {
+            db.query(
+                "mysql",
+                &format!(
+                    "SELECT count(*) FROM information_schema.PROCESSLIST WHERE db = '{database}'"
+                ),
+            )
+            .await
+            .expect("mariadb client")
+            .trim()
+            .parse::<u32>()
+            .expect("count")
+        }
+    };
+    leak_check(&url, count).await;
+}
+
+async fn leak_check<F, Fut>(url: &str, count: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = u32>,
+{
+    assert_eq!(count().await, 0, "sessions before any client");
+    for _round in 0..2 {
+        let clients = [client(url).await, client(url).await, client(url).await];
+        let n = name("leak");
+        let lease = take(&clients[0], &n, Duration::from_secs(30))
+            .await
+            .expect("acquire");
+        // Waiters (on PostgreSQL this opens each client's listener) and contention.
+        let waiters: Vec<_> = clients[1..]
+            .iter()
+            .map(|c| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    c.lock(
+                        "leak",
+                        &AcquireOptions::new()
+                            .ttl(Duration::from_secs(30))
+                            .keep_alive(KeepAlive::Off)
+                            .wait(Wait::For(Duration::from_secs(30))),
+                    )
+                    .await
+                    .expect("waiter acquires")
+                    .release()
+                    .await
+                    .expect("release")
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(count().await > 0, "the clients are connected");
+        clients[0].release(&lease).await.unwrap();
+        for w in waiters {
+            tokio::time::timeout(Duration::from_secs(60), w)
+                .await
+                .expect("waiter hangs")
+                .expect("waiter task");
+        }
+        drop(clients);
+    }
+    // Connections close in the background once the pools are gone.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = count().await;
+        if n == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} sessions still open 30 s after the clients were dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A waiter on PostgreSQL is woken by the release's NOTIFY, long before its own deadline and the
+/// holder's expiry (both a minute away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_waiter_woken_by_notify() {
+    let url = fresh_url(Kind::Postgres).await;
+    let (holder, waiter) = (client(&url).await, client(&url).await);
+    let n = name("notified");
+    let lease = take(&holder, &n, Duration::from_secs(60))
+        .await
+        .expect("acquire");
+    // The first wait starts the listener and returns once it listens.
+    let warm = name("warm-up");
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        waiter.wait_for_release(&warm, Instant::now() + Duration::from_secs(10)),
+    )
+    .await
+    .expect("listener start hangs")
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    let wait = {
+        let waiter = waiter.clone();
+        let n = n.clone();
+        tokio::spawn(async move { waiter.wait_for_release(&n, until).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !wait.is_finished(),
+        "the waiter returned while the lock was held"
+    );
+    holder.release(&lease).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .expect("the release did not wake the waiter")
+        .expect("task")
+        .expect("wait_for_release");
+    assert!(take(&waiter, &n, Duration::from_secs(5)).await.is_some());
+}
+
+/// `sqlite::memory:` clients are independent stores; file URLs create missing parent dirs.
+#[tokio::test]
+async fn sqlite_memory_is_private_and_files_get_parent_dirs() {
+    let (a, b) = (
+        client("sqlite::memory:").await,
+        client("sqlite::memory:").await,
+    );
+    assert!(!a.capabilities().shared_across_processes);
+    let n = name("m");
+    let la = take(&a, &n, Duration::from_secs(10)).await.expect("a");
+    assert!(take(&b, &n, Duration::from_secs(10)).await.is_some());
+    assert!(take(&a, &n, Duration::from_secs(10)).await.is_none());
+    a.release(&la).await.unwrap();
+
+    let path = sqlite_dir().path().join("deep/er/dir/locks.db");
+    let c = client(&format!("sqlite://{}", path.display())).await;
+    assert!(c.capabilities().shared_across_processes);
+    assert!(path.exists());
+}
