@@ -26,12 +26,14 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod zookeeper;
 
 pub use error::{KitError, KitErrorKind, KitResult};
 pub use mariadb::MariaDb;
 pub use postgres::Postgres;
 pub use proxy::{Fault, Proxy};
 pub use redis::{Redis, RedisReply, read_redis_reply, redis_command, redis_encode};
+pub use zookeeper::{ZkEnsemble, ZkNode, ZooKeeper, zk_four_letter};
 
 use std::collections::HashSet;
 use std::future::Future;
