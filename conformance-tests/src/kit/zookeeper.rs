@@ -464,13 +464,11 @@ impl ZkEnsemble {
             let mut leaders = Vec::new();
             let mut serving = 0;
             for (i, node) in self.nodes.iter().enumerate() {
-                if all {
-                    if let Some(status) = node.proc.exited() {
-                        return Err(self.error(
-                            KitErrorKind::ServerExited,
-                            &format!("zookeeper node {} exited ({status})", i + 1),
-                        ));
-                    }
+                if all && let Some(status) = node.proc.exited() {
+                    return Err(self.error(
+                        KitErrorKind::ServerExited,
+                        &format!("zookeeper node {} exited ({status})", i + 1),
+                    ));
                 }
                 match node.mode().await.as_deref() {
                     Some("leader") => {
