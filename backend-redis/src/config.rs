@@ -1,0 +1,453 @@
+//! URL and option parsing. Everything here runs before any I/O, and nothing it produces
+//! (`Debug`, messages, the redacted URL) contains a password.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use lockcore::{ClientDefaults, Error, Result};
+
+use crate::BACKEND;
+
+/// The key prefix used when the URL does not set `prefix`.
+pub const DEFAULT_PREFIX: &str = "dlock";
+
+/// The port used when a host has none.
+pub const DEFAULT_PORT: u16 = 6379;
+
+/// Options every Redis URL accepts (besides `ca` for `rediss://`).
+const OPTIONS: &str = "prefix, ttl, drift, timeout (and ca for rediss://)";
+
+/// Which deployment a URL names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Deployment {
+    /// One server (`redis://` or, with TLS, `rediss://`).
+    Single {
+        /// Host name or IP address.
+        host: String,
+        /// TCP port.
+        port: u16,
+        /// Whether to speak TLS (`rediss://`).
+        tls: bool,
+    },
+    /// A Redis Cluster reached through one or more seed nodes (`redis+cluster://h1:p1,h2:p2`).
+    Cluster {
+        /// Seed nodes as `(host, port)`.
+        nodes: Vec<(String, u16)>,
+    },
+}
+
+/// A password that never shows in `Debug` or `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The password itself, for the connection handshake only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// A parsed and validated Redis backend URL.
+///
+/// URL forms:
+/// * `redis://[user:password@]host[:port][/db][?options]`
+/// * `rediss://[user:password@]host[:port][/db][?ca=/path/to/ca.pem&options]` (TLS)
+/// * `redis+cluster://[user:password@]host1:port1,host2:port2[?options]`
+///
+/// Options: `prefix` (key prefix, default `dlock`; no `{`, `}` or whitespace), `ttl`, `drift`,
+/// `timeout` (connect and round-trip limit, default 5 s), and for `rediss://` `ca` (a PEM file
+/// of the certificate authority to trust instead of the system's roots). The user and password
+/// may be percent-encoded; a password without a user (`redis://:secret@host`) authenticates as
+/// the `default` user.
+#[derive(Clone)]
+pub struct RedisConfig {
+    /// The deployment and its address(es).
+    pub deployment: Deployment,
+    /// ACL user name, if any.
+    pub username: Option<String>,
+    /// Password, if any (never printed).
+    pub password: Option<Secret>,
+    /// Database number (single server only).
+    pub db: i64,
+    /// Key prefix.
+    pub prefix: String,
+    /// CA certificate file for `rediss://`.
+    pub ca_file: Option<PathBuf>,
+    /// ttl, drift and timeout from the URL.
+    pub defaults: ClientDefaults,
+    redacted: String,
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.redacted)
+            .field("prefix", &self.prefix)
+            .field("defaults", &self.defaults)
+            .finish()
+    }
+}
+
+fn invalid(reason: impl Into<String>) -> Error {
+    Error::invalid_config(BACKEND, reason)
+}
+
+impl RedisConfig {
+    /// Parses and validates `url` without any I/O.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedScheme`] for a scheme other than [`crate::SCHEMES`];
+    /// [`Error::InvalidConfig`] for a URL without a host, a bad port, database, prefix or
+    /// percent-encoding, or an unknown or malformed option. Messages never contain the password.
+    pub fn parse(url: &str) -> Result<Self> {
+        let url = url.trim();
+        let redacted = redact_url(url);
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+            invalid(format!(
+                "`{redacted}` is not a Redis URL; expected redis://host:port, rediss://host:port or redis+cluster://h1:p1,h2:p2"
+            ))
+        })?;
+        let scheme = scheme.to_ascii_lowercase();
+        if !crate::SCHEMES.contains(&scheme.as_str()) {
+            return Err(Error::UnsupportedScheme {
+                scheme,
+                available: crate::SCHEMES.to_vec(),
+            });
+        }
+        if rest.contains('#') {
+            return Err(invalid(format!(
+                "`{redacted}`: URL fragments (#...) are not supported"
+            )));
+        }
+        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = match before_query.find('/') {
+            Some(i) => (&before_query[..i], &before_query[i..]),
+            None => (before_query, ""),
+        };
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+            None => (None, authority),
+        };
+        let (username, password) = match userinfo {
+            None => (None, None),
+            Some(info) => {
+                let (user, pass) = match info.split_once(':') {
+                    Some((u, p)) => (u, Some(p)),
+                    None => (info, None),
+                };
+                let user = percent_decode(user).map_err(|e| invalid(format!("user name: {e}")))?;
+                let pass = pass
+                    .map(|p| {
+                        percent_decode(p)
+                            .map_err(|_| invalid("the password is not valid percent-encoding"))
+                    })
+                    .transpose()?;
+                (
+                    (!user.is_empty()).then_some(user),
+                    pass.filter(|p| !p.is_empty()).map(Secret),
+                )
+            }
+        };
+        if hosts.is_empty() {
+            return Err(invalid(format!(
+                "`{redacted}` has no host; expected e.g. {scheme}://127.0.0.1:6379"
+            )));
+        }
+        let deployment = if scheme == "redis+cluster" {
+            let mut nodes = Vec::new();
+            for node in hosts.split(',') {
+                if node.is_empty() {
+                    return Err(invalid(format!(
+                        "`{redacted}`: empty node in the host list"
+                    )));
+                }
+                nodes.push(parse_host_port(node, &redacted)?);
+            }
+            Deployment::Cluster { nodes }
+        } else {
+            if hosts.contains(',') {
+                return Err(invalid(format!(
+                    "`{redacted}` names several hosts; use redis+cluster:// for a Redis Cluster"
+                )));
+            }
+            let (host, port) = parse_host_port(hosts, &redacted)?;
+            Deployment::Single {
+                host,
+                port,
+                tls: scheme == "rediss",
+            }
+        };
+        let db = match path.trim_start_matches('/') {
+            "" => 0,
+            text => text
+                .parse::<i64>()
+                .ok()
+                .filter(|d| *d >= 0)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "`{redacted}`: the path must be a database number, e.g. /0"
+                    ))
+                })?,
+        };
+        if db != 0 && matches!(deployment, Deployment::Cluster { .. }) {
+            return Err(invalid("Redis Cluster has only database 0"));
+        }
+        let mut config = RedisConfig {
+            deployment,
+            username,
+            password,
+            db,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            ca_file: None,
+            defaults: ClientDefaults::default(),
+            redacted,
+        };
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value =
+                percent_decode(value).map_err(|e| invalid(format!("option `{key}`: {e}")))?;
+            if config.defaults.apply(BACKEND, key, &value)? {
+                continue;
+            }
+            match key {
+                "prefix" => config.prefix = check_prefix(&value)?,
+                "ca" if scheme == "rediss" => {
+                    if value.is_empty() {
+                        return Err(invalid("option `ca` needs a file path"));
+                    }
+                    config.ca_file = Some(PathBuf::from(value));
+                }
+                "ca" => {
+                    return Err(invalid("option `ca` only applies to rediss:// (TLS) URLs"));
+                }
+                _ => {
+                    return Err(invalid(format!(
+                        "unknown option `{key}`; {scheme}:// accepts {OPTIONS}"
+                    )));
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// The URL with its password replaced by `***`.
+    pub fn redacted_url(&self) -> &str {
+        &self.redacted
+    }
+}
+
+fn check_prefix(prefix: &str) -> Result<String> {
+    if prefix.is_empty() {
+        return Err(invalid("option `prefix` must not be empty"));
+    }
+    if prefix
+        .chars()
+        .any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
+    {
+        return Err(invalid(format!(
+            "option `prefix={prefix}`: `{{`, `}}`, whitespace and control characters are not allowed (the prefix is part of a Cluster hash tag)"
+        )));
+    }
+    if prefix.len() > 256 {
+        return Err(invalid("option `prefix` is longer than 256 bytes"));
+    }
+    Ok(prefix.to_owned())
+}
+
+fn parse_host_port(text: &str, redacted: &str) -> Result<(String, u16)> {
+    let (host, port) =
+        if let Some(rest) = text.strip_prefix('[') {
+            // [v6addr]:port
+            let (host, after) = rest
+                .split_once(']')
+                .ok_or_else(|| invalid(format!("`{redacted}`: unclosed `[` in an IPv6 address")))?;
+            match after {
+                "" => (host, None),
+                p => (
+                    host,
+                    Some(p.strip_prefix(':').ok_or_else(|| {
+                        invalid(format!("`{redacted}`: expected `:port` after `]`"))
+                    })?),
+                ),
+            }
+        } else {
+            match text.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (text, None),
+            }
+        };
+    if host.is_empty() {
+        return Err(invalid(format!(
+            "`{redacted}` has no host; expected e.g. redis://127.0.0.1:6379"
+        )));
+    }
+    let port =
+        match port {
+            None => DEFAULT_PORT,
+            Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+                invalid(format!("`{redacted}`: `{p}` is not a TCP port (1..=65535)"))
+            })?,
+        };
+    Ok((host.to_owned(), port))
+}
+
+fn percent_decode(text: &str) -> std::result::Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| "bad percent-encoding (expected %XX)".to_owned())?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "percent-encoding does not decode to UTF-8".to_owned())
+}
+
+/// `url` with the password (the text between `user:` and the last `@` of the authority)
+/// replaced by `***`. Works on malformed URLs too, so errors can quote them safely.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        // No authority to find: hide everything after a possible `:...@`.
+        return match url.rfind('@') {
+            Some(_) => "***".to_owned(),
+            None => url.to_owned(),
+        };
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            let hosts = &authority[at + 1..];
+            let user = match userinfo.split_once(':') {
+                Some((u, _)) => format!("{u}:***"),
+                None => userinfo.to_owned(),
+            };
+            format!("{scheme}://{user}@{hosts}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn single_with_everything() {
+        let c = RedisConfig::parse(
+            "redis://app:s%40cret@db.example:6380/3?prefix=locks&ttl=10s&timeout=2s&drift=5ms",
+        )
+        .unwrap();
+        assert_eq!(
+            c.deployment,
+            Deployment::Single {
+                host: "db.example".into(),
+                port: 6380,
+                tls: false
+            }
+        );
+        assert_eq!(c.username.as_deref(), Some("app"));
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("s@cret"));
+        assert_eq!(c.db, 3);
+        assert_eq!(c.prefix, "locks");
+        assert_eq!(c.defaults.ttl, Duration::from_secs(10));
+        assert_eq!(c.defaults.timeout, Duration::from_secs(2));
+        assert_eq!(c.defaults.drift, Some(Duration::from_millis(5)));
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("cret"), "{shown}");
+        assert!(!c.redacted_url().contains("cret"));
+    }
+
+    #[test]
+    fn defaults_and_password_only() {
+        let c = RedisConfig::parse("redis://:pw@localhost").unwrap();
+        assert_eq!(c.username, None);
+        assert_eq!(c.password.as_ref().map(Secret::expose), Some("pw"));
+        assert_eq!(c.prefix, DEFAULT_PREFIX);
+        assert_eq!(c.db, 0);
+        assert!(matches!(
+            c.deployment,
+            Deployment::Single { port: 6379, .. }
+        ));
+    }
+
+    #[test]
+    fn tls_and_ca() {
+        let c = RedisConfig::parse("rediss://h:1/0?ca=/tmp/ca.pem").unwrap();
+        assert!(matches!(c.deployment, Deployment::Single { tls: true, .. }));
+        assert_eq!(c.ca_file, Some(PathBuf::from("/tmp/ca.pem")));
+        assert!(RedisConfig::parse("redis://h:1/0?ca=/tmp/ca.pem").is_err());
+    }
+
+    #[test]
+    fn cluster_hosts() {
+        let c = RedisConfig::parse("redis+cluster://u:p@a:1,b:2,[::1]:3,c").unwrap();
+        assert_eq!(
+            c.deployment,
+            Deployment::Cluster {
+                nodes: vec![
+                    ("a".into(), 1),
+                    ("b".into(), 2),
+                    ("::1".into(), 3),
+                    ("c".into(), 6379)
+                ]
+            }
+        );
+        assert!(RedisConfig::parse("redis+cluster://a:1/2").is_err());
+        assert!(RedisConfig::parse("redis+cluster://a:1,,b:2").is_err());
+    }
+
+    #[test]
+    fn bad_input_is_clear_and_never_shows_the_password() {
+        for (url, needle) in [
+            ("redis://", "no host"),
+            ("redis://:hunter2@", "no host"),
+            ("redis://:hunter2@/0", "no host"),
+            ("redis://u:hunter2@h:99999", "not a TCP port"),
+            ("redis://u:hunter2@h:1/x", "database number"),
+            ("redis://u:hunter2@h:1?bogus=1", "unknown option `bogus`"),
+            ("redis://u:hunter2@h:1?prefix={x}", "prefix"),
+            ("redis://u:hunter2@h:1?prefix=", "prefix"),
+            ("redis://u:hunter2@a:1,b:2", "redis+cluster"),
+            ("redis://u:hunter2@h:1?ttl=1ms", "ttl"),
+        ] {
+            let err = RedisConfig::parse(url).unwrap_err();
+            let text = format!("{err} {err:?}");
+            assert!(text.contains(needle), "{url}: {text}");
+            assert!(!text.contains("hunter2"), "{url}: {text}");
+            assert!(matches!(err, Error::InvalidConfig { .. }), "{url}: {err:?}");
+        }
+        assert!(matches!(
+            RedisConfig::parse("tair://h:1"),
+            Err(Error::UnsupportedScheme { .. })
+        ));
+    }
+
+    #[test]
+    fn redaction() {
+        assert_eq!(
+            redact_url("redis://u:p@h:1/0?x=1"),
+            "redis://u:***@h:1/0?x=1"
+        );
+        assert_eq!(redact_url("redis://:p@w@h:1"), "redis://:***@h:1");
+        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+        assert_eq!(redact_url("redis://u@h:1"), "redis://u@h:1");
+    }
+}

@@ -1,0 +1,517 @@
+//! [`RedisLock`]: the client, connecting, capabilities, and the [`DistributedLock`] impl.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use lockcore::{
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
+    Fencing, FencingToken, Lease, LockInfo, LockName, RawFloor, Released, Result, WaitMechanism,
+    async_trait,
+};
+use redis::{
+    Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value,
+};
+
+use crate::BACKEND;
+use crate::cluster::Cluster;
+use crate::config::{Deployment, RedisConfig};
+use crate::queue::millis;
+use crate::scripts::{self, Call, Keys, holder_value};
+use crate::single::Single;
+use crate::store::{Store, backend_error, protocol_error};
+use crate::waiters::Hub;
+
+/// Fencing assumption of a single server without synchronous persistence.
+pub const ASSUMPTION_NO_PERSISTENCE: &str = "the Redis server is never restarted and never evicts keys: it does not run with appendonly yes + appendfsync always (or may evict keys under maxmemory), so a restart or an eviction resets the fence counter";
+
+/// Fencing assumption when the server's persistence could not be read at connect.
+pub const ASSUMPTION_UNKNOWN: &str = "the Redis server keeps its data across restarts (appendonly yes + appendfsync always) and never evicts keys; CONFIG GET was not permitted, so this could not be checked at connect";
+
+/// Fencing assumption of a Redis Cluster.
+pub const ASSUMPTION_CLUSTER: &str = "no Cluster failover loses acknowledged writes (replication to replicas is asynchronous) and every master persists with appendonly yes + appendfsync always";
+
+/// Counters of one client, for benchmarks and monitoring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisStats {
+    /// Leases extended successfully (by `extend` or keep-alive).
+    pub renewals: u64,
+    /// Leases an extend found gone (`LockLost`).
+    pub renewals_lost: u64,
+    /// Extends that failed with a store error.
+    pub renewal_errors: u64,
+    /// `extend_many` calls (keep-alive batches).
+    pub renewal_batches: u64,
+    /// Pipelines sent for renewals (one per batch on a single server; one per hash slot in a
+    /// Cluster, sent concurrently).
+    pub renewal_pipelines: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    renewals: AtomicU64,
+    renewals_lost: AtomicU64,
+    renewal_errors: AtomicU64,
+    renewal_batches: AtomicU64,
+    renewal_pipelines: AtomicU64,
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Store,
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) prefix: String,
+    defaults: ClientDefaults,
+    fencing: Fencing,
+    redacted: String,
+    counters: Counters,
+}
+
+/// A client of one Redis server or Redis Cluster. Cheap to clone (one shared connection, one
+/// subscriber).
+#[derive(Clone)]
+pub struct RedisLock {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLock")
+            .field("url", &self.inner.redacted)
+            .field("prefix", &self.inner.prefix)
+            .field("fencing", &self.inner.fencing)
+            .finish()
+    }
+}
+
+fn connection_info(
+    config: &RedisConfig,
+    host: &str,
+    port: u16,
+    tls: bool,
+) -> redis::RedisResult<ConnectionInfo> {
+    let addr = if tls {
+        ConnectionAddr::TcpTls {
+            host: host.to_owned(),
+            port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host.to_owned(), port)
+    };
+    let mut settings = RedisConnectionInfo::default().set_db(config.db);
+    if let Some(user) = &config.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &config.password {
+        settings = settings.set_password(password.expose());
+    }
+    Ok(addr.into_connection_info()?.set_redis_settings(settings))
+}
+
+impl RedisLock {
+    /// Connects per `config`, checks that the server answers (and accepts the credentials), and
+    /// reads its persistence settings to decide the fencing guarantee.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes what was opened; nothing is held yet.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an unreadable or invalid CA file; [`Error::Backend`] when the
+    /// server cannot be reached within `timeout` (retryable) or refuses the credentials (not
+    /// retryable). Messages name the URL with its password redacted.
+    pub async fn connect(config: &RedisConfig) -> Result<RedisLock> {
+        let timeout = config.defaults.timeout;
+        let redacted = config.redacted_url().to_owned();
+        let connect_error = |e: redis::RedisError| {
+            let retryable = crate::store::is_retryable(&e);
+            Error::backend(
+                BACKEND,
+                "connect",
+                None,
+                retryable,
+                format!("cannot connect to {redacted}: {e}"),
+            )
+        };
+        let (store, fencing) = match &config.deployment {
+            Deployment::Single { host, port, tls } => {
+                let info = connection_info(config, host, *port, *tls).map_err(connect_error)?;
+                let client = if *tls {
+                    // redis-rs builds rustls configs with the process-wide default provider.
+                    let _ = rustls::crypto::ring::default_provider().install_default();
+                    match &config.ca_file {
+                        Some(path) => {
+                            let pem = std::fs::read(path).map_err(|e| {
+                                Error::invalid_config(
+                                    BACKEND,
+                                    format!("cannot read the CA file {}: {e}", path.display()),
+                                )
+                            })?;
+                            Client::build_with_tls(
+                                info,
+                                redis::TlsCertificates {
+                                    client_tls: None,
+                                    root_cert: Some(pem),
+                                },
+                            )
+                            .map_err(|e| {
+                                Error::invalid_config(
+                                    BACKEND,
+                                    format!("the CA file {} is not usable: {e}", path.display()),
+                                )
+                            })?
+                        }
+                        None => Client::open(info).map_err(connect_error)?,
+                    }
+                } else {
+                    Client::open(info).map_err(connect_error)?
+                };
+                let single = Single::new(client, timeout);
+                single.connection().await.map_err(connect_error)?;
+                let store = Store::Single(Box::new(single));
+                let fencing = detect_fencing(&store).await;
+                (store, fencing)
+            }
+            Deployment::Cluster { nodes } => {
+                let infos = nodes
+                    .iter()
+                    .map(|(h, p)| connection_info(config, h, *p, false))
+                    .collect::<redis::RedisResult<Vec<_>>>()
+                    .map_err(connect_error)?;
+                let cluster = Cluster::connect(infos, timeout)
+                    .await
+                    .map_err(connect_error)?;
+                tracing::debug!(nodes = %cluster.describe(), "redis: connected to the cluster");
+                let store = Store::Cluster(cluster);
+                // A first round trip, so bad credentials or a cluster that is down fail here.
+                store
+                    .query(&redis::cmd("PING"))
+                    .await
+                    .map_err(connect_error)?;
+                (
+                    store,
+                    Fencing::Conditional {
+                        assumption: ASSUMPTION_CLUSTER,
+                    },
+                )
+            }
+        };
+        Ok(RedisLock {
+            inner: Arc::new(Inner {
+                store,
+                hub: Arc::new(Hub::default()),
+                prefix: config.prefix.clone(),
+                defaults: config.defaults.clone(),
+                fencing,
+                redacted,
+                counters: Counters::default(),
+            }),
+        })
+    }
+
+    /// This client's counters.
+    pub fn stats(&self) -> RedisStats {
+        let c = &self.inner.counters;
+        RedisStats {
+            renewals: c.renewals.load(Ordering::Relaxed),
+            renewals_lost: c.renewals_lost.load(Ordering::Relaxed),
+            renewal_errors: c.renewal_errors.load(Ordering::Relaxed),
+            renewal_batches: c.renewal_batches.load(Ordering::Relaxed),
+            renewal_pipelines: c.renewal_pipelines.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The key prefix in use.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+}
+
+/// `Strict` only for a server that fsyncs every write to its AOF and never evicts keys.
+async fn detect_fencing(store: &Store) -> Fencing {
+    let mut values = Vec::new();
+    for param in ["appendonly", "appendfsync", "maxmemory", "maxmemory-policy"] {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg(param);
+        match store.query(&cmd).await {
+            Ok(v) => values.push(config_value(&v).unwrap_or_default()),
+            Err(e) => {
+                tracing::debug!(error = %e, "redis: CONFIG GET not permitted; fencing is conditional");
+                return Fencing::Conditional {
+                    assumption: ASSUMPTION_UNKNOWN,
+                };
+            }
+        }
+    }
+    let no_eviction =
+        values[2] == "0" || values[3] == "noeviction" || values[3].starts_with("volatile-");
+    if values[0] == "yes" && values[1] == "always" && no_eviction {
+        Fencing::Strict
+    } else {
+        Fencing::Conditional {
+            assumption: ASSUMPTION_NO_PERSISTENCE,
+        }
+    }
+}
+
+/// The value of a one-parameter `CONFIG GET` reply (`[name, value]` or a map).
+fn config_value(v: &Value) -> Option<String> {
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    match v {
+        Value::Array(items) => items.get(1).and_then(text),
+        Value::Map(pairs) => pairs.first().and_then(|(_, v)| text(v)),
+        _ => None,
+    }
+}
+
+impl Inner {
+    fn extend_call(&self, lease: &Lease, ttl: Duration) -> Call {
+        let keys = Keys::new(&self.prefix, lease.name());
+        Call {
+            lua: &scripts::EXTEND,
+            keys: vec![keys.lock()],
+            args: vec![
+                holder_value(lease.owner(), lease.token().0),
+                millis(ttl).to_string(),
+            ],
+        }
+    }
+
+    fn extend_outcome(
+        &self,
+        lease: &Lease,
+        started: Instant,
+        ttl: Duration,
+        reply: redis::RedisResult<Value>,
+    ) -> Result<Lease> {
+        let c = &self.counters;
+        let value = reply.map_err(|e| {
+            c.renewal_errors.fetch_add(1, Ordering::Relaxed);
+            backend_error("extend", Some(lease.name()), e)
+        })?;
+        match scripts::parse_flag(&value) {
+            Ok(true) => {
+                c.renewals.fetch_add(1, Ordering::Relaxed);
+                Ok(lease.renewed(started, ttl))
+            }
+            Ok(false) => {
+                c.renewals_lost.fetch_add(1, Ordering::Relaxed);
+                Err(Error::lock_lost(BACKEND, lease.name(), "extend"))
+            }
+            Err(e) => Err(protocol_error("extend", Some(lease.name()), e)),
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for RedisLock {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            BACKEND,
+            self.inner.fencing,
+            Expiry::Ttl,
+            Fairness::Fifo,
+            WaitMechanism::PubSub,
+        )
+    }
+
+    fn defaults(&self) -> ClientDefaults {
+        self.inner.defaults.clone()
+    }
+
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        self.inner.try_acquire(name, opts).await
+    }
+
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.inner.acquire_wait(name, opts, deadline).await
+    }
+
+    async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
+        // Not used by this backend's own acquire (it queues), but honoured for callers that
+        // loop over `try_acquire` themselves: wake on the next release notification.
+        let keys = Keys::new(&self.inner.prefix, name);
+        let channel = keys.channel();
+        let watcher = format!("*{}", lockcore::OwnerId::random());
+        let (registration, subscribed) = self.inner.hub.register(&channel, &watcher);
+        if !subscribed {
+            self.inner
+                .hub
+                .ensure_subscribed(&self.inner.store, &channel)
+                .await
+                .map_err(|e| backend_error("subscribe", Some(name), e))?;
+        }
+        tokio::select! {
+            _ = registration.notified() => {}
+            _ = tokio::time::sleep_until(until.into()) => {}
+        }
+        Ok(())
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        let keys = Keys::new(&self.inner.prefix, lease.name());
+        let call = Call {
+            lua: &scripts::RELEASE,
+            keys: vec![keys.lock(), keys.queue(), keys.alive()],
+            args: vec![holder_value(lease.owner(), lease.token().0), keys.channel()],
+        };
+        let value = self
+            .inner
+            .store
+            .eval(&call)
+            .await
+            .map_err(|e| backend_error("release", Some(lease.name()), e))?;
+        match scripts::parse_flag(&value) {
+            Ok(true) => Ok(Released::Released),
+            Ok(false) => Ok(Released::NotHeld),
+            Err(e) => Err(protocol_error("release", Some(lease.name()), e)),
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        lockcore::check_ttl(ttl)?;
+        let started = Instant::now();
+        let reply = self
+            .inner
+            .store
+            .eval(&self.inner.extend_call(lease, ttl))
+            .await;
+        self.inner.extend_outcome(lease, started, ttl, reply)
+    }
+
+    async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
+        let inner = &self.inner;
+        let mut out: Vec<Option<Result<Lease>>> = Vec::with_capacity(leases.len());
+        let mut calls = Vec::with_capacity(leases.len());
+        let mut sent = Vec::with_capacity(leases.len());
+        for (i, (lease, ttl)) in leases.iter().enumerate() {
+            match lockcore::check_ttl(*ttl) {
+                Ok(()) => {
+                    calls.push(inner.extend_call(lease, *ttl));
+                    sent.push(i);
+                    out.push(None);
+                }
+                Err(e) => out.push(Some(Err(e))),
+            }
+        }
+        inner
+            .counters
+            .renewal_batches
+            .fetch_add(1, Ordering::Relaxed);
+        let pipelines = match &inner.store {
+            Store::Single(_) => u64::from(!calls.is_empty()),
+            Store::Cluster(_) => {
+                let mut slots: Vec<u16> = calls
+                    .iter()
+                    .map(|c| crate::cluster::slot(c.first_key().as_bytes()))
+                    .collect();
+                slots.sort_unstable();
+                slots.dedup();
+                slots.len() as u64
+            }
+        };
+        inner
+            .counters
+            .renewal_pipelines
+            .fetch_add(pipelines, Ordering::Relaxed);
+        let started = Instant::now();
+        let replies = inner.store.eval_many(&calls).await;
+        for (i, reply) in sent.into_iter().zip(replies) {
+            let (lease, ttl) = &leases[i];
+            out[i] = Some(inner.extend_outcome(lease, started, *ttl, reply));
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(protocol_error("extend", None, "no reply".into()))))
+            .collect()
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let keys = Keys::new(&self.inner.prefix, name);
+        let call = Call {
+            lua: &scripts::INSPECT,
+            keys: vec![keys.lock(), keys.fence(), keys.queue(), keys.alive()],
+            args: vec![],
+        };
+        let value = self
+            .inner
+            .store
+            .eval(&call)
+            .await
+            .map_err(|e| backend_error("inspect", Some(name), e))?;
+        let r =
+            scripts::parse_inspect(&value).map_err(|e| protocol_error("inspect", Some(name), e))?;
+        if r.holder.is_none() && r.fence.is_none() && r.queued == 0 {
+            return Ok(None);
+        }
+        let token = r.holder.as_ref().map(|(_, t)| *t).or(r.fence);
+        Ok(Some(LockInfo::new(
+            name,
+            r.holder.map(|(owner, _)| owner),
+            token.map(FencingToken),
+            (r.pttl > 0).then(|| Duration::from_millis(r.pttl as u64)),
+            Some(usize::try_from(r.live_waiters).unwrap_or(0)),
+        )))
+    }
+
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        Some(Arc::new(RedisFloor {
+            inner: self.inner.clone(),
+        }))
+    }
+}
+
+/// `SET NX PX` + an `EVALSHA` compare-and-delete on the client's own multiplexed connection.
+struct RedisFloor {
+    inner: Arc<Inner>,
+}
+
+#[async_trait]
+impl RawFloor for RedisFloor {
+    fn description(&self) -> String {
+        "SET NX PX + EVALSHA compare-and-delete, on the same multiplexed connection".into()
+    }
+
+    async fn pair(&self, name: &LockName) -> Result<()> {
+        let key = format!("{{{}:floor:{}}}", self.inner.prefix, name.escaped());
+        let value = lockcore::OwnerId::random().to_string();
+        let mut set = redis::cmd("SET");
+        set.arg(&key).arg(&value).arg("NX").arg("PX").arg(10_000);
+        let reply = self
+            .inner
+            .store
+            .query(&set)
+            .await
+            .map_err(|e| backend_error("floor set", Some(name), e))?;
+        if reply == Value::Nil {
+            return Err(Error::backend(
+                BACKEND,
+                "floor set",
+                Some(name),
+                true,
+                "the floor key was held",
+            ));
+        }
+        let del = Call {
+            lua: &scripts::FLOOR_DELETE,
+            keys: vec![key],
+            args: vec![value],
+        };
+        self.inner
+            .store
+            .eval(&del)
+            .await
+            .map_err(|e| backend_error("floor delete", Some(name), e))?;
+        Ok(())
+    }
+}

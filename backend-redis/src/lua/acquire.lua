@@ -1,0 +1,39 @@
+-- ACQUIRE: KEYS lock, fence, queue, alive, seq
+--          ARGV owner, ttl_ms, mode ('try' | 'wait'), alive_ms, channel
+-- Returns {1, token, owner} when granted, else {0, pttl_of_holder, owner, rank_in_queue}.
+--
+-- 'try':  grant only if the lock is free and nobody (alive) is queued: never jumps the queue.
+-- 'wait': grant if the lock is free and this owner heads the queue (or the queue is empty);
+--         otherwise join the queue at the tail if not in it (again, if liveness ran out), and
+--         refresh this owner's liveness.
+local lock, fence, queue, alive, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local owner, ttl, mode, alive_ms, channel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local now = now_ms()
+local pruned = prune(queue, alive, now)
+local held = redis.call('EXISTS', lock) == 1
+if mode == 'try' then
+  if not held and redis.call('ZCARD', queue) == 0 then
+    return {1, grant(lock, fence, owner, ttl), owner}
+  end
+  if pruned > 0 then
+    wake_head(lock, queue, channel)
+  end
+  return {0, redis.call('PTTL', lock), owner, -1}
+end
+local rank = redis.call('ZRANK', queue, owner)
+if not held and (rank == 0 or (not rank and redis.call('ZCARD', queue) == 0)) then
+  if rank then
+    redis.call('ZREM', queue, owner)
+    redis.call('ZREM', alive, owner)
+  end
+  return {1, grant(lock, fence, owner, ttl), owner}
+end
+if not rank then
+  redis.call('ZADD', queue, redis.call('INCR', seq), owner)
+  rank = redis.call('ZCARD', queue) - 1
+end
+redis.call('ZADD', alive, now + alive_ms, owner)
+if pruned > 0 then
+  wake_head(lock, queue, channel)
+end
+return {0, redis.call('PTTL', lock), owner, rank}

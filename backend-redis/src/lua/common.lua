@@ -1,0 +1,41 @@
+-- Shared helpers, prepended to every script that needs them.
+--
+-- Keys of one lock (all carry the same `{prefix:name}` hash tag, so they share a Cluster slot):
+--   lock   the holder: "<owner>:<token>", with PX = the lease ttl
+--   fence  the fencing counter (INCR on every grant; never deleted)
+--   queue  ZSET of waiting owner ids, scored by arrival ticket (FIFO order)
+--   alive  ZSET of the same owner ids, scored by the server time (ms) until which each is alive
+--   seq    the arrival ticket counter
+
+-- The server's clock in milliseconds (scripts replicate by effects, so TIME is allowed).
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Removes waiters whose liveness ran out (crashed or stalled clients); returns how many.
+local function prune(queue, alive, now)
+  local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 100)
+  for _, w in ipairs(dead) do
+    redis.call('ZREM', queue, w)
+    redis.call('ZREM', alive, w)
+  end
+  return #dead
+end
+
+-- If the lock is free and someone waits, tells the head waiter (the payload is its owner id).
+local function wake_head(lock, queue, channel)
+  if redis.call('EXISTS', lock) == 0 then
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    if head then
+      redis.call('PUBLISH', channel, head)
+    end
+  end
+end
+
+-- Takes the lock for `owner`: the next fencing token, then the holder key with its ttl.
+local function grant(lock, fence, owner, ttl)
+  local token = redis.call('INCR', fence)
+  redis.call('SET', lock, owner .. ':' .. token, 'PX', ttl)
+  return token
+end

@@ -1,0 +1,222 @@
+//! The two deployments behind one interface: run a script (`EVALSHA`, loading it on
+//! `NOSCRIPT`, e.g. after a server restart), run many scripts as pipelines, run a plain command,
+//! open a subscriber; and map redis errors to [`lockcore::Error`].
+
+use std::collections::BTreeMap;
+
+use futures_util::future::join_all;
+use lockcore::{Error, LockName};
+use redis::aio::{ConnectionLike, PubSub};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+
+use crate::BACKEND;
+use crate::cluster::{Cluster, slot};
+use crate::scripts::{Call, Lua};
+use crate::single::Single;
+
+/// A single server or a Cluster.
+pub(crate) enum Store {
+    Single(Box<Single>),
+    Cluster(Cluster),
+}
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+fn script_load(lua: &Lua) -> Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(&lua.code);
+    cmd
+}
+
+async fn run<C: ConnectionLike>(con: &mut C, cmd: &Cmd) -> RedisResult<Value> {
+    cmd.query_async(con).await
+}
+
+/// Runs `calls` as one pipeline on `con`; replies in order, one result per call. Scripts the
+/// server does not know are loaded and their calls sent again (a second pipeline).
+async fn pipeline_on<C: ConnectionLike>(con: &mut C, calls: &[&Call]) -> Vec<RedisResult<Value>> {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for call in calls {
+        pipe.add_command(call.evalsha());
+    }
+    let mut results: Vec<RedisResult<Value>> =
+        match pipe.query_async::<Vec<RedisResult<Value>>>(con).await {
+            Ok(r) if r.len() == calls.len() => r,
+            Ok(r) => {
+                let e = RedisError::from((
+                    ErrorKind::Parse,
+                    "pipeline reply count mismatch",
+                    format!("{} replies for {} commands", r.len(), calls.len()),
+                ));
+                return calls.iter().map(|_| Err(e.clone())).collect();
+            }
+            Err(e) => return calls.iter().map(|_| Err(e.clone())).collect(),
+        };
+    let missing: Vec<usize> = (0..calls.len())
+        .filter(|&i| results[i].as_ref().err().is_some_and(is_noscript))
+        .collect();
+    if missing.is_empty() {
+        return results;
+    }
+    let mut loaded: Vec<&str> = Vec::new();
+    for &i in &missing {
+        let lua = calls[i].lua;
+        if !loaded.contains(&lua.sha.as_str()) {
+            if let Err(e) = run(con, &script_load(lua)).await {
+                for &j in &missing {
+                    results[j] = Err(e.clone());
+                }
+                return results;
+            }
+            loaded.push(&lua.sha);
+        }
+    }
+    let retry: Vec<&Call> = missing.iter().map(|&i| calls[i]).collect();
+    let again = Box::pin(pipeline_on(con, &retry)).await;
+    for (i, r) in missing.into_iter().zip(again) {
+        results[i] = r;
+    }
+    results
+}
+
+async fn eval_on<C: ConnectionLike>(con: &mut C, call: &Call) -> RedisResult<Value> {
+    let cmd = call.evalsha();
+    match run(con, &cmd).await {
+        Err(e) if is_noscript(&e) => {
+            run(con, &script_load(call.lua)).await?;
+            run(con, &cmd).await
+        }
+        other => other,
+    }
+}
+
+impl Store {
+    /// Runs one script.
+    pub(crate) async fn eval(&self, call: &Call) -> RedisResult<Value> {
+        match self {
+            Store::Single(s) => {
+                let (generation, mut con) = s.connection().await?;
+                let r = eval_on(&mut con, call).await;
+                if let Err(e) = &r {
+                    s.failed(generation, e);
+                }
+                r
+            }
+            Store::Cluster(c) => eval_on(&mut c.connection(), call).await,
+        }
+    }
+
+    /// Runs many scripts with as few round trips as the deployment allows: one pipeline on a
+    /// single server; in a Cluster one pipeline per hash slot, all sent at once (redis-rs
+    /// writes them back to back on each node's connection).
+    pub(crate) async fn eval_many(&self, calls: &[Call]) -> Vec<RedisResult<Value>> {
+        if calls.is_empty() {
+            return Vec::new();
+        }
+        match self {
+            Store::Single(s) => {
+                let (generation, mut con) = match s.connection().await {
+                    Ok(c) => c,
+                    Err(e) => return calls.iter().map(|_| Err(e.clone())).collect(),
+                };
+                let refs: Vec<&Call> = calls.iter().collect();
+                let results = pipeline_on(&mut con, &refs).await;
+                if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+                    s.failed(generation, e);
+                }
+                results
+            }
+            Store::Cluster(c) => {
+                let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+                for (i, call) in calls.iter().enumerate() {
+                    groups
+                        .entry(slot(call.first_key().as_bytes()))
+                        .or_default()
+                        .push(i);
+                }
+                let runs = groups.values().map(|indices| {
+                    let mut con = c.connection();
+                    let group: Vec<&Call> = indices.iter().map(|&i| &calls[i]).collect();
+                    async move { pipeline_on(&mut con, &group).await }
+                });
+                let outcomes = join_all(runs).await;
+                let mut results: Vec<Option<RedisResult<Value>>> =
+                    calls.iter().map(|_| None).collect();
+                for (indices, outcome) in groups.values().zip(outcomes) {
+                    for (&i, r) in indices.iter().zip(outcome) {
+                        results[i] = Some(r);
+                    }
+                }
+                results
+                    .into_iter()
+                    .map(|r| {
+                        r.unwrap_or_else(|| Err(RedisError::from((ErrorKind::Client, "no reply"))))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Runs one plain command (routed by its key in a Cluster).
+    pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Store::Single(s) => {
+                let (generation, mut con) = s.connection().await?;
+                let r = run(&mut con, cmd).await;
+                if let Err(e) = &r {
+                    s.failed(generation, e);
+                }
+                r
+            }
+            Store::Cluster(c) => run(&mut c.connection(), cmd).await,
+        }
+    }
+
+    /// A new dedicated subscriber connection.
+    pub(crate) async fn pubsub(&self) -> RedisResult<PubSub> {
+        match self {
+            Store::Single(s) => s.pubsub().await,
+            Store::Cluster(c) => c.pubsub().await,
+        }
+    }
+}
+
+/// Whether retrying after `e` can help (connection trouble, failover, loading: yes; a refused
+/// password, a missing permission, a script error: no).
+pub(crate) fn is_retryable(e: &RedisError) -> bool {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_cluster_error() {
+        return true;
+    }
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+        ) | ErrorKind::ClusterConnectionNotFound
+    )
+}
+
+/// A redis error as a [`lockcore::Error::Backend`].
+pub(crate) fn backend_error(
+    operation: &'static str,
+    name: Option<&LockName>,
+    e: RedisError,
+) -> Error {
+    let retryable = is_retryable(&e);
+    Error::backend(BACKEND, operation, name, retryable, e)
+}
+
+/// A reply that does not decode (a bug or a server we do not understand): not retryable.
+pub(crate) fn protocol_error(
+    operation: &'static str,
+    name: Option<&LockName>,
+    what: String,
+) -> Error {
+    Error::backend(BACKEND, operation, name, false, what)
+}
