@@ -99,7 +99,7 @@ impl Raw {
 
     /// (owner, fence, seconds until expiry by the database's clock) of `name`'s row.
     async fn row(&self, table: &str, name: &str) -> Option<(Option<String>, i64, f64)> {
-        let row = match self {
+        match self {
             Raw::Pg(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
                 "SELECT owner, fence, extract(epoch FROM expires_at - clock_timestamp())::float8 \
                  FROM \"{table}\" WHERE name = $1"
@@ -129,8 +129,7 @@ impl Raw {
             .await
             .expect("raw row")
             .map(|r| (r.get(0), r.get(1), r.get(2))),
-        };
-        row
+        }
     }
 }
 
