@@ -16,3 +16,14 @@ async fn make_single() -> Arc<dyn DistributedLock> {
 }
 
 conformance_tests::suite!(redis, make_single, [ttl, fifo]);
+
+async fn make_cluster() -> Arc<dyn DistributedLock> {
+    let cluster = conformance_tests::kit::RedisCluster::shared()
+        .await
+        .expect("kit redis cluster");
+    backend_redis::connect(&cluster.url())
+        .await
+        .expect("redis cluster client")
+}
+
+conformance_tests::suite!(redis_cluster, make_cluster, [ttl, fifo]);

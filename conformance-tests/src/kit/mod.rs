@@ -26,6 +26,8 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod redis_cluster;
+mod redis_tls;
 mod zookeeper;
 
 pub use error::{KitError, KitErrorKind, KitResult};
@@ -33,6 +35,8 @@ pub use mariadb::MariaDb;
 pub use postgres::Postgres;
 pub use proxy::{Fault, Proxy};
 pub use redis::{Redis, RedisReply, read_redis_reply, redis_command, redis_encode};
+pub use redis_cluster::RedisCluster;
+pub use redis_tls::{RedisTls, TlsFiles};
 pub use zookeeper::{ZkEnsemble, ZkNode, ZooKeeper, zk_four_letter};
 
 use std::collections::HashSet;

@@ -1,0 +1,221 @@
+//! A Redis Cluster of the kit's own: N masters (no replicas), each a [`Redis`] started with
+//! `cluster-enabled yes`, slots assigned by the kit with `CLUSTER ADDSLOTSRANGE`, joined with
+//! `CLUSTER MEET`, and ready once every node reports `cluster_state:ok`.
+//!
+//! Each node keeps its `nodes.conf` in its own temp dir, so a node restarted with
+//! [`RedisCluster::restart_node`] rejoins with the same id and slots (its keys are gone unless
+//! the cluster was started with persistence arguments).
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::OnceCell;
+
+use super::error::{KitError, KitErrorKind, KitResult};
+use super::free_port;
+use super::redis::{Redis, RedisReply, redis_command};
+
+/// How long the kit waits for `cluster_state:ok` on every node.
+const CLUSTER_READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A Redis Cluster of `len()` masters on loopback.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<Redis>,
+    bus_ports: Vec<u16>,
+}
+
+impl RedisCluster {
+    /// Starts a private cluster of `masters` masters without persistence.
+    ///
+    /// # Errors
+    /// `redis-server` missing (naming the package), a node that does not start, or a cluster
+    /// that does not reach `cluster_state:ok` within 60 s.
+    pub async fn start(masters: usize) -> KitResult<RedisCluster> {
+        Self::start_with(masters, &[]).await
+    }
+
+    /// Starts a private cluster whose nodes get `extra_args` after the cluster settings (for
+    /// example `["--appendonly", "yes", "--appendfsync", "always"]`).
+    ///
+    /// # Errors
+    /// As [`RedisCluster::start`].
+    pub async fn start_with(masters: usize, extra_args: &[&str]) -> KitResult<RedisCluster> {
+        if masters == 0 {
+            return Err(KitError::new(
+                KitErrorKind::InvalidArgument,
+                "a cluster needs at least one master",
+            ));
+        }
+        let mut nodes = Vec::with_capacity(masters);
+        let mut bus_ports = Vec::with_capacity(masters);
+        for _ in 0..masters {
+            // The bus port is picked by the kit too: the default (port + 10000) could be taken.
+            let bus = free_port();
+            let bus_text = bus.to_string();
+            let mut args = vec![
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+                bus_text.as_str(),
+                "--cluster-node-timeout",
+                "2000",
+            ];
+            args.extend_from_slice(extra_args);
+            nodes.push(Redis::start_with(&args).await?);
+            bus_ports.push(bus);
+        }
+        let cluster = RedisCluster { nodes, bus_ports };
+        cluster.assign_slots_and_meet().await?;
+        cluster.wait_ok(CLUSTER_READY_TIMEOUT).await?;
+        Ok(cluster)
+    }
+
+    /// The 3-master cluster shared by every test of this test process, started on first use (no
+    /// persistence). Never kill, pause or restart its nodes.
+    ///
+    /// # Errors
+    /// As [`RedisCluster::start`]; a failed start is remembered and returned to every caller.
+    pub async fn shared() -> KitResult<&'static RedisCluster> {
+        static SHARED: OnceCell<Result<RedisCluster, KitError>> = OnceCell::const_new();
+        SHARED
+            .get_or_init(|| Self::start(3))
+            .await
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,...` (every master as a seed node).
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// The nodes, in the order their slot ranges were assigned (node 0 has slot 0).
+    pub fn nodes(&self) -> &[Redis] {
+        &self.nodes
+    }
+
+    /// Node `i` (kill9/pause/resume through its [`Redis`] handle).
+    ///
+    /// # Panics
+    /// If `i >= len()`.
+    pub fn node(&self, i: usize) -> &Redis {
+        &self.nodes[i]
+    }
+
+    /// The number of masters.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Always false: a cluster has at least one master.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The index of the node that serves `slot` (ranges are contiguous and equal-sized).
+    pub fn node_for_slot(&self, slot: u16) -> usize {
+        let n = self.nodes.len();
+        (0..n)
+            .find(|&i| slot <= Self::range(i, n).1)
+            .unwrap_or(n - 1)
+    }
+
+    /// Restarts node `i` (kill -9 first if it runs) and waits until the cluster is ok again.
+    ///
+    /// # Errors
+    /// The node does not start, or the cluster does not recover within 60 s.
+    pub async fn restart_node(&self, i: usize) -> KitResult<()> {
+        self.nodes[i].restart().await?;
+        self.wait_ok(CLUSTER_READY_TIMEOUT).await
+    }
+
+    /// Waits until every node reports `cluster_state:ok` and knows every node and slot.
+    ///
+    /// # Errors
+    /// Not ok within `within`; the message shows the last `CLUSTER INFO` seen.
+    pub async fn wait_ok(&self, within: Duration) -> KitResult<()> {
+        let deadline = Instant::now() + within;
+        let want_nodes = format!("cluster_known_nodes:{}", self.nodes.len());
+        loop {
+            let mut last = String::new();
+            let mut all_ok = true;
+            for node in &self.nodes {
+                let info = match node.command(&["CLUSTER", "INFO"]).await {
+                    Ok(reply) => reply.as_text().unwrap_or_default(),
+                    Err(e) => e.to_string(),
+                };
+                let ok = info.contains("cluster_state:ok")
+                    && info.contains("cluster_slots_assigned:16384")
+                    && info.contains(&want_nodes);
+                if !ok {
+                    all_ok = false;
+                    last = format!("node 127.0.0.1:{}: {}", node.port(), info.trim());
+                    break;
+                }
+            }
+            if all_ok {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(KitError::new(
+                    KitErrorKind::NotReady,
+                    format!("redis cluster not ok within {}s; {last}", within.as_secs()),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn range(i: usize, n: usize) -> (u16, u16) {
+        const SLOTS: usize = 16384;
+        ((i * SLOTS / n) as u16, ((i + 1) * SLOTS / n - 1) as u16)
+    }
+
+    async fn assign_slots_and_meet(&self) -> KitResult<()> {
+        let n = self.nodes.len();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let (lo, hi) = Self::range(i, n);
+            expect_ok(
+                node,
+                &["CLUSTER", "ADDSLOTSRANGE", &lo.to_string(), &hi.to_string()],
+            )
+            .await?;
+        }
+        let first = &self.nodes[0];
+        for (node, bus) in self.nodes.iter().zip(&self.bus_ports).skip(1) {
+            expect_ok(
+                first,
+                &[
+                    "CLUSTER",
+                    "MEET",
+                    "127.0.0.1",
+                    &node.port().to_string(),
+                    &bus.to_string(),
+                ],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+async fn expect_ok(node: &Redis, args: &[&str]) -> KitResult<()> {
+    match redis_command(node.addr(), args).await? {
+        RedisReply::Status(s) if s == "OK" => Ok(()),
+        other => Err(KitError::new(
+            KitErrorKind::Command,
+            format!(
+                "redis 127.0.0.1:{} {}: unexpected reply {other:?}",
+                node.port(),
+                args.join(" ")
+            ),
+        )),
+    }
+}
