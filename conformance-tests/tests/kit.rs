@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use conformance_tests::kit::{
-    Fault, MariaDb, Postgres, Proxy, Redis, RedisReply, ZkEnsemble, ZooKeeper, read_redis_reply,
-    redis_command, redis_encode, zk_four_letter,
+    Fault, MariaDb, Postgres, Proxy, Redis, RedisReply, ZkEnsemble, ZooKeeper, free_port,
+    read_redis_reply, redis_command, redis_encode, zk_four_letter,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -46,6 +46,20 @@ async fn mariadb_answers(addr: SocketAddr, within: Duration) -> bool {
         std::io::Result::Ok(header[4] == 10)
     };
     matches!(timeout(within, probe).await, Ok(Ok(true)))
+}
+
+#[test]
+fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+    let ephemeral_low: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+    let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+    let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
+    assert_eq!(distinct.len(), ports.len(), "no port is handed out twice");
+    for port in ports {
+        assert!(port < ephemeral_low, "{port} is below the ephemeral range");
+        assert!(![5432, 3306, 6379, 2181].contains(&port));
+        std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
+    }
 }
 
 #[tokio::test]

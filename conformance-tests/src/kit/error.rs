@@ -74,3 +74,29 @@ impl std::error::Error for KitError {}
 
 /// The kit's result type.
 pub type KitResult<T> = Result<T, KitError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_binary_names_the_package_to_install() {
+        let err = KitError::missing("redis-server", "redis-server");
+        assert_eq!(err.kind(), KitErrorKind::MissingBinary);
+        assert_eq!(
+            err.to_string(),
+            "redis-server not found: install it with `apt-get install redis-server` or run scripts/install-deps"
+        );
+    }
+
+    #[test]
+    fn binary_lookup_fails_with_the_package_name() {
+        let err = crate::kit::process::find_binary("dlock-kit-no-such-binary", "dlock-pkg")
+            .expect_err("no such binary");
+        assert_eq!(err.kind(), KitErrorKind::MissingBinary);
+        assert!(
+            err.to_string().contains("apt-get install dlock-pkg"),
+            "{err}"
+        );
+    }
+}

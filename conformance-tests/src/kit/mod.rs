@@ -48,9 +48,10 @@ use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 /// A free TCP port on 127.0.0.1.
 ///
 /// Ports come from below the kernel's ephemeral range (so an outgoing connection cannot take a
-/// killed server's port before its restart), are never handed out twice in one process, and
-/// were bindable a moment ago. Another process may still take one first: servers retry on
-/// another port when a first start fails.
+/// killed server's port before its restart), are never handed out twice in one process, are
+/// reserved against other test processes using the kit (a byte-range lock the kernel drops
+/// when this process exits), and were bindable a moment ago. A program outside the kit may
+/// still take one first: servers retry on another port when a first start fails.
 pub fn free_port() -> u16 {
     static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
     let (low, _) = ephemeral_range();
@@ -61,6 +62,10 @@ pub fn free_port() -> u16 {
     for _ in 0..10_000 {
         let port = rand::random_range(lo..=hi);
         if handed.contains(&port) {
+            continue;
+        }
+        // A port reserved here stays reserved even when the bind check fails: harmless.
+        if !process::reserve_port(port) {
             continue;
         }
         if TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok() {

@@ -446,6 +446,55 @@ where
 }
 
 // ---------------------------------------------------------------------------------------------
+// Port reservations shared by every test process on the machine.
+
+/// The one lock file whose byte N stands for port N; opened once and never closed, so this
+/// process's locks live exactly as long as the process.
+fn port_lock_file() -> Option<&'static fs::File> {
+    static FILE: OnceLock<Option<fs::File>> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = std::env::temp_dir().join("dlock-kit-ports.lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .ok()?;
+        // Shared by every user's test processes, like /tmp itself.
+        let _ = fs::set_permissions(&path, fs::Permissions::from_mode(0o666));
+        Some(file)
+    })
+    .as_ref()
+}
+
+/// Reserves `port` against other test processes using the kit (two test binaries at once, or
+/// another process picking a killed server's port before its restart): an open-file-description
+/// lock on byte `port` of one shared lock file, released by the kernel when this process exits,
+/// however it exits. False when another live process holds it. When the lock file is unusable
+/// it reserves nothing and says true: the bind check and start-up retries still apply.
+pub(crate) fn reserve_port(port: u16) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let Some(file) = port_lock_file() else {
+        return true;
+    };
+    // SAFETY: `flock` is a plain C struct for which all-zero bytes is a valid value.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = libc::F_WRLCK as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = libc::off_t::from(port);
+    lock.l_len = 1;
+    // SAFETY: fcntl on a descriptor that stays open for the whole process, with a pointer to
+    // an initialised `flock` that outlives the call.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
+    if rc == 0 {
+        return true;
+    }
+    let errno = io::Error::last_os_error().raw_os_error();
+    !matches!(errno, Some(libc::EAGAIN | libc::EACCES))
+}
+
+// ---------------------------------------------------------------------------------------------
 // Temp dirs.
 
 /// A temp dir registered for removal at exit (for shared servers that are never dropped).
@@ -595,4 +644,42 @@ pub(crate) fn system_user(name: &str) -> Option<(u32, u32)> {
         let _password = f.next()?;
         Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd as _;
+
+    #[test]
+    fn a_handed_out_port_is_locked_against_other_processes() {
+        let port = crate::kit::free_port();
+        // Another open file description stands for another process: OFD locks conflict.
+        let other = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(std::env::temp_dir().join("dlock-kit-ports.lock"))
+            .expect("the lock file exists");
+        // SAFETY: all-zero bytes is a valid `flock`.
+        let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+        lock.l_type = libc::F_WRLCK as libc::c_short;
+        lock.l_whence = libc::SEEK_SET as libc::c_short;
+        lock.l_start = libc::off_t::from(port);
+        lock.l_len = 1;
+        // SAFETY: fcntl on an open descriptor with a pointer to a live `flock`.
+        let rc = unsafe { libc::fcntl(other.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
+        assert_eq!(rc, -1, "port {port} must already be locked");
+        // Beyond 65535 no port maps, so nobody holds that byte.
+        lock.l_start = libc::off_t::from(port) + 70_000;
+        // SAFETY: as above.
+        let rc = unsafe { libc::fcntl(other.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
+        assert_eq!(rc, 0, "a byte beyond every port is free");
+    }
+
+    #[test]
+    fn process_tree_lists_the_root_first() {
+        let tree = process_tree(std::process::id());
+        assert_eq!(tree.first(), Some(&std::process::id()));
+        assert!(is_alive(std::process::id()));
+    }
 }

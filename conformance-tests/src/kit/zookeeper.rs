@@ -376,6 +376,20 @@ impl ZkEnsemble {
                 "an ensemble needs at least one node",
             ));
         }
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            match Self::start_once(n).await {
+                // A port taken between free_port() and the node's bind: try other ports.
+                Err(e) if e.kind() == KitErrorKind::ServerExited && attempt < ATTEMPTS => {
+                    tracing::warn!("dlock kit: ensemble start failed, trying other ports: {e}");
+                }
+                result => return result,
+            }
+        }
+        unreachable!("the last attempt always returns")
+    }
+
+    async fn start_once(n: usize) -> KitResult<ZkEnsemble> {
         let members: Vec<Member> = (0..n)
             .map(|_| Member {
                 client: free_port(),
@@ -431,10 +445,11 @@ impl ZkEnsemble {
         self.nodes.is_empty()
     }
 
-    /// The index of the node whose `srvr` says `leader`, if one does now.
+    /// The index of the node whose `srvr` says `leader` (or `standalone` in an ensemble of
+    /// one), if one does now.
     pub async fn leader(&self) -> Option<usize> {
         for (i, node) in self.nodes.iter().enumerate() {
-            if node.mode().await.as_deref() == Some("leader") {
+            if matches!(node.mode().await.as_deref(), Some("leader" | "standalone")) {
                 return Some(i);
             }
         }
@@ -471,11 +486,12 @@ impl ZkEnsemble {
                     ));
                 }
                 match node.mode().await.as_deref() {
-                    Some("leader") => {
+                    // An ensemble of one runs standalone: its own leader.
+                    Some("leader" | "standalone") => {
                         leaders.push(i);
                         serving += 1;
                     }
-                    Some("follower" | "standalone") => serving += 1,
+                    Some("follower") => serving += 1,
                     _ => {}
                 }
             }
