@@ -19,6 +19,25 @@
 //! (or a config of its own) so no system config file is read.
 //!
 //! [`Proxy`] is a TCP proxy for one link that injects [`Fault`]s into live connections.
+//!
+//! ```no_run
+//! # async fn demo() -> conformance_tests::kit::KitResult<()> {
+//! use conformance_tests::kit::{Fault, Postgres, Proxy, Redis};
+//!
+//! // Many tests share one PostgreSQL; each takes a database of its own.
+//! let url = Postgres::shared().await?.fresh_database("my_case").await?;
+//!
+//! // A fault test starts a private server, puts a proxy in front and breaks things.
+//! let redis = Redis::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).await?;
+//! let proxy = Proxy::start(redis.addr()).await?; // the client connects to proxy.addr()
+//! proxy.set(Fault::BlackholeReplies); // requests arrive, replies vanish
+//! proxy.set(Fault::PassThrough);
+//! redis.kill9();
+//! redis.restart().await?; // same port, same AOF
+//! # let _ = url;
+//! # Ok(())
+//! # }
+//! ```
 
 mod error;
 mod mariadb;

@@ -87,6 +87,7 @@ fn reap_everything() {
     drop(reg);
     let mut trees = Vec::new();
     for &pid in &pids {
+        send_signal(pid, libc::SIGSTOP);
         let tree = process_tree(pid);
         for &p in &tree {
             send_signal(p, libc::SIGKILL);
@@ -304,6 +305,10 @@ impl Proc {
     /// Sends `sig` to the server and every process it started (SIGSTOP/SIGCONT/SIGKILL).
     pub(crate) fn signal_tree(&self, sig: libc::c_int) {
         if let Some(pid) = self.pid() {
+            if sig == libc::SIGSTOP {
+                // A stopped root forks no new child between listing the tree and signalling it.
+                send_signal(pid, libc::SIGSTOP);
+            }
             for p in process_tree(pid) {
                 send_signal(p, sig);
             }
@@ -316,6 +321,8 @@ impl Proc {
         let Some(mut child) = self.child().take() else {
             return;
         };
+        // Stop the root first so that the tree cannot grow while it is listed and killed.
+        send_signal(child.id(), libc::SIGSTOP);
         let tree = process_tree(child.id());
         for &p in &tree {
             send_signal(p, libc::SIGKILL);
