@@ -71,7 +71,7 @@ impl Postgres {
             lifecycle: tokio::sync::Mutex::new(()),
             dir,
         };
-        let mut initdb = pg.as_postgres(&pg.bindir.join("initdb"), false);
+        let mut initdb = pg.as_postgres(&pg.bindir.join("initdb"));
         initdb
             .arg("-D")
             .arg(pg.data_dir())
@@ -205,15 +205,13 @@ impl Postgres {
         self.dir.path().join("data")
     }
 
-    fn as_postgres(&self, program: &Path, pdeathsig: bool) -> Command {
+    fn as_postgres(&self, program: &Path) -> Command {
         match &self.setpriv {
             Some(setpriv) => {
                 let mut cmd = Command::new(setpriv);
-                cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"]);
-                if pdeathsig {
+                cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
                     // Changing credentials clears the parent-death signal set in pre_exec.
-                    cmd.arg("--pdeathsig=SIGKILL");
-                }
+                    .arg("--pdeathsig=SIGKILL");
                 cmd.arg("--").arg(program);
                 cmd
             }
@@ -222,7 +220,7 @@ impl Postgres {
     }
 
     fn spawn_server(&self) -> KitResult<()> {
-        let mut cmd = self.as_postgres(&self.bindir.join("postgres"), true);
+        let mut cmd = self.as_postgres(&self.bindir.join("postgres"));
         cmd.arg("-D")
             .arg(self.data_dir())
             .arg("-k")

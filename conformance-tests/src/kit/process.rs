@@ -144,6 +144,13 @@ fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
 }
 
 fn spawn_with_pdeathsig(cmd: &mut Command) -> io::Result<Child> {
+    set_pdeathsig(cmd);
+    cmd.spawn()
+}
+
+/// Makes the child get SIGKILL when the thread that spawns it exits (for one-shot helpers,
+/// the thread awaiting them; for servers, the kit thread).
+fn set_pdeathsig(cmd: &mut Command) {
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: the closure runs in the forked child before exec. It only calls prctl and getppid,
     // which are async-signal-safe, and builds errors without allocating.
@@ -160,7 +167,6 @@ fn spawn_with_pdeathsig(cmd: &mut Command) -> io::Result<Child> {
             Ok(())
         });
     }
-    cmd.spawn()
 }
 
 /// Spawns `cmd` from the kit's long-lived thread with `PR_SET_PDEATHSIG(SIGKILL)`.
@@ -588,7 +594,9 @@ pub(crate) fn find_any_binary(names: &[&str], package: &str) -> KitResult<PathBu
 }
 
 /// Runs a one-shot helper to completion (bounded by [`COMMAND_TIMEOUT`]); stdout on success.
-pub(crate) async fn run_command(what: &str, cmd: Command) -> KitResult<String> {
+pub(crate) async fn run_command(what: &str, mut cmd: Command) -> KitResult<String> {
+    // Dies with the test process instead of finishing as an orphan.
+    set_pdeathsig(&mut cmd);
     let mut cmd = tokio::process::Command::from(cmd);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -625,7 +633,8 @@ pub(crate) async fn run_command(what: &str, cmd: Command) -> KitResult<String> {
 }
 
 /// Runs a quick probe command; true when it exits 0 within `timeout`.
-pub(crate) async fn probe_command(cmd: Command, timeout: Duration) -> bool {
+pub(crate) async fn probe_command(mut cmd: Command, timeout: Duration) -> bool {
+    set_pdeathsig(&mut cmd);
     let mut cmd = tokio::process::Command::from(cmd);
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
