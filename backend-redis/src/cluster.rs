@@ -3,24 +3,30 @@
 //! node of a cluster reaches the subscribers of every node).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
 
 use redis::aio::PubSub;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult};
+use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult, Value};
 
 use crate::single::timeout_error;
 
 /// The number of hash slots in a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
 
-/// A cluster connection plus the seed nodes for the subscriber.
+/// A master's address as the cluster announces it.
+pub(crate) type NodeAddr = (String, u16);
+
+/// A cluster connection, the seed nodes for the subscriber, and our own copy of the slot map
+/// (used only to group pipelined renewals by node; redis-rs routes everything else).
 pub(crate) struct Cluster {
     connection: ClusterConnection,
     nodes: Vec<ConnectionInfo>,
     next_node: AtomicUsize,
     timeout: Duration,
+    slots: RwLock<Vec<(u16, u16, NodeAddr)>>,
 }
 
 impl Cluster {
@@ -39,12 +45,70 @@ impl Cluster {
                 Ok(r) => r?,
                 Err(_) => return Err(timeout_error("connecting to the cluster", timeout * 2)),
             };
-        Ok(Cluster {
+        let cluster = Cluster {
             connection,
             nodes,
             next_node: AtomicUsize::new(0),
             timeout,
-        })
+            slots: RwLock::new(Vec::new()),
+        };
+        if let Err(e) = cluster.refresh_slots().await {
+            tracing::debug!(error = %e, "redis cluster: CLUSTER SLOTS failed at connect");
+        }
+        Ok(cluster)
+    }
+
+    /// Reloads the slot map with `CLUSTER SLOTS`.
+    pub(crate) async fn refresh_slots(&self) -> RedisResult<()> {
+        let reply: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut self.connection())
+            .await?;
+        let mut map = Vec::new();
+        if let Value::Array(ranges) = reply {
+            for range in ranges {
+                let Value::Array(items) = range else { continue };
+                let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(master))) =
+                    (items.first(), items.get(1), items.get(2))
+                else {
+                    continue;
+                };
+                let host = match master.first() {
+                    Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                    Some(Value::SimpleString(s)) => s.clone(),
+                    _ => continue,
+                };
+                let Some(Value::Int(port)) = master.get(1) else {
+                    continue;
+                };
+                if let (Ok(lo), Ok(hi), Ok(port)) =
+                    (u16::try_from(*lo), u16::try_from(*hi), u16::try_from(*port))
+                {
+                    map.push((lo, hi, (host, port)));
+                }
+            }
+        }
+        *self.slots.write().unwrap_or_else(PoisonError::into_inner) = map;
+        Ok(())
+    }
+
+    /// The master serving `slot` per our slot map, if known.
+    pub(crate) fn node_of(&self, slot: u16) -> Option<NodeAddr> {
+        self.slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+            .map(|(_, _, node)| node.clone())
+    }
+
+    /// Whether the slot map was loaded.
+    pub(crate) fn has_slots(&self) -> bool {
+        !self
+            .slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
     }
 
     /// A handle on the shared cluster connection (cheap to clone).

@@ -411,14 +411,14 @@ impl DistributedLock for RedisLock {
             .fetch_add(1, Ordering::Relaxed);
         let pipelines = match &inner.store {
             Store::Single(_) => u64::from(!calls.is_empty()),
-            Store::Cluster(_) => {
-                let mut slots: Vec<u16> = calls
+            Store::Cluster(c) => {
+                let mut nodes: Vec<Option<crate::cluster::NodeAddr>> = calls
                     .iter()
-                    .map(|c| crate::cluster::slot(c.first_key().as_bytes()))
+                    .map(|call| c.node_of(crate::cluster::slot(call.first_key().as_bytes())))
                     .collect();
-                slots.sort_unstable();
-                slots.dedup();
-                slots.len() as u64
+                nodes.sort_unstable();
+                nodes.dedup();
+                nodes.len() as u64
             }
         };
         inner

@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use futures_util::future::join_all;
 use lockcore::{Error, LockName};
 use redis::aio::{ConnectionLike, PubSub};
+use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use crate::BACKEND;
-use crate::cluster::{Cluster, slot};
+use crate::cluster::{Cluster, NodeAddr, slot};
 use crate::scripts::{Call, Lua};
 use crate::single::Single;
 
@@ -110,8 +111,8 @@ impl Store {
     }
 
     /// Runs many scripts with as few round trips as the deployment allows: one pipeline on a
-    /// single server; in a Cluster one pipeline per hash slot, all sent at once (redis-rs
-    /// writes them back to back on each node's connection).
+    /// single server; in a Cluster one pipeline per master (grouped by our slot map), all sent
+    /// at once.
     pub(crate) async fn eval_many(&self, calls: &[Call]) -> Vec<RedisResult<Value>> {
         if calls.is_empty() {
             return Vec::new();
@@ -129,34 +130,7 @@ impl Store {
                 }
                 results
             }
-            Store::Cluster(c) => {
-                let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-                for (i, call) in calls.iter().enumerate() {
-                    groups
-                        .entry(slot(call.first_key().as_bytes()))
-                        .or_default()
-                        .push(i);
-                }
-                let runs = groups.values().map(|indices| {
-                    let mut con = c.connection();
-                    let group: Vec<&Call> = indices.iter().map(|&i| &calls[i]).collect();
-                    async move { pipeline_on(&mut con, &group).await }
-                });
-                let outcomes = join_all(runs).await;
-                let mut results: Vec<Option<RedisResult<Value>>> =
-                    calls.iter().map(|_| None).collect();
-                for (indices, outcome) in groups.values().zip(outcomes) {
-                    for (&i, r) in indices.iter().zip(outcome) {
-                        results[i] = Some(r);
-                    }
-                }
-                results
-                    .into_iter()
-                    .map(|r| {
-                        r.unwrap_or_else(|| Err(RedisError::from((ErrorKind::Client, "no reply"))))
-                    })
-                    .collect()
-            }
+            Store::Cluster(c) => cluster_many(c, calls).await,
         }
     }
 
@@ -219,4 +193,72 @@ pub(crate) fn protocol_error(
     what: String,
 ) -> Error {
     Error::backend(BACKEND, operation, name, false, what)
+}
+
+/// A Cluster batch: one pipeline per master, sent concurrently. A call that fails inside its
+/// node's pipeline (a slot that moved, a script the node does not know, a node that failed) is
+/// sent again on its own through the redirect-aware cluster connection, after a slot map refresh.
+async fn cluster_many(c: &Cluster, calls: &[Call]) -> Vec<RedisResult<Value>> {
+    if !c.has_slots()
+        && let Err(e) = c.refresh_slots().await
+    {
+        tracing::debug!(error = %e, "redis cluster: CLUSTER SLOTS failed; renewing call by call");
+    }
+    let mut groups: BTreeMap<Option<NodeAddr>, Vec<usize>> = BTreeMap::new();
+    for (i, call) in calls.iter().enumerate() {
+        groups
+            .entry(c.node_of(slot(call.first_key().as_bytes())))
+            .or_default()
+            .push(i);
+    }
+    let runs = groups.iter().map(|(node, indices)| async move {
+        let Some((host, port)) = node.clone() else {
+            return indices.iter().map(|_| None).collect::<Vec<_>>();
+        };
+        let mut pipe = redis::pipe();
+        for &i in indices {
+            pipe.add_command(calls[i].evalsha());
+        }
+        match c
+            .connection()
+            .route_pipeline(
+                pipe,
+                0,
+                indices.len(),
+                SingleNodeRoutingInfo::ByAddress { host, port },
+            )
+            .await
+        {
+            Ok(values) if values.len() == indices.len() => {
+                values.into_iter().map(|v| v.extract_error().ok()).collect()
+            }
+            _ => indices.iter().map(|_| None).collect(),
+        }
+    });
+    let outcomes = join_all(runs).await;
+    let mut results: Vec<Option<RedisResult<Value>>> = calls.iter().map(|_| None).collect();
+    for (indices, outcome) in groups.values().zip(outcomes) {
+        for (&i, r) in indices.iter().zip(outcome) {
+            results[i] = r.map(Ok);
+        }
+    }
+    let retry: Vec<usize> = (0..calls.len()).filter(|&i| results[i].is_none()).collect();
+    if !retry.is_empty() {
+        if let Err(e) = c.refresh_slots().await {
+            tracing::debug!(error = %e, "redis cluster: slot map refresh failed");
+        }
+        let again = join_all(
+            retry
+                .iter()
+                .map(|&i| async move { eval_on(&mut c.connection(), &calls[i]).await }),
+        )
+        .await;
+        for (i, r) in retry.into_iter().zip(again) {
+            results[i] = Some(r);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(RedisError::from((ErrorKind::Client, "no reply")))))
+        .collect()
 }

@@ -1,0 +1,469 @@
+//! Redis-specific tests against kit servers: TLS, ACL users, bad input, credentials never
+//! printed, the key layout, queue liveness, script reloading, pipelined renewals, inspect.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_redis::{RedisConfig, RedisLock};
+use conformance_tests::kit::{Redis, RedisCluster, RedisReply, RedisTls};
+use lockcore::{
+    AcquireOptions, DistributedLock, Error, Fencing, KeepAlive, LockExt, LockName, Released, Wait,
+};
+
+const SEC: Duration = Duration::from_secs(1);
+const PASSWORD: &str = "s3cr3t-Pa55";
+
+async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: did not finish within {limit:?}"),
+    }
+}
+
+fn unique(label: &str) -> String {
+    format!("redis-tests/{label}/{:08x}", rand::random::<u32>())
+}
+
+fn opts(ttl: Duration) -> AcquireOptions {
+    AcquireOptions::new()
+        .ttl(ttl)
+        .keep_alive(KeepAlive::Off)
+        .wait(Wait::For(30 * SEC))
+}
+
+async fn shared() -> &'static Redis {
+    Redis::shared().await.expect("kit redis")
+}
+
+async fn ok(redis: &Redis, args: &[&str]) {
+    if let RedisReply::Error(e) = redis.command(args).await.expect("redis command") {
+        panic!("{args:?}: {e}");
+    }
+}
+
+async fn basic_round(c: &Arc<dyn DistributedLock>, label: &str) {
+    let name = unique(label);
+    let g = c.lock(&name, &opts(10 * SEC)).await.expect("acquire");
+    assert!(
+        c.try_lock(&name, &opts(10 * SEC))
+            .await
+            .expect("try")
+            .is_none()
+    );
+    assert_eq!(g.release().await.expect("release"), Released::Released);
+}
+
+fn assert_no_secret(text: &str) {
+    assert!(!text.contains(PASSWORD), "the password leaked: {text}");
+}
+
+/// A `rediss://` client trusting the kit's CA acquires and releases; the same works for an ACL
+/// user with a password over TLS; without the CA the handshake is refused clearly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_the_test_ca() {
+    let server = RedisTls::start().await.expect("kit redis with TLS");
+    let ca = server.ca_cert();
+    let url = format!("{}?ca={}", server.tls_url(), ca.display());
+    let c = backend_redis::connect(&url).await.expect("TLS client");
+    basic_round(&c, "tls").await;
+
+    ok(
+        server.redis(),
+        &[
+            "ACL",
+            "SETUSER",
+            "tlsuser",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
+        ],
+    )
+    .await;
+    let url = format!(
+        "rediss://tlsuser:{PASSWORD}@127.0.0.1:{}?ca={}",
+        server.tls_port(),
+        ca.display()
+    );
+    let c = backend_redis::connect(&url)
+        .await
+        .expect("TLS client with an ACL user");
+    basic_round(&c, "tls-acl").await;
+    assert_no_secret(&format!("{c:?}"));
+
+    // Without the kit's CA the server's certificate is not trusted.
+    let err = backend_redis::connect(&format!(
+        "rediss://tlsuser:{PASSWORD}@127.0.0.1:{}",
+        server.tls_port()
+    ))
+    .await
+    .expect_err("an untrusted certificate must be refused");
+    assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+    assert_no_secret(&format!("{err} {err:?}"));
+
+    let err = backend_redis::connect(&format!("{}?ca=/nonexistent/ca.pem", server.tls_url()))
+        .await
+        .expect_err("a missing CA file");
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err:?}");
+    assert!(err.to_string().contains("CA file"), "{err}");
+}
+
+/// An ACL user with a password works; a wrong password, an unknown user and a password-less
+/// connection to a protected user fail with a clear, non-retryable error that never shows the
+/// password (in `Display` or `Debug`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_users_and_wrong_passwords() {
+    let redis = Redis::start().await.expect("kit redis");
+    ok(
+        &redis,
+        &[
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
+        ],
+    )
+    .await;
+    let port = redis.port();
+    let c = backend_redis::connect(&format!("redis://app:{PASSWORD}@127.0.0.1:{port}"))
+        .await
+        .expect("ACL user");
+    basic_round(&c, "acl").await;
+    assert_no_secret(&format!("{c:?}"));
+
+    // A user restricted to other keys cannot take locks: a clear error, not a hang.
+    ok(
+        &redis,
+        &[
+            "ACL",
+            "SETUSER",
+            "narrow",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~other:*",
+            "&*",
+            "+@all",
+        ],
+    )
+    .await;
+    let narrow = backend_redis::connect(&format!("redis://narrow:{PASSWORD}@127.0.0.1:{port}"))
+        .await
+        .expect("narrow user connects");
+    let err = narrow
+        .lock(&unique("narrow"), &opts(10 * SEC))
+        .await
+        .expect_err("no permission on the lock keys");
+    assert!(
+        !err.is_retryable(),
+        "a permission error is not retryable: {err}"
+    );
+    assert!(
+        err.to_string().contains("NOPERM") || err.to_string().to_lowercase().contains("permission"),
+        "{err}"
+    );
+
+    for url in [
+        format!("redis://app:wrong-{PASSWORD}@127.0.0.1:{port}"),
+        format!("redis://nobody:{PASSWORD}@127.0.0.1:{port}"),
+    ] {
+        let err = backend_redis::connect(&url)
+            .await
+            .expect_err("bad credentials");
+        let text = format!("{err} | {err:?}");
+        assert!(
+            matches!(
+                err,
+                Error::Backend {
+                    retryable: false,
+                    ..
+                }
+            ),
+            "{text}"
+        );
+        assert!(text.contains("cannot connect to redis://"), "{text}");
+        assert!(text.contains(":***@"), "the URL is shown redacted: {text}");
+        assert!(
+            text.to_lowercase().contains("auth") || text.contains("WRONGPASS"),
+            "the message says authentication failed: {text}"
+        );
+        assert_no_secret(&text);
+    }
+}
+
+/// Unreachable hosts, URLs without a host and unknown options fail with clear errors of the
+/// right kind (no timing assertions: the connect timeout only bounds how long it may take).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_fails_clearly() {
+    // Nothing listens on a port the kit handed out and never used.
+    let port = conformance_tests::kit::free_port();
+    let err = backend_redis::connect(&format!("redis://u:{PASSWORD}@127.0.0.1:{port}?timeout=2s"))
+        .await
+        .expect_err("unreachable");
+    let text = format!("{err} | {err:?}");
+    assert!(
+        matches!(
+            err,
+            Error::Backend {
+                retryable: true,
+                ..
+            }
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("127.0.0.1:{port}")),
+        "names the address: {text}"
+    );
+    assert_no_secret(&text);
+
+    let cluster_err =
+        backend_redis::connect(&format!("redis+cluster://127.0.0.1:{port}?timeout=2s"))
+            .await
+            .expect_err("unreachable cluster");
+    assert!(
+        matches!(cluster_err, Error::Backend { .. }),
+        "{cluster_err:?}"
+    );
+
+    for (url, needle) in [
+        (format!("redis://:{PASSWORD}@"), "no host"),
+        ("redis://".to_owned(), "no host"),
+        ("redis+cluster://".to_owned(), "no host"),
+        (
+            "redis://127.0.0.1:6379?colour=blue".to_owned(),
+            "unknown option `colour`",
+        ),
+        ("redis://127.0.0.1:notaport".to_owned(), "not a TCP port"),
+    ] {
+        let err = backend_redis::connect(&url).await.expect_err("bad URL");
+        let text = format!("{err} | {err:?}");
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{url}: {text}");
+        assert!(text.contains(needle), "{url}: {text}");
+        assert_no_secret(&text);
+    }
+    assert!(matches!(
+        backend_redis::connect("tair://127.0.0.1:1").await,
+        Err(Error::UnsupportedScheme { .. })
+    ));
+    let cfg = RedisConfig::parse(&format!("redis://u:{PASSWORD}@h:1")).unwrap();
+    assert_no_secret(&format!("{cfg:?}"));
+    assert_no_secret(cfg.redacted_url());
+}
+
+/// The keys of one lock share a hash tag and the fence counter survives release and expiry;
+/// the holder value names owner and token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_layout_and_fence_key() {
+    let redis = shared().await;
+    let c = backend_redis::connect(&format!("{}?prefix=layout", redis.url()))
+        .await
+        .expect("client");
+    let name = unique("layout");
+    let esc = LockName::new(&name).unwrap().escaped();
+    let g = c.lock(&name, &opts(10 * SEC)).await.expect("acquire");
+    let lock_key = format!("{{layout:{esc}}}:lock");
+    let fence_key = format!("{{layout:{esc}}}:fence");
+    let value = redis.command(&["GET", &lock_key]).await.unwrap().as_text();
+    assert_eq!(
+        value,
+        Some(format!("{}:{}", g.lease().owner(), g.fencing_token()))
+    );
+    g.release().await.expect("release");
+    assert_eq!(
+        redis.command(&["GET", &fence_key]).await.unwrap().as_text(),
+        Some("1".to_owned()),
+        "the fence counter stays after release"
+    );
+    assert_eq!(
+        redis.command(&["EXISTS", &lock_key]).await.unwrap(),
+        RedisReply::Integer(0)
+    );
+}
+
+/// A waiter that stops re-checking (a crashed client) is dropped from the queue once its
+/// liveness runs out, so the live waiter behind it gets the lock; `try_lock` does not jump a
+/// queue with a live waiter; `inspect` counts live waiters only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_waiter_does_not_block_the_queue() {
+    let redis = shared().await;
+    let (a, b, c) = (
+        backend_redis::connect(&redis.url()).await.unwrap(),
+        backend_redis::connect(&redis.url()).await.unwrap(),
+        backend_redis::connect(&redis.url()).await.unwrap(),
+    );
+    let name = unique("dead-waiter");
+    let esc = LockName::new(&name).unwrap().escaped();
+    let ga = a.lock(&name, &opts(30 * SEC)).await.expect("a holds");
+    // A crashed waiter: queued first, alive for one more second, never re-checks.
+    let (queue, alive) = (
+        format!("{{dlock:{esc}}}:queue"),
+        format!("{{dlock:{esc}}}:alive"),
+    );
+    let time = redis.command(&["TIME"]).await.unwrap();
+    let now_ms = match time {
+        RedisReply::Array(Some(items)) => {
+            let s: u64 = items[0].as_text().unwrap().parse().unwrap();
+            let us: u64 = items[1].as_text().unwrap().parse().unwrap();
+            s * 1000 + us / 1000
+        }
+        other => panic!("TIME: {other:?}"),
+    };
+    let ghost = "0".repeat(32);
+    ok(redis, &["ZADD", &queue, "0", &ghost]).await;
+    ok(
+        redis,
+        &["ZADD", &alive, &(now_ms + 1000).to_string(), &ghost],
+    )
+    .await;
+
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move {
+            b.lock(&name, &opts(30 * SEC).wait(Wait::For(60 * SEC)))
+                .await
+        })
+    };
+    let lock_name = LockName::new(&name).unwrap();
+    within(30 * SEC, "b queued", async {
+        while c.inspect(&lock_name).await.unwrap().and_then(|i| i.waiters) != Some(2) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    ga.release().await.expect("release");
+    assert!(
+        c.try_lock(&name, &opts(10 * SEC)).await.unwrap().is_none(),
+        "try_lock jumped a queue with live waiters"
+    );
+    let gb = within(60 * SEC, "b gets the lock past the dead waiter", waiter)
+        .await
+        .expect("task")
+        .expect("b acquires");
+    let info = c.inspect(&lock_name).await.unwrap().unwrap();
+    assert_eq!(info.waiters, Some(0));
+    assert_eq!(info.holder, Some(gb.lease().owner().to_string()));
+    assert_eq!(
+        redis.command(&["ZSCORE", &queue, &ghost]).await.unwrap(),
+        RedisReply::Bulk(None),
+        "the dead waiter was pruned"
+    );
+    gb.release().await.expect("release");
+}
+
+/// After `SCRIPT FLUSH` (as after a restart) every operation reloads its script and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_reload_after_flush() {
+    let redis = Redis::start().await.expect("kit redis");
+    let c = backend_redis::connect(&redis.url()).await.unwrap();
+    basic_round(&c, "before-flush").await;
+    let name = unique("flush");
+    let g = c
+        .lock(&name, &opts(2 * SEC).keep_alive(KeepAlive::renew()))
+        .await
+        .unwrap();
+    ok(&redis, &["SCRIPT", "FLUSH"]).await;
+    // Keep-alive (a pipeline of EVALSHAs) must survive NOSCRIPT too.
+    tokio::time::sleep(2 * SEC).await;
+    assert!(g.is_held(), "keep-alive failed after SCRIPT FLUSH");
+    ok(&redis, &["SCRIPT", "FLUSH"]).await;
+    assert_eq!(g.release().await.unwrap(), Released::Released);
+    ok(&redis, &["SCRIPT", "FLUSH"]).await;
+    basic_round(&c, "after-flush").await;
+    let info = c.inspect(&LockName::new(&name).unwrap()).await.unwrap();
+    assert!(info.is_some_and(|i| !i.is_held()));
+}
+
+/// Many leases with keep-alive on one client are renewed in pipelines, not one round trip per
+/// lease: the client's counters show far fewer pipelines than renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_are_pipelined() {
+    for url in [
+        shared().await.url(),
+        RedisCluster::shared().await.expect("kit cluster").url(),
+    ] {
+        let config = RedisConfig::parse(&url).unwrap();
+        let lock = Arc::new(RedisLock::connect(&config).await.expect("client"));
+        let c: Arc<dyn DistributedLock> = lock.clone();
+        let opts = AcquireOptions::new()
+            .ttl(900 * Duration::from_millis(1))
+            .keep_alive(KeepAlive::renew())
+            .wait(Wait::No);
+        let base = unique("pipelined");
+        let mut guards = Vec::new();
+        for i in 0..200 {
+            guards.push(
+                c.lock(&format!("{base}/{i}"), &opts)
+                    .await
+                    .expect("acquire"),
+            );
+        }
+        tokio::time::sleep(2 * SEC).await;
+        for g in &guards {
+            assert!(g.is_held(), "{url}: keep-alive let a lease go");
+        }
+        let stats = lock.stats();
+        eprintln!("{url}: {stats:?}");
+        assert!(stats.renewals >= 200, "{url}: {stats:?}");
+        assert_eq!(stats.renewals_lost, 0, "{url}: {stats:?}");
+        assert!(
+            stats.renewal_batches * 20 <= stats.renewals,
+            "{url}: renewals were not batched: {stats:?}"
+        );
+        if !url.starts_with("redis+cluster") {
+            assert!(
+                stats.renewal_pipelines * 20 <= stats.renewals,
+                "{url}: {stats:?}"
+            );
+        }
+        for g in guards {
+            g.release().await.expect("release");
+        }
+    }
+}
+
+/// `inspect` reports holder, token, remaining time and live waiters; capabilities are as
+/// documented for a server without persistence and for a Cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_and_capabilities() {
+    let redis = shared().await;
+    let c = backend_redis::connect(&redis.url()).await.unwrap();
+    let caps = c.capabilities();
+    assert_eq!(caps.backend, "redis");
+    assert!(matches!(caps.fencing, Fencing::Conditional { .. }));
+    assert_eq!(caps.fairness, lockcore::Fairness::Fifo);
+    assert_eq!(caps.waiting, lockcore::WaitMechanism::PubSub);
+    assert_eq!(caps.expiry, lockcore::Expiry::Ttl);
+    let cluster = backend_redis::connect(&RedisCluster::shared().await.unwrap().url())
+        .await
+        .unwrap();
+    assert!(matches!(
+        cluster.capabilities().fencing,
+        Fencing::Conditional { assumption } if assumption.contains("failover")
+    ));
+
+    let name = unique("inspect");
+    let lock_name = LockName::new(&name).unwrap();
+    assert_eq!(c.inspect(&lock_name).await.unwrap(), None, "never seen");
+    let g = c.lock(&name, &opts(20 * SEC)).await.unwrap();
+    let info = c.inspect(&lock_name).await.unwrap().expect("seen");
+    assert_eq!(info.holder, Some(g.lease().owner().to_string()));
+    assert_eq!(info.token, Some(g.fencing_token()));
+    let left = info.remaining.expect("remaining");
+    assert!(left > 10 * SEC && left <= 20 * SEC, "{left:?}");
+    assert_eq!(info.waiters, Some(0));
+    let token = g.fencing_token();
+    g.release().await.unwrap();
+    let info = c.inspect(&lock_name).await.unwrap().expect("seen");
+    assert!(!info.is_held());
+    assert_eq!(info.remaining, None);
+    assert_eq!(
+        info.token,
+        Some(token),
+        "a free lock reports its last token"
+    );
+}
