@@ -120,19 +120,19 @@ impl RedisConfig {
                 available: crate::SCHEMES.to_vec(),
             });
         }
-        if rest.contains('#') {
+        let (userinfo, after) = match userinfo_end(rest) {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        if after.contains('#') {
             return Err(invalid(format!(
                 "`{redacted}`: URL fragments (#...) are not supported"
             )));
         }
-        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = match before_query.find('/') {
+        let (before_query, query) = after.split_once('?').unwrap_or((after, ""));
+        let (hosts, path) = match before_query.find('/') {
             Some(i) => (&before_query[..i], &before_query[i..]),
             None => (before_query, ""),
-        };
-        let (userinfo, hosts) = match authority.rfind('@') {
-            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-            None => (None, authority),
         };
         let (username, password) = match userinfo {
             None => (None, None),
@@ -322,25 +322,44 @@ fn percent_decode(text: &str) -> std::result::Result<String, String> {
 /// replaced by `***`. Works on malformed URLs too, so errors can quote them safely.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        // No authority to find: hide everything after a possible `:...@`.
-        return match url.rfind('@') {
-            Some(_) => "***".to_owned(),
-            None => url.to_owned(),
+        // No authority to find: hide everything if it might hold credentials.
+        return if url.contains('@') {
+            "***".to_owned()
+        } else {
+            url.to_owned()
         };
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rfind('@') {
+    match userinfo_end(rest) {
         Some(at) => {
-            let userinfo = &authority[..at];
-            let hosts = &authority[at + 1..];
+            let userinfo = &rest[..at];
             let user = match userinfo.split_once(':') {
                 Some((u, _)) => format!("{u}:***"),
                 None => userinfo.to_owned(),
             };
-            format!("{scheme}://{user}@{hosts}{tail}")
+            format!("{scheme}://{user}{}", &rest[at..])
         }
         None => url.to_owned(),
+    }
+}
+
+/// Where the `user:password` part of `rest` (the URL after `://`) ends: the last `@` before the
+/// first `/`; or, when the text before that `/` looks like `user:pass` and has no `@`, the last
+/// `@` before the query (a password with an unencoded `/`). Passwords may contain `?`, `#` and
+/// `,` unencoded.
+fn userinfo_end(rest: &str) -> Option<usize> {
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match authority.rfind('@') {
+        Some(at) => Some(at),
+        None if authority.contains(':') => {
+            let query_start = rest[authority_end..]
+                .find('?')
+                .map_or(rest.len(), |i| authority_end + i);
+            rest[..query_start]
+                .rfind('@')
+                .filter(|&at| at > authority_end)
+        }
+        None => None,
     }
 }
 
@@ -449,5 +468,32 @@ mod tests {
         assert_eq!(redact_url("redis://:p@w@h:1"), "redis://:***@h:1");
         assert_eq!(redact_url("redis://h:1"), "redis://h:1");
         assert_eq!(redact_url("redis://u@h:1"), "redis://u@h:1");
+        assert_eq!(redact_url("redis://u:pa/ss@h/0"), "redis://u:***@h/0");
+        assert_eq!(
+            redact_url("redis://u:pa?ss@h/0?x=1"),
+            "redis://u:***@h/0?x=1"
+        );
+        assert_eq!(redact_url("redis://u:p#w@h"), "redis://u:***@h");
+    }
+
+    #[test]
+    fn passwords_with_special_characters() {
+        for (url, password) in [
+            ("redis://u:pa/ss@h:1/2", "pa/ss"),
+            ("redis://u:pa?ss@h:1/2?prefix=x", "pa?ss"),
+            ("redis://u:p#w@h:1", "p#w"),
+            ("redis://u:p@w@h:1", "p@w"),
+            ("redis+cluster://u:p,w@a:1,b:2", "p,w"),
+        ] {
+            let c = RedisConfig::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(
+                c.password.as_ref().map(Secret::expose),
+                Some(password),
+                "{url}"
+            );
+            assert!(!c.redacted_url().contains(password), "{url}");
+        }
+        let c = RedisConfig::parse("redis://u:pa/ss@h:1/2").unwrap();
+        assert_eq!(c.db, 2);
     }
 }
