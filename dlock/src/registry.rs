@@ -40,6 +40,11 @@ fn connect_sql(url: &str) -> Connecting<'_> {
     Box::pin(backend_sql::connect(url))
 }
 
+#[cfg(feature = "redis")]
+fn connect_redis(url: &str) -> Connecting<'_> {
+    Box::pin(backend_redis::connect(url))
+}
+
 /// Every backend compiled into this build. A new backend crate joins with one entry here (behind
 /// its cargo feature) and one feature line in `Cargo.toml`.
 static BACKENDS: &[Backend] = &[
@@ -53,6 +58,12 @@ static BACKENDS: &[Backend] = &[
         name: "sql",
         schemes: backend_sql::SCHEMES,
         connect: connect_sql,
+    },
+    #[cfg(feature = "redis")]
+    Backend {
+        name: "redis",
+        schemes: backend_redis::SCHEMES,
+        connect: connect_redis,
     },
 ];
 
