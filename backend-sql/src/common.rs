@@ -249,3 +249,48 @@ pub(crate) fn sql(text: String) -> sqlx::SqlStr {
     use sqlx::SqlSafeStr;
     sqlx::AssertSqlSafe(std::sync::Arc::<str>::from(text)).into_sql_str()
 }
+
+/// Splits an `extend_many` batch: leases whose ttl is out of range get their error now, the rest
+/// are returned (with their index) to be extended in one go.
+pub(crate) fn checked_batch(
+    leases: &[(lockcore::Lease, Duration)],
+) -> (Vec<Option<Result<lockcore::Lease>>>, Vec<usize>) {
+    let mut results = Vec::with_capacity(leases.len());
+    let mut todo = Vec::new();
+    for (i, (_, ttl)) in leases.iter().enumerate() {
+        match lockcore::check_ttl(*ttl) {
+            Ok(()) => {
+                results.push(None);
+                todo.push(i);
+            }
+            Err(e) => results.push(Some(Err(e))),
+        }
+    }
+    (results, todo)
+}
+
+/// Copies a batch-wide failure to every lease it concerned.
+pub(crate) fn batch_error(e: &Error, name: &LockName) -> Error {
+    match e {
+        Error::Backend {
+            backend,
+            operation,
+            retryable,
+            source,
+            ..
+        } => Error::backend(
+            backend,
+            operation,
+            Some(name),
+            *retryable,
+            source.to_string(),
+        ),
+        other => Error::backend(
+            "sql",
+            "extend",
+            Some(name),
+            other.is_retryable(),
+            other.to_string(),
+        ),
+    }
+}

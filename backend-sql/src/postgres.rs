@@ -17,7 +17,8 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::common::{
-    CancelCleanup, Class, Core, classify_transport, from_micros, micros, spawn_cleanup, sql, token,
+    CancelCleanup, Class, Core, batch_error, checked_batch, classify_transport, from_micros,
+    micros, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, Target};
 
@@ -33,6 +34,7 @@ struct Statements {
     release: SqlStr,
     release_owner: SqlStr,
     extend: SqlStr,
+    extend_many: SqlStr,
     inspect: SqlStr,
 }
 
@@ -77,6 +79,17 @@ impl Statements {
             extend: sql(format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + $4::bigint * interval '1 microsecond' \
                  WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp()"
+            )),
+            // $1 names, $2 owners, $3 fences, $4 ttls in µs (arrays): keep-alive's batch in one
+            // statement; returns the owners whose rows were extended.
+            extend_many: sql(format!(
+                "UPDATE {t} AS l \
+                 SET expires_at = clock_timestamp() + v.ttl_us * interval '1 microsecond' \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
+                 AS v(name, owner, fence, ttl_us) \
+                 WHERE l.name = v.name COLLATE \"C\" AND l.owner = v.owner AND l.fence = v.fence \
+                 AND l.expires_at > clock_timestamp() \
+                 RETURNING l.owner"
             )),
             // $1 name. Remaining time as the database's clock sees it.
             inspect: sql(format!(
@@ -183,8 +196,9 @@ async fn listen_loop(pool: PgPool, channel: String, waiters: Arc<Waiters>) {
             }
         };
         delay = Duration::from_millis(50);
+        // Waiters that arrived while we were not listening wait for this flag (they have not
+        // re-checked the row yet), so they need no extra wakeup.
         waiters.ready.send_replace(true);
-        waiters.wake_all();
         loop {
             match listener.try_recv().await {
                 Ok(Some(n)) => waiters.wake(n.payload()),
@@ -382,6 +396,9 @@ impl PostgresLock {
     /// Closes the pools (and the listener) gracefully. Dropping every clone does the same without
     /// waiting.
     ///
+    /// # Errors
+    /// None: closing is best-effort and cannot fail.
+    ///
     /// # Cancel safety
     /// Safe to drop; connections then close in the background.
     pub async fn close(&self) {
@@ -543,6 +560,60 @@ impl DistributedLock for PostgresLock {
         } else {
             Err(Error::lock_lost(BACKEND, lease.name(), "extend"))
         }
+    }
+
+    async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
+        let (mut results, todo) = checked_batch(leases);
+        if !todo.is_empty() {
+            let inner = &self.inner;
+            let started = Instant::now();
+            let names: Vec<&str> = todo.iter().map(|&i| leases[i].0.name().as_str()).collect();
+            let owners: Vec<String> = todo
+                .iter()
+                .map(|&i| leases[i].0.owner().to_string())
+                .collect();
+            let fences: Vec<i64> = todo
+                .iter()
+                .map(|&i| i64::try_from(leases[i].0.token().0).unwrap_or(i64::MAX))
+                .collect();
+            let ttls: Vec<i64> = todo.iter().map(|&i| micros(leases[i].1)).collect();
+            let done: Result<Vec<String>> = inner
+                .core
+                .run("extend", None, |mut c| {
+                    let q = sqlx::query_scalar(inner.sql.extend_many.clone())
+                        .bind(names.as_slice())
+                        .bind(owners.as_slice())
+                        .bind(fences.as_slice())
+                        .bind(ttls.as_slice());
+                    async move {
+                        let r = q.fetch_all(c.conn()).await;
+                        (c, r)
+                    }
+                })
+                .await;
+            match done {
+                Ok(done) => {
+                    let done: std::collections::HashSet<String> = done.into_iter().collect();
+                    for (&i, owner) in todo.iter().zip(&owners) {
+                        let (lease, ttl) = &leases[i];
+                        results[i] = Some(if done.contains(owner) {
+                            Ok(lease.renewed(started, *ttl))
+                        } else {
+                            Err(Error::lock_lost(BACKEND, lease.name(), "extend"))
+                        });
+                    }
+                }
+                Err(e) => {
+                    for &i in &todo {
+                        results[i] = Some(Err(batch_error(&e, leases[i].0.name())));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every lease has a result"))
+            .collect()
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

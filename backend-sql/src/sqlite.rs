@@ -17,7 +17,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePoolOptions};
 use sqlx::{Connection, SqlStr, Sqlite};
 
 use crate::common::{
-    CancelCleanup, Class, Core, classify_transport, from_micros, millis, spawn_cleanup, sql, token,
+    CancelCleanup, Class, Core, batch_error, checked_batch, classify_transport, from_micros,
+    millis, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, SqlitePath, Target};
 
@@ -298,6 +299,9 @@ impl SqliteLock {
 
     /// Closes the pool gracefully. Dropping every clone does the same without waiting.
     ///
+    /// # Errors
+    /// None: closing is best-effort and cannot fail.
+    ///
     /// # Cancel safety
     /// Safe to drop; connections then close in the background.
     pub async fn close(&self) {
@@ -418,6 +422,70 @@ impl DistributedLock for SqliteLock {
         } else {
             Err(Error::lock_lost(BACKEND, lease.name(), "extend"))
         }
+    }
+
+    async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
+        // One transaction on one connection: one commit (one log flush) for the whole batch.
+        let (mut results, todo) = checked_batch(leases);
+        if !todo.is_empty() {
+            let inner = &self.inner;
+            let started = Instant::now();
+            let owners: Vec<String> = todo
+                .iter()
+                .map(|&i| leases[i].0.owner().to_string())
+                .collect();
+            let done: Result<Vec<u64>> = inner
+                .core
+                .run("extend", None, |mut c| {
+                    let queries: Vec<_> = todo
+                        .iter()
+                        .zip(&owners)
+                        .map(|(&i, owner)| {
+                            let (lease, ttl) = &leases[i];
+                            sqlx::query(inner.sql.extend.clone())
+                                .bind(lease.name().as_str())
+                                .bind(owner.as_str())
+                                .bind(i64::try_from(lease.token().0).unwrap_or(i64::MAX))
+                                .bind(millis(*ttl))
+                        })
+                        .collect();
+                    async move {
+                        let r = async {
+                            let mut tx = sqlx::Connection::begin(c.conn()).await?;
+                            let mut out = Vec::with_capacity(queries.len());
+                            for q in queries {
+                                out.push(q.execute(&mut *tx).await?.rows_affected());
+                            }
+                            tx.commit().await?;
+                            Ok(out)
+                        }
+                        .await;
+                        (c, r)
+                    }
+                })
+                .await;
+            match done {
+                Ok(done) => {
+                    for (&i, n) in todo.iter().zip(done) {
+                        let (lease, ttl) = &leases[i];
+                        results[i] = Some(if n == 1 {
+                            Ok(lease.renewed(started, *ttl))
+                        } else {
+                            Err(Error::lock_lost(BACKEND, lease.name(), "extend"))
+                        });
+                    }
+                }
+                Err(e) => {
+                    for &i in &todo {
+                        results[i] = Some(Err(batch_error(&e, leases[i].0.name())));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every lease has a result"))
+            .collect()
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {

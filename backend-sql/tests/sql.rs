@@ -163,7 +163,77 @@ per_dialect!(
     inspect_reports_holder_token_and_remaining,
     raw_floor_runs_the_same_statements,
     concurrent_clients_never_see_busy_errors,
+    extend_many_reports_each_lease,
 );
+
+/// Keep-alive's batch: every lease gets its own outcome, in order, with the same owner checks
+/// as `extend`.
+async fn extend_many_reports_each_lease(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let c = client(&url).await;
+    let live = take(&c, &name("live"), Duration::from_secs(30))
+        .await
+        .unwrap();
+    let released = take(&c, &name("released"), Duration::from_secs(30))
+        .await
+        .unwrap();
+    c.release(&released).await.unwrap();
+    let expired = take(&c, &name("expired"), Duration::from_millis(100))
+        .await
+        .unwrap();
+    let forged = Lease::new(
+        name("live"),
+        OwnerId::random(),
+        live.token(),
+        Instant::now(),
+        Duration::from_secs(30),
+        Duration::ZERO,
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let minute = Duration::from_secs(60);
+    let out = c
+        .extend_many(&[
+            (live.clone(), minute),
+            (released.clone(), minute),
+            (expired.clone(), minute),
+            (live.clone(), Duration::from_millis(1)),
+            (forged, minute),
+        ])
+        .await;
+    assert_eq!(out.len(), 5);
+    let renewed = out[0].as_ref().expect("the live lease is extended");
+    assert_eq!(renewed.token(), live.token());
+    assert!(renewed.valid_until() > live.valid_until());
+    for (i, what) in [(1, "released"), (2, "expired"), (4, "forged")] {
+        assert!(
+            matches!(out[i], Err(Error::LockLost { .. })),
+            "{what}: {:?}",
+            out[i]
+        );
+    }
+    assert!(
+        matches!(out[3], Err(Error::InvalidArgument { .. })),
+        "{:?}",
+        out[3]
+    );
+    let left = c
+        .inspect(&name("live"))
+        .await
+        .unwrap()
+        .unwrap()
+        .remaining
+        .unwrap();
+    assert!(
+        left > Duration::from_secs(45),
+        "extended to a minute: {left:?}"
+    );
+    assert!(
+        take(&c, &name("expired"), Duration::from_secs(5))
+            .await
+            .is_some()
+    );
+    assert_eq!(c.extend_many(&[]).await.len(), 0);
+}
 
 /// Eight clients connecting at once to a database without the table all succeed, and they then
 /// share one table (one holds, the others see it held).
