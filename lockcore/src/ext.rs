@@ -35,8 +35,7 @@ pub async fn acquire(
     let span = tracing::debug_span!("dlock.acquire", backend = backend_name, lock = %name, wait = ?opts.wait_value());
     async {
         let started = Instant::now();
-        // Backstop: a store that stops answering must not stretch a bounded wait. Dropping the
-        // backend's future here is covered by its cancel-safety contract.
+        // Dropping the backend's future on a timeout is covered by its cancel-safety contract.
         let round_trip = backend.defaults().timeout;
         let lease = match opts.wait_value() {
             Wait::No => {
@@ -46,17 +45,12 @@ pub async fn acquire(
                 }
             }
             Wait::For(d) => {
-                match tokio::time::timeout(
-                    d + round_trip,
-                    backend.acquire_wait(name, &opts, Some(started + d)),
-                )
-                .await
-                {
-                    Ok(r) => r?,
-                    Err(_) => None,
-                }
+                wait_through_outages(backend.as_ref(), name, &opts, Some(started + d), round_trip)
+                    .await?
             }
-            Wait::Forever => backend.acquire_wait(name, &opts, None).await?,
+            Wait::Forever => {
+                wait_through_outages(backend.as_ref(), name, &opts, None, round_trip).await?
+            }
         };
         match lease {
             Some(lease) => {
@@ -82,6 +76,46 @@ pub async fn acquire(
     }
     .instrument(span)
     .await
+}
+
+/// A waiting acquire: retryable store errors (a restart, a dropped connection) are ridden out
+/// with backoff until the deadline; the last such error is returned if the deadline passes while
+/// the store is still failing. Non-retryable errors return at once.
+async fn wait_through_outages(
+    backend: &dyn DistributedLock,
+    name: &LockName,
+    opts: &AcquireOptions,
+    deadline: Option<Instant>,
+    round_trip: std::time::Duration,
+) -> Result<Option<crate::Lease>> {
+    let mut backoff = crate::wait::Backoff::new(
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_secs(2),
+    );
+    loop {
+        let attempt = backend.acquire_wait(name, opts, deadline);
+        let outcome = match deadline {
+            // Backstop: a store that stops answering must not stretch a bounded wait.
+            Some(d) => match tokio::time::timeout_at((d + round_trip).into(), attempt).await {
+                Ok(r) => r,
+                Err(_) => return Ok(None),
+            },
+            None => attempt.await,
+        };
+        match outcome {
+            Err(e) if e.is_retryable() => {
+                let now = Instant::now();
+                let pause = backoff.next_delay();
+                let until = deadline.map_or(now + pause, |d| d.min(now + pause));
+                if deadline.is_some_and(|d| until >= d) {
+                    return Err(e);
+                }
+                tracing::warn!(lock = %name, error = %e, retry_in_ms = pause.as_millis() as u64, "store error while waiting; retrying");
+                tokio::time::sleep_until(until.into()).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 fn no_answer(backend: &'static str, name: &LockName, timeout: std::time::Duration) -> Error {
@@ -114,9 +148,13 @@ pub trait LockExt {
     /// Dropping the future leaves no lock or queue entry behind beyond an immediate best-effort
     /// cleanup.
     ///
+    /// While waiting (`Wait::For`, `Wait::Forever`), retryable store errors such as a server
+    /// restart are ridden out with backoff (up to 2 s between tries) until the deadline.
+    ///
     /// # Errors
     /// [`Error::InvalidName`], [`Error::InvalidArgument`] before any I/O; [`Error::Timeout`] if
-    /// the wait policy ran out (including `Wait::No` on a held lock); store failures.
+    /// the wait policy ran out (including `Wait::No` on a held lock); a store failure that is not
+    /// retryable, or a retryable one still happening when the deadline passes.
     async fn lock(&self, name: &str, opts: &AcquireOptions) -> Result<LockGuard>;
 
     /// One attempt, whatever the wait policy says: `Ok(None)` if another owner holds it.

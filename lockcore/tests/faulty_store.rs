@@ -17,6 +17,27 @@ struct Faulty {
     fail_extend: AtomicBool,
     batches: AtomicUsize,
     renewed: AtomicUsize,
+    /// The next this many acquire attempts fail with a store error.
+    fail_acquires: AtomicUsize,
+    fail_retryable: AtomicBool,
+}
+
+impl Faulty {
+    fn injected_failure(&self, name: &LockName) -> Result<()> {
+        let left = self.fail_acquires.load(Ordering::SeqCst);
+        if left > 0 {
+            self.fail_acquires.store(left - 1, Ordering::SeqCst);
+            let retryable = self.fail_retryable.load(Ordering::SeqCst);
+            return Err(Error::backend(
+                "faulty",
+                "acquire",
+                Some(name),
+                retryable,
+                "server restarting",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Faulty {
@@ -29,6 +50,8 @@ impl Faulty {
             fail_extend: AtomicBool::new(false),
             batches: AtomicUsize::new(0),
             renewed: AtomicUsize::new(0),
+            fail_acquires: AtomicUsize::new(0),
+            fail_retryable: AtomicBool::new(true),
         })
     }
 }
@@ -45,6 +68,7 @@ impl DistributedLock for Faulty {
         if self.hang_acquire.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
+        self.injected_failure(name)?;
         self.inner.try_acquire(name, opts).await
     }
     async fn acquire_wait(
@@ -56,6 +80,7 @@ impl DistributedLock for Faulty {
         if self.hang_acquire.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
+        self.injected_failure(name)?;
         self.inner.acquire_wait(name, opts, d).await
     }
     async fn release(&self, lease: &Lease) -> Result<Released> {
@@ -224,4 +249,63 @@ async fn renewals_of_many_guards_are_batched_in_one_task() {
     for g in guards {
         assert_eq!(g.release().await.unwrap(), Released::Released);
     }
+}
+
+#[tokio::test]
+async fn waiting_acquire_rides_out_retryable_store_errors() {
+    let f = Faulty::new("outage");
+    let locks: Arc<dyn DistributedLock> = f.clone();
+    f.fail_acquires.store(3, Ordering::SeqCst);
+    let wait = AcquireOptions::new().wait(Wait::For(Duration::from_secs(20)));
+    let g = locks
+        .lock("x", &wait)
+        .await
+        .expect("three store errors within the wait are ridden out");
+    assert_eq!(f.fail_acquires.load(Ordering::SeqCst), 0);
+    g.release().await.unwrap();
+
+    // One attempt only: the error is the caller's.
+    f.fail_acquires.store(1, Ordering::SeqCst);
+    let once = locks.lock("x", &AcquireOptions::new().wait(Wait::No)).await;
+    assert!(
+        matches!(
+            once,
+            Err(Error::Backend {
+                retryable: true,
+                ..
+            })
+        ),
+        "got {once:?}"
+    );
+
+    // Not retryable: returned at once, even while waiting.
+    f.fail_retryable.store(false, Ordering::SeqCst);
+    f.fail_acquires.store(1, Ordering::SeqCst);
+    let fatal = locks.lock("x", &wait).await;
+    assert!(
+        matches!(
+            fatal,
+            Err(Error::Backend {
+                retryable: false,
+                ..
+            })
+        ),
+        "got {fatal:?}"
+    );
+
+    // Still failing when the deadline passes: the store error, not a bare Timeout.
+    f.fail_retryable.store(true, Ordering::SeqCst);
+    f.fail_acquires.store(usize::MAX, Ordering::SeqCst);
+    let short = AcquireOptions::new().wait(Wait::For(Duration::from_millis(300)));
+    let out = locks.lock("x", &short).await;
+    assert!(
+        matches!(
+            out,
+            Err(Error::Backend {
+                retryable: true,
+                ..
+            })
+        ),
+        "got {out:?}"
+    );
 }
