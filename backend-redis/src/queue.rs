@@ -140,7 +140,23 @@ impl Inner {
             owner,
             armed: true,
         };
-        let reply = self.attempt(name, &keys, owner, opts, "try").await?;
+        let fast = Call {
+            lua: &scripts::TRY_FAST,
+            keys: vec![keys.lock(), keys.fence(), keys.queue()],
+            args: vec![owner.to_string(), millis(opts.ttl_value()).to_string()],
+        };
+        let value = self
+            .store
+            .eval(&fast)
+            .await
+            .map_err(|e| backend_error("acquire", Some(name), e))?;
+        let reply = match scripts::parse_try_fast(&value, owner)
+            .map_err(|e| protocol_error("acquire", Some(name), e))?
+        {
+            Some(reply) => reply,
+            // Someone is queued: the full script prunes dead waiters and never jumps live ones.
+            None => self.attempt(name, &keys, owner, opts, "try").await?,
+        };
         guard.disarm();
         Ok(match reply {
             AcquireReply::Granted(token) => Some(Self::lease(name, owner, token, started, opts)),

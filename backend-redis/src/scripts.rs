@@ -3,6 +3,7 @@
 //! Every script runs atomically on the server that owns the lock's hash slot. The same scripts
 //! run unchanged on a single server and in a Cluster: all keys of one lock carry the hash tag
 //! `{<prefix>:<escaped name>}`, so they live in one slot, and the release channel carries it too.
+//! The shared helpers of `lua/common.lua` are pasted at each script's `--@common` line.
 
 use std::sync::LazyLock;
 
@@ -16,12 +17,10 @@ pub(crate) struct Lua {
 }
 
 impl Lua {
-    fn new(body: &str, with_common: bool) -> Self {
-        let code = if with_common {
-            format!("{}\n{}", include_str!("lua/common.lua"), body)
-        } else {
-            body.to_owned()
-        };
+    /// `body` with the shared helpers (`lua/common.lua`) inserted at its `--@common` line, so a
+    /// fast path above that line runs without defining them.
+    fn new(body: &str) -> Self {
+        let code = body.replacen("--@common", include_str!("lua/common.lua"), 1);
         let sha = redis::Script::new(&code).get_hash().to_owned();
         Lua { code, sha }
     }
@@ -29,22 +28,25 @@ impl Lua {
 
 /// `try` / `wait` acquire with fence INCR and the FIFO queue (`lua/acquire.lua`).
 pub(crate) static ACQUIRE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/acquire.lua"), true));
+    LazyLock::new(|| Lua::new(include_str!("lua/acquire.lua")));
+/// The fast path of a `try` acquire: free and nobody queued (`lua/try_fast.lua`).
+pub(crate) static TRY_FAST: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/try_fast.lua")));
 /// Compare-owner-then-delete plus wake-up of the head waiter (`lua/release.lua`).
 pub(crate) static RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/release.lua"), true));
+    LazyLock::new(|| Lua::new(include_str!("lua/release.lua")));
 /// Compare-owner-then-PEXPIRE (`lua/extend.lua`).
 pub(crate) static EXTEND: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/extend.lua"), false));
+    LazyLock::new(|| Lua::new(include_str!("lua/extend.lua")));
 /// Undo of an abandoned acquire (`lua/cancel.lua`).
 pub(crate) static CANCEL: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/cancel.lua"), true));
+    LazyLock::new(|| Lua::new(include_str!("lua/cancel.lua")));
 /// Read-only state for `inspect` (`lua/inspect.lua`).
 pub(crate) static INSPECT: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/inspect.lua"), true));
+    LazyLock::new(|| Lua::new(include_str!("lua/inspect.lua")));
 /// The bench floor's compare-and-delete (`lua/floor_delete.lua`).
 pub(crate) static FLOOR_DELETE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/floor_delete.lua"), false));
+    LazyLock::new(|| Lua::new(include_str!("lua/floor_delete.lua")));
 
 /// One script call: which script, its keys and arguments.
 pub(crate) struct Call {
@@ -149,6 +151,33 @@ pub(crate) fn parse_acquire(value: &Value, owner: OwnerId) -> Result<AcquireRepl
             rank: items.get(3).and_then(int).unwrap_or(-1),
         }),
         _ => Err(format!("unexpected acquire reply {value:?}")),
+    }
+}
+
+/// Decodes the fast try script's reply: `Some(reply)`, or `None` when someone is queued and
+/// the full script must decide.
+pub(crate) fn parse_try_fast(
+    value: &Value,
+    owner: OwnerId,
+) -> Result<Option<AcquireReply>, String> {
+    match value {
+        Value::Int(0) => Ok(Some(AcquireReply::Waiting { pttl: -1, rank: -1 })),
+        Value::Int(-1) => Ok(None),
+        Value::Array(items) => {
+            let echoed = items.get(1).and_then(text).unwrap_or_default();
+            if echoed != owner.to_string() {
+                return Err(format!(
+                    "acquire reply for another request (owner {echoed:?})"
+                ));
+            }
+            items
+                .first()
+                .and_then(int)
+                .filter(|t| *t > 0)
+                .map(|t| Some(AcquireReply::Granted(t as u64)))
+                .ok_or_else(|| format!("acquire: bad token in {value:?}"))
+        }
+        other => Err(format!("unexpected acquire reply {other:?}")),
     }
 }
 

@@ -6,6 +6,15 @@
 -- 'wait': grant if the lock is free and this owner heads the queue (or the queue is empty);
 --         otherwise join the queue at the tail if not in it (again, if liveness ran out), and
 --         refresh this owner's liveness.
+--
+-- The common case comes first and touches only the lock, the queue's existence and the fence:
+-- a free lock with nobody waiting is granted in three commands, whatever the mode.
+if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+  local token = redis.call('INCR', KEYS[2])
+  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+  return {1, token, ARGV[1]}
+end
+--@common
 local lock, fence, queue, alive, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, mode, alive_ms, channel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local now = now_ms()

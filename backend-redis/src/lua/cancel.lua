@@ -2,6 +2,7 @@
 -- Undoes an acquire whose caller went away: leaves the queue, and deletes the lock if it was
 -- granted to this owner meanwhile. Then wakes the next head if the lock is free.
 -- Returns 1 if a lock granted to the owner was deleted, else 0.
+--@common
 local owner = ARGV[1]
 local removed = redis.call('ZREM', KEYS[2], owner)
 redis.call('ZREM', KEYS[3], owner)

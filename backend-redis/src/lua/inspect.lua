@@ -1,5 +1,6 @@
 -- INSPECT: KEYS lock, fence, queue, alive
 -- Returns {holder value or '', pttl, last token or -1, live waiters, queued entries}.
+--@common
 local v = redis.call('GET', KEYS[1]) or ''
 local fence = tonumber(redis.call('GET', KEYS[2]) or '-1')
 local now = now_ms()
