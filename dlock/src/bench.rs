@@ -413,6 +413,94 @@ struct LoopStats {
     hist: Histogram<u64>,
     errors: u64,
     first_error: Option<String>,
+    /// Wall time spent measuring this loop (after warm-up).
+    measured: Duration,
+}
+
+impl LoopStats {
+    fn new() -> Self {
+        LoopStats {
+            hist: new_histogram(),
+            errors: 0,
+            first_error: None,
+            measured: Duration::ZERO,
+        }
+    }
+
+    fn outcome(&mut self, outcome: Result<()>, latency: Duration) {
+        match outcome {
+            Ok(()) => record(&mut self.hist, latency),
+            Err(e) => {
+                self.errors += 1;
+                if self.first_error.is_none() {
+                    self.first_error = Some(e.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// Length of one turn when two loops are interleaved.
+const SLICE: Duration = Duration::from_millis(200);
+
+/// Runs `op` back to back until `until`, recording calls that start at or after `measure_from`.
+async fn run_slice<F, Fut>(op: &mut F, until: Instant, measure_from: Instant, stats: &mut LoopStats)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    let slice_start = Instant::now();
+    loop {
+        let t0 = Instant::now();
+        if t0 >= until {
+            break;
+        }
+        let outcome = op().await;
+        if t0 >= measure_from {
+            stats.outcome(outcome, t0.elapsed());
+        }
+    }
+    let from = slice_start.max(measure_from);
+    stats.measured += Instant::now().saturating_duration_since(from);
+}
+
+/// Alternates `a` and `b` in [`SLICE`] turns for twice `warmup + duration`, so each gets about
+/// `duration` of measurement and drift on a shared machine hits both alike.
+async fn interleaved<FA, FutA, FB, FutB>(
+    opts: &BenchOptions,
+    progress: &dyn Progress,
+    mut a: FA,
+    mut b: FB,
+) -> (LoopStats, LoopStats)
+where
+    FA: FnMut() -> FutA,
+    FutA: Future<Output = Result<()>>,
+    FB: FnMut() -> FutB,
+    FutB: Future<Output = Result<()>>,
+{
+    let total = 2 * (opts.warmup + opts.duration);
+    let start = Instant::now();
+    let measure_from = start + 2 * opts.warmup;
+    let end = start + total;
+    let (mut sa, mut sb) = (LoopStats::new(), LoopStats::new());
+    let mut turn_a = true;
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        progress.update(Phase::Uncontended, now - start, total);
+        let until = (now + SLICE).min(end);
+        if turn_a {
+            run_slice(&mut a, until, measure_from, &mut sa).await;
+        } else {
+            run_slice(&mut b, until, measure_from, &mut sb).await;
+        }
+        turn_a = !turn_a;
+    }
+    // The floor's share of the window ends with it.
+    progress.update(Phase::Floor, total, total);
+    (sa, sb)
 }
 
 /// Calls `op` back to back for `warmup + duration`, recording the latency of the calls that start
@@ -431,11 +519,7 @@ where
     let start = Instant::now();
     let measure_from = start + opts.warmup;
     let end = measure_from + opts.duration;
-    let mut stats = LoopStats {
-        hist: new_histogram(),
-        errors: 0,
-        first_error: None,
-    };
+    let mut stats = LoopStats::new();
     let mut last_tick = start;
     loop {
         let t0 = Instant::now();
@@ -447,20 +531,11 @@ where
             last_tick = t0;
         }
         let outcome = op().await;
-        let t1 = Instant::now();
-        if t0 < measure_from {
-            continue;
-        }
-        match outcome {
-            Ok(()) => record(&mut stats.hist, t1 - t0),
-            Err(e) => {
-                stats.errors += 1;
-                if stats.first_error.is_none() {
-                    stats.first_error = Some(e.to_string());
-                }
-            }
+        if t0 >= measure_from {
+            stats.outcome(outcome, t0.elapsed());
         }
     }
+    stats.measured = Instant::now().saturating_duration_since(measure_from);
     progress.update(phase, total, total);
     stats
 }
@@ -476,7 +551,7 @@ async fn uncontended(
         .wait(Wait::No)
         .keep_alive(KeepAlive::Off);
     let (name_ref, opts_ref) = (name.as_str(), &lock_opts);
-    let dlock = timed_loop(opts, Phase::Uncontended, progress, || async move {
+    let dlock_pair = || async move {
         let guard = backend.lock(name_ref, opts_ref).await?;
         match guard.release().await? {
             Released::Released => Ok(()),
@@ -486,17 +561,29 @@ async fn uncontended(
                 operation: "bench release",
             }),
         }
-    })
-    .await;
-    let pairs = dlock.hist.len();
-    let pairs_per_sec = per_sec(pairs, opts.duration);
-
-    let floor = match backend.raw_floor() {
+    };
+    let raw_floor = backend.raw_floor();
+    let floor_name = LockName::new(format!("{prefix}/floor"))?;
+    // With a floor, the two loops alternate in short turns over the same window, so the ratio
+    // is not skewed by whatever else the machine did during one of them.
+    let (dlock, raw) = match &raw_floor {
         Some(floor) => {
-            let floor_name = LockName::new(format!("{prefix}/floor"))?;
-            let raw = timed_loop(opts, Phase::Floor, progress, || floor.pair(&floor_name)).await;
+            let floor_ref = (floor.as_ref(), &floor_name);
+            let (d, r) =
+                interleaved(opts, progress, dlock_pair, || floor_ref.0.pair(floor_ref.1)).await;
+            (d, Some(r))
+        }
+        None => (
+            timed_loop(opts, Phase::Uncontended, progress, dlock_pair).await,
+            None,
+        ),
+    };
+    let pairs = dlock.hist.len();
+    let pairs_per_sec = per_sec(pairs, dlock.measured);
+    let floor = match (raw_floor, raw) {
+        (Some(floor), Some(raw)) => {
             let floor_pairs = raw.hist.len();
-            let floor_per_sec = per_sec(floor_pairs, opts.duration);
+            let floor_per_sec = per_sec(floor_pairs, raw.measured);
             Some(FloorReport {
                 description: floor.description(),
                 pairs: floor_pairs,
@@ -510,7 +597,7 @@ async fn uncontended(
                 },
             })
         }
-        None => None,
+        _ => None,
     };
 
     Ok(UncontendedReport {

@@ -167,7 +167,7 @@ fn render(r: &BenchReport) -> String {
     if let Some(u) = &r.uncontended {
         let _ = writeln!(
             out,
-            "\nuncontended: 1 client, acquire (Wait::No, keep-alive off) + release on one name"
+            "\nuncontended: 1 client, acquire (Wait::No, keep-alive off) + release on one name;\n             dlock and the raw floor alternate in 200 ms turns over the same window"
         );
         let mut rows = vec![
             [
