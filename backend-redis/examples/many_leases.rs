@@ -4,8 +4,12 @@
 //!
 //! ```text
 //! cargo run --release -p backend-redis --example many_leases -- \
-//!     redis://127.0.0.1:6379 [leases=10000] [ttl_ms=3000] [hold_s=30]
+//!     redis://127.0.0.1:6379 [leases=10000] [ttl_ms=3000] [hold_s=30] [pause_ms]
 //! ```
+//!
+//! Leases are acquired 500 at a time; with `pause_ms` the example pauses that long after each
+//! 500 (lockcore's renewer takes in new guards one at a time, so a burst of thousands at once
+//! can delay the first renewals past a short ttl).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +41,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let leases: usize = args.get(1).map_or(Ok(10_000), |a| a.parse())?;
     let ttl = Duration::from_millis(args.get(2).map_or(Ok(3000), |a| a.parse())?);
     let hold = Duration::from_secs(args.get(3).map_or(Ok(30), |a| a.parse())?);
+    let pace = args
+        .get(4)
+        .map(|a| a.parse().map(Duration::from_millis))
+        .transpose()?;
 
     let config = RedisConfig::parse(&url)?;
     let lock = Arc::new(RedisLock::connect(&config).await?);
@@ -58,6 +66,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for g in batch {
             guards.push(g?);
         }
+        if let Some(pause) = pace {
+            tokio::time::sleep(pause).await;
+        }
     }
     println!(
         "acquired {leases} leases (ttl {ttl:?}, keep-alive every ttl/3) in {:.2?}",
@@ -65,7 +76,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let (stats0, cpu0, t0) = (lock.stats(), cpu_time(), Instant::now());
-    tokio::time::sleep(hold).await;
+    for s in 0..hold.as_secs() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if s < 5 {
+            let lost = guards.iter().filter(|g| !g.is_held()).count();
+            println!("  t={}s: renewals so far {}, guards not held {lost}", s + 1, lock.stats().renewals - stats0.renewals);
+        }
+    }
     let (stats1, cpu1, elapsed) = (lock.stats(), cpu_time(), t0.elapsed());
 
     let lost = guards.iter().filter(|g| !g.is_held()).count();
