@@ -80,7 +80,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::time::sleep(Duration::from_secs(1)).await;
         if s < 5 {
             let lost = guards.iter().filter(|g| !g.is_held()).count();
-            println!("  t={}s: renewals so far {}, guards not held {lost}", s + 1, lock.stats().renewals - stats0.renewals);
+            println!(
+                "  t={}s: renewals so far {}, guards not held {lost}",
+                s + 1,
+                lock.stats().renewals - stats0.renewals
+            );
         }
     }
     let (stats1, cpu1, elapsed) = (lock.stats(), cpu_time(), t0.elapsed());

@@ -67,7 +67,7 @@ async fn hold_after_bumps(c: &Arc<dyn DistributedLock>, name: &str, n: usize) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_without_persistence_resets_the_fence() {
     let redis = Redis::start().await.expect("kit redis");
-    let a = client(&format!("{}?timeout=500ms", redis.url())).await;
+    let a = client(&format!("{}?timeout=2s", redis.url())).await;
     assert!(
         matches!(a.capabilities().fencing, Fencing::Conditional { .. }),
         "a server without appendfsync always must not claim strict fencing"
@@ -114,7 +114,7 @@ async fn kill9_with_aof_keeps_tokens_increasing() {
     let redis = Redis::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
         .await
         .expect("kit redis with AOF");
-    let a = client(&format!("{}?timeout=500ms", redis.url())).await;
+    let a = client(&format!("{}?timeout=2s", redis.url())).await;
     assert_eq!(a.capabilities().fencing, Fencing::Strict);
     let name = unique("kill9-aof");
     let resource = FencedResource::new();
@@ -160,11 +160,14 @@ async fn kill9_with_aof_keeps_tokens_increasing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_longer_than_ttl() {
     let redis = Redis::start().await.expect("kit redis");
-    let a = client(&format!("{}?timeout=300ms", redis.url())).await;
+    let a = client(&format!("{}?timeout=1s", redis.url())).await;
     let name = unique("sigstop");
     let resource = FencedResource::new();
     let history = History::new();
-    let ga = a.lock(&name, &held_opts(SEC)).await.expect("A acquires");
+    let ga = a
+        .lock(&name, &held_opts(2 * SEC))
+        .await
+        .expect("A acquires");
     let hold_a = history.acquired(0, &ga.lease());
     resource.write(ga.fencing_token(), 1).expect("A writes");
 
@@ -173,7 +176,7 @@ async fn sigstop_longer_than_ttl() {
     assert_eq!(reason, LostReason::ConnectionLost);
     history.extended(hold_a, &ga.lease());
     // Keep the server stopped for well over the ttl in total.
-    tokio::time::sleep(2 * SEC).await;
+    tokio::time::sleep(3 * SEC).await;
     redis.resume();
 
     let b = client(&redis.url()).await;
@@ -218,7 +221,7 @@ async fn sigstop_longer_than_ttl() {
 async fn reply_blackholed_during_acquire() {
     let redis = Redis::start().await.expect("kit redis");
     let proxy = Proxy::start(redis.addr()).await.expect("proxy");
-    let a = client(&format!("redis://{}?timeout=500ms", proxy.addr())).await;
+    let a = client(&format!("redis://{}?timeout=1s", proxy.addr())).await;
     let b = client(&redis.url()).await;
     let name = unique("blackhole");
     let lock_name = LockName::new(&name).unwrap();

@@ -390,7 +390,7 @@ async fn renewals_are_pipelined() {
         let lock = Arc::new(RedisLock::connect(&config).await.expect("client"));
         let c: Arc<dyn DistributedLock> = lock.clone();
         let opts = AcquireOptions::new()
-            .ttl(900 * Duration::from_millis(1))
+            .ttl(3 * SEC)
             .keep_alive(KeepAlive::renew())
             .wait(Wait::No);
         let base = unique("pipelined");
@@ -402,16 +402,16 @@ async fn renewals_are_pipelined() {
                     .expect("acquire"),
             );
         }
-        tokio::time::sleep(2 * SEC).await;
+        tokio::time::sleep(4 * SEC).await;
         for g in &guards {
             assert!(g.is_held(), "{url}: keep-alive let a lease go");
         }
         let stats = lock.stats();
         eprintln!("{url}: {stats:?}");
-        assert!(stats.renewals >= 200, "{url}: {stats:?}");
+        assert!(stats.renewals >= 600, "{url}: {stats:?}");
         assert_eq!(stats.renewals_lost, 0, "{url}: {stats:?}");
         assert!(
-            stats.renewal_batches * 20 <= stats.renewals,
+            stats.renewal_batches * 50 <= stats.renewals,
             "{url}: renewals were not batched: {stats:?}"
         );
         if !url.starts_with("redis+cluster") {
