@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::kit::{Fault, Proxy, Redis};
+use conformance_tests::kit::{Fault, Proxy, Redis, RedisCluster, RedisReply};
 use conformance_tests::{FencedResource, History};
 use lockcore::{
     AcquireOptions, DistributedLock, Fencing, FencingToken, KeepAlive, LockExt, LockGuard,
@@ -355,4 +355,62 @@ fn client_paused_past_its_ttl() {
         assert_eq!(resource.rejected(), 1);
         gb.release().await.expect("release");
     });
+}
+
+/// **Documented unsafe.** kill -9 of the Cluster master that owns a lock's slot, restarted
+/// without persistence (no replicas): while it is down the cluster reports `CLUSTERDOWN`, the
+/// holder's renewals fail and `lost()` fires `ConnectionLost`; once the node is back (same id
+/// and slots from its `nodes.conf`, no keys) the lock is free and its fence counter restarted at
+/// 1, below the token the old holder had. The same unsafety as a single server without
+/// persistence (plus, with replicas, asynchronous replication on failover), which is why a
+/// Cluster declares `Fencing::Conditional`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_kill9_resets_the_fence() {
+    let cluster = RedisCluster::start(3).await.expect("kit cluster");
+    let url = format!("{}?timeout=2s", cluster.url());
+    let a = client(&url).await;
+    assert!(matches!(
+        a.capabilities().fencing,
+        Fencing::Conditional { .. }
+    ));
+    let name = unique("cluster-kill9");
+    let esc = LockName::new(&name).unwrap().escaped();
+    let slot = match cluster
+        .node(0)
+        .command(&["CLUSTER", "KEYSLOT", &format!("{{dlock:{esc}}}:lock")])
+        .await
+        .expect("keyslot")
+    {
+        RedisReply::Integer(s) => u16::try_from(s).expect("slot"),
+        other => panic!("CLUSTER KEYSLOT: {other:?}"),
+    };
+    let owner = cluster.node_for_slot(slot);
+    let ga = hold_after_bumps(&a, &name, 2).await;
+    assert_eq!(ga.fencing_token(), FencingToken(3));
+
+    cluster.node(owner).kill9();
+    let reason = within(60 * SEC, "A's lost()", ga.lost()).await;
+    assert_eq!(reason, LostReason::ConnectionLost);
+    cluster.restart_node(owner).await.expect("node restart");
+
+    let b = client(&url).await;
+    let gb = within(60 * SEC, "B acquires", async {
+        loop {
+            match b.lock(&name, &plain_opts(10 * SEC)).await {
+                Ok(g) => break g,
+                Err(e) => {
+                    assert!(e.is_retryable(), "unexpected error after the restart: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        gb.fencing_token(),
+        FencingToken(1),
+        "documented unsafe: the restarted master lost the fence counter"
+    );
+    gb.release().await.expect("release");
+    drop(ga);
 }

@@ -27,6 +27,9 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts a private cluster of `masters` masters without persistence.
     ///
+    /// # Cancel safety
+    /// Dropping the future kills the nodes started so far (each [`Redis`] is killed on drop).
+    ///
     /// # Errors
     /// `redis-server` missing (naming the package), a node that does not start, or a cluster
     /// that does not reach `cluster_state:ok` within 60 s.
@@ -36,6 +39,9 @@ impl RedisCluster {
 
     /// Starts a private cluster whose nodes get `extra_args` after the cluster settings (for
     /// example `["--appendonly", "yes", "--appendfsync", "always"]`).
+    ///
+    /// # Cancel safety
+    /// As [`RedisCluster::start`].
     ///
     /// # Errors
     /// As [`RedisCluster::start`].
@@ -74,6 +80,9 @@ impl RedisCluster {
 
     /// The 3-master cluster shared by every test of this test process, started on first use (no
     /// persistence). Never kill, pause or restart its nodes.
+    ///
+    /// # Cancel safety
+    /// Another caller finishes a start that a dropped caller began.
     ///
     /// # Errors
     /// As [`RedisCluster::start`]; a failed start is remembered and returned to every caller.
@@ -129,6 +138,9 @@ impl RedisCluster {
 
     /// Restarts node `i` (kill -9 first if it runs) and waits until the cluster is ok again.
     ///
+    /// # Cancel safety
+    /// Dropping the future may leave the node stopped; call it again.
+    ///
     /// # Errors
     /// The node does not start, or the cluster does not recover within 60 s.
     pub async fn restart_node(&self, i: usize) -> KitResult<()> {
@@ -137,6 +149,9 @@ impl RedisCluster {
     }
 
     /// Waits until every node reports `cluster_state:ok` and knows every node and slot.
+    ///
+    /// # Cancel safety
+    /// Read-only; safe to drop.
     ///
     /// # Errors
     /// Not ok within `within`; the message shows the last `CLUSTER INFO` seen.

@@ -21,6 +21,9 @@ impl TlsFiles {
     /// Generates a fresh CA and a server certificate valid for `127.0.0.1` and `localhost`
     /// (ECDSA P-256, 10 years).
     ///
+    /// # Cancel safety
+    /// Dropping the future removes the temp dir and what was written into it.
+    ///
     /// # Errors
     /// `openssl` missing (naming the package) or failing.
     pub async fn generate() -> KitResult<TlsFiles> {
@@ -143,6 +146,9 @@ pub struct RedisTls {
 impl RedisTls {
     /// Generates certificates and starts the server without persistence.
     ///
+    /// # Cancel safety
+    /// Dropping the future kills the server if it was started and removes the certificates.
+    ///
     /// # Errors
     /// `openssl` or `redis-server` missing or failing (a `redis-server` built without TLS
     /// exits at once, and the error shows its log).
@@ -151,6 +157,9 @@ impl RedisTls {
     }
 
     /// As [`RedisTls::start`], with `extra_args` for the server (after the TLS settings).
+    ///
+    /// # Cancel safety
+    /// As [`RedisTls::start`].
     ///
     /// # Errors
     /// As [`RedisTls::start`].
