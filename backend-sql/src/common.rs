@@ -294,3 +294,40 @@ pub(crate) fn batch_error(e: &Error, name: &LockName) -> Error {
         ),
     }
 }
+
+/// The waiters table of lease table `table`: `<table>_waiters`, or, where that would pass the
+/// 63-byte identifier limit (PostgreSQL truncates longer names), the first 46 characters of
+/// `table`, an 8-hex-digit FNV-1a hash of the whole name, and `_waiters`.
+pub(crate) fn queue_table(table: &str) -> String {
+    const SUFFIX: &str = "_waiters";
+    const MAX: usize = 63;
+    if table.len() + SUFFIX.len() <= MAX {
+        return format!("{table}{SUFFIX}");
+    }
+    let mut hash: u32 = 0x811c_9dc5;
+    for b in table.bytes() {
+        hash ^= u32::from(b);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    // Table names are validated ASCII identifiers, so byte slicing is on a char boundary.
+    let keep = MAX - SUFFIX.len() - 9;
+    format!("{}_{hash:08x}{SUFFIX}", &table[..keep])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::queue_table;
+
+    #[test]
+    fn queue_table_names_fit_and_stay_distinct() {
+        assert_eq!(queue_table("dlock_leases"), "dlock_leases_waiters");
+        let a = format!("_{}", "a".repeat(62));
+        let b = format!("_{}b", "a".repeat(61));
+        let (qa, qb) = (queue_table(&a), queue_table(&b));
+        assert_eq!(qa.len(), 63);
+        assert_eq!(qb.len(), 63);
+        assert_ne!(qa, qb);
+        assert!(qa.ends_with("_waiters"));
+        assert_eq!(queue_table(&"x".repeat(55)).len(), 63);
+    }
+}

@@ -4,6 +4,7 @@ mod common;
 pub mod config;
 mod mysql;
 mod postgres;
+mod queue;
 mod sqlite;
 
 use std::sync::Arc;

@@ -1,5 +1,6 @@
-//! MySQL and MariaDB: lease rows, `INSERT .. ON DUPLICATE KEY UPDATE` with `IF(..)` and
-//! `LAST_INSERT_ID(expr)` to return the fence; waiters poll (the store has no notification).
+//! MySQL and MariaDB: lease rows, `INSERT .. SELECT .. ON DUPLICATE KEY UPDATE` with `IF(..)` and
+//! `LAST_INSERT_ID(expr)` to return the fence; a FIFO queue of waiter rows (see
+//! [`crate::queue`]); waiters poll (the store has no notification).
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use crate::common::{
     micros, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, Target};
+use crate::queue::{Attempt, LIVENESS, Queue, Wake};
 
 const BACKEND: &str = "mysql";
 
@@ -27,7 +29,15 @@ const POOL_SIZE: u32 = 8;
 /// The statements of one client, built once with the validated table name.
 struct Statements {
     create: SqlStr,
+    create_queue: SqlStr,
+    gc_queue: SqlStr,
     acquire: SqlStr,
+    floor_acquire: SqlStr,
+    wait_acquire: SqlStr,
+    probe: SqlStr,
+    enqueue: SqlStr,
+    refresh: SqlStr,
+    dequeue: SqlStr,
     release: SqlStr,
     release_owner: SqlStr,
     extend: SqlStr,
@@ -37,6 +47,13 @@ struct Statements {
 impl Statements {
     fn new(table: &str) -> Self {
         let t = format!("`{table}`");
+        let w = format!("`{}`", crate::common::queue_table(table));
+        // Binds: owner, owner, owner, owner, ttl µs.
+        let upsert = "ON DUPLICATE KEY UPDATE \
+             fence = IF(owner IS NULL OR expires_at <= NOW(6) OR owner = ?, \
+             LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
+             owner = IF(owner IS NULL OR expires_at <= NOW(6) OR owner = ?, ?, owner), \
+             expires_at = IF(owner <=> ?, NOW(6) + INTERVAL ? MICROSECOND, expires_at)";
         Statements {
             // VARBINARY: names compare byte for byte (case-sensitive), and 1024 bytes fit
             // InnoDB's 3072-byte index limit whatever the character set.
@@ -47,21 +64,68 @@ impl Statements {
                  fence BIGINT NOT NULL, \
                  expires_at DATETIME(6) NOT NULL) ENGINE=InnoDB"
             )),
-            // Binds: name, owner, ttl µs, owner, owner, owner, owner, ttl µs.
+            // Waiters: one row per queued acquire; `ticket` orders them, `expires_at` is the
+            // waiter's liveness (refreshed while it waits).
+            create_queue: sql(format!(
+                "CREATE TABLE IF NOT EXISTS {w} (\
+                 ticket BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, \
+                 name VARBINARY(1024) NOT NULL, \
+                 waiter CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
+                 expires_at DATETIME(6) NOT NULL, \
+                 KEY by_name (name, ticket)) ENGINE=InnoDB"
+            )),
+            gc_queue: sql(format!("DELETE FROM {w} WHERE expires_at <= NOW(6)")),
+            // Binds: name, owner, ttl µs, name, then the update's (see `upsert`).
             // MySQL applies the SET list left to right, each assignment seeing the columns
             // already assigned. So: `fence` first (reads the old owner/expiry), then `owner`
             // (same old values), then `expires_at`, which can no longer test expiry and instead
             // tests whether `owner` is now ours (owner ids are unique per acquisition).
             // LAST_INSERT_ID(expr) reports the outcome in the OK packet: 1 for a new row, the
-            // new fence for a take-over, 0 when the row is held by someone else.
+            // new fence for a take-over, 0 when the row is held by someone else or when a live
+            // waiter is queued (the SELECT yields no row; nothing is written).
             acquire: sql(format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at) \
-                 VALUES (?, ?, LAST_INSERT_ID(1), NOW(6) + INTERVAL ? MICROSECOND) \
-                 ON DUPLICATE KEY UPDATE \
-                 fence = IF(owner IS NULL OR expires_at <= NOW(6) OR owner = ?, \
-                 LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
-                 owner = IF(owner IS NULL OR expires_at <= NOW(6) OR owner = ?, ?, owner), \
-                 expires_at = IF(owner <=> ?, NOW(6) + INTERVAL ? MICROSECOND, expires_at)"
+                 SELECT ?, ?, LAST_INSERT_ID(1), NOW(6) + INTERVAL ? MICROSECOND FROM DUAL \
+                 WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
+                 WHERE w.name = ? AND w.expires_at > NOW(6)) {upsert}"
+            )),
+            // The raw floor: the plain acquire, without the queue check. Binds: name, owner,
+            // ttl µs, then the update's.
+            floor_acquire: sql(format!(
+                "INSERT INTO {t} (name, owner, fence, expires_at) \
+                 VALUES (?, ?, LAST_INSERT_ID(1), NOW(6) + INTERVAL ? MICROSECOND) {upsert}"
+            )),
+            // A queued waiter's attempt: only when no live waiter with a smaller ticket is
+            // queued. Binds: name, owner, ttl µs, name, ticket, owner, then the update's.
+            wait_acquire: sql(format!(
+                "INSERT INTO {t} (name, owner, fence, expires_at) \
+                 SELECT ?, ?, LAST_INSERT_ID(1), NOW(6) + INTERVAL ? MICROSECOND FROM DUAL \
+                 WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
+                 WHERE w.name = ? AND w.ticket < ? AND w.waiter <> ? AND w.expires_at > NOW(6)) \
+                 {upsert}"
+            )),
+            // Read-only look before a waiter writes: live waiters ahead of it, and the holder's
+            // time left in µs. Binds: name, ticket, waiter, name, waiter.
+            probe: sql(format!(
+                "SELECT (SELECT COUNT(*) FROM {w} AS w \
+                 WHERE w.name = ? AND w.ticket < ? AND w.waiter <> ? AND w.expires_at > NOW(6)), \
+                 (SELECT TIMESTAMPDIFF(MICROSECOND, NOW(6), l.expires_at) FROM {t} AS l \
+                 WHERE l.name = ? AND l.owner IS NOT NULL AND l.owner <> ? \
+                 AND l.expires_at > NOW(6))"
+            )),
+            // Binds: name, waiter, liveness µs. The insert id is the ticket.
+            enqueue: sql(format!(
+                "INSERT INTO {w} (name, waiter, expires_at) \
+                 VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND)"
+            )),
+            // Binds: liveness µs, name, waiter. Never revives an expired waiter.
+            refresh: sql(format!(
+                "UPDATE {w} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND \
+                 WHERE name = ? AND waiter = ? AND expires_at > NOW(6)"
+            )),
+            // Binds: name, waiter. Leaves the queue, dropping expired waiters of the name.
+            dequeue: sql(format!(
+                "DELETE FROM {w} WHERE name = ? AND (waiter = ? OR expires_at <= NOW(6))"
             )),
             // Binds: name, owner, fence. The row stays (the fence must never reset).
             release: sql(format!(
@@ -79,13 +143,30 @@ impl Statements {
             )),
             // Binds: name.
             inspect: sql(format!(
-                "SELECT owner, fence, \
-                 IF(owner IS NOT NULL AND expires_at > NOW(6), \
-                 TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), NULL) \
-                 FROM {t} WHERE name = ?"
+                "SELECT l.owner, l.fence, \
+                 IF(l.owner IS NOT NULL AND l.expires_at > NOW(6), \
+                 TIMESTAMPDIFF(MICROSECOND, NOW(6), l.expires_at), NULL), \
+                 (SELECT COUNT(*) FROM {w} AS w WHERE w.name = l.name AND w.expires_at > NOW(6)) \
+                 FROM {t} AS l WHERE l.name = ?"
             )),
         }
     }
+}
+
+type MyQuery<'q> = sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>;
+
+/// Binds the `ON DUPLICATE KEY UPDATE` tail of the acquire statements.
+fn upsert_binds<'q>(q: MyQuery<'q>, owner: &str, ttl_us: i64) -> MyQuery<'q> {
+    q.bind(owner)
+        .bind(owner)
+        .bind(owner)
+        .bind(owner)
+        .bind(ttl_us)
+}
+
+/// The fence an acquire statement reported: the OK packet's insert id, if a row was written.
+fn granted(done: &sqlx::mysql::MySqlQueryResult) -> Option<u64> {
+    (done.rows_affected() > 0 && done.last_insert_id() > 0).then(|| done.last_insert_id())
 }
 
 fn classify(e: &sqlx::Error) -> Class {
@@ -192,16 +273,32 @@ impl MySqlLock {
             }),
         };
         let inner = &lock.inner;
-        inner
+        for statement in [&inner.sql.create, &inner.sql.create_queue] {
+            inner
+                .core
+                .run("create table", None, |mut c| {
+                    let q = sqlx::query(statement.clone());
+                    async move {
+                        let r = q.execute(c.conn()).await;
+                        (c, r)
+                    }
+                })
+                .await?;
+        }
+        // Expired waiter rows left by crashed processes (best effort).
+        let gc = inner
             .core
-            .run("create table", None, |mut c| {
-                let q = sqlx::query(inner.sql.create.clone());
+            .run("drop expired waiters", None, |mut c| {
+                let q = sqlx::query(inner.sql.gc_queue.clone());
                 async move {
                     let r = q.execute(c.conn()).await;
                     (c, r)
                 }
             })
-            .await?;
+            .await;
+        if let Err(e) = gc {
+            tracing::debug!(backend = BACKEND, error = %e, "dropping expired waiter rows failed");
+        }
         Ok(lock)
     }
 
@@ -229,7 +326,7 @@ impl DistributedLock for MySqlLock {
             BACKEND,
             Fencing::Strict,
             Expiry::Ttl,
-            Fairness::Unordered,
+            Fairness::Fifo,
             WaitMechanism::Poll,
         )
     }
@@ -254,28 +351,31 @@ impl DistributedLock for MySqlLock {
                 });
             })
         };
+        let mut tries = 0;
         let done = inner
             .core
             .run("acquire", Some(name), |mut c| {
-                let o = owner_text.as_str();
+                tries += 1;
+                let bytes = name.as_str().as_bytes();
                 let q = sqlx::query(inner.sql.acquire.clone())
-                    .bind(name.as_str().as_bytes())
-                    .bind(o)
+                    .bind(bytes)
+                    .bind(owner_text.as_str())
                     .bind(ttl)
-                    .bind(o)
-                    .bind(o)
-                    .bind(o)
-                    .bind(o)
-                    .bind(ttl);
+                    .bind(bytes);
+                let q = upsert_binds(q, &owner_text, ttl);
                 async move {
                     let r = q.execute(c.conn()).await;
                     (c, r)
                 }
             })
             .await?;
-        cleanup.disarm();
-        let fence = done.last_insert_id();
-        Ok((fence > 0).then(|| {
+        let fence = granted(&done);
+        // A retry after a broken connection may find the queue non-empty although the first
+        // try (whose reply was lost) got the lock: then the cleanup gives it back.
+        if fence.is_some() || tries == 1 {
+            cleanup.disarm();
+        }
+        Ok(fence.map(|fence| {
             Lease::new(
                 name.clone(),
                 owner,
@@ -285,6 +385,15 @@ impl DistributedLock for MySqlLock {
                 opts.drift_value(),
             )
         }))
+    }
+
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        crate::queue::acquire(self, name, opts, deadline).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
@@ -405,7 +514,7 @@ impl DistributedLock for MySqlLock {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let inner = &self.inner;
-        let row: Option<(Option<String>, i64, Option<i64>)> = inner
+        let row: Option<(Option<String>, i64, Option<i64>, i64)> = inner
             .core
             .run("inspect", Some(name), |mut c| {
                 let q = sqlx::query_as(inner.sql.inspect.clone()).bind(name.as_str().as_bytes());
@@ -415,14 +524,14 @@ impl DistributedLock for MySqlLock {
                 }
             })
             .await?;
-        Ok(row.map(|(owner, fence, remaining)| {
+        Ok(row.map(|(owner, fence, remaining, waiters)| {
             let remaining = from_micros(remaining);
             LockInfo::new(
                 name,
                 owner.filter(|_| remaining.is_some()),
                 Some(token(fence)),
                 remaining,
-                None,
+                Some(usize::try_from(waiters).unwrap_or(0)),
             )
         }))
     }
@@ -434,7 +543,138 @@ impl DistributedLock for MySqlLock {
     }
 }
 
-/// The same acquire and release statements straight on the pool.
+impl Inner {
+    async fn dequeue(&self, name: &LockName, waiter: &str) -> Result<()> {
+        self.core
+            .run("leave queue", Some(name), |mut c| {
+                let q = sqlx::query(self.sql.dequeue.clone())
+                    .bind(name.as_str().as_bytes())
+                    .bind(waiter);
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+impl Queue for MySqlLock {
+    const BACKEND: &'static str = BACKEND;
+
+    fn wake(&self, _name: &LockName) -> Wake {
+        Wake::poll()
+    }
+
+    async fn enqueue(&self, name: &LockName, waiter: &str) -> Result<i64> {
+        let inner = &self.inner;
+        let done = inner
+            .core
+            .run("enqueue", Some(name), |mut c| {
+                let q = sqlx::query(inner.sql.enqueue.clone())
+                    .bind(name.as_str().as_bytes())
+                    .bind(waiter)
+                    .bind(micros(LIVENESS));
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX))
+    }
+
+    async fn refresh(&self, name: &LockName, waiter: &str) -> Result<bool> {
+        let inner = &self.inner;
+        let done = inner
+            .core
+            .run("refresh waiter", Some(name), |mut c| {
+                let q = sqlx::query(inner.sql.refresh.clone())
+                    .bind(micros(LIVENESS))
+                    .bind(name.as_str().as_bytes())
+                    .bind(waiter);
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        // CLIENT_FOUND_ROWS: a matched row counts even if unchanged.
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn attempt(
+        &self,
+        name: &LockName,
+        waiter: &str,
+        ticket: i64,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        let inner = &self.inner;
+        let bytes = name.as_str().as_bytes();
+        // Look first (read-only): only the head of the queue, with the row free, writes.
+        let (ahead, left): (i64, Option<i64>) = inner
+            .core
+            .run("acquire", Some(name), |mut c| {
+                let q = sqlx::query_as(inner.sql.probe.clone())
+                    .bind(bytes)
+                    .bind(ticket)
+                    .bind(waiter)
+                    .bind(bytes)
+                    .bind(waiter);
+                async move {
+                    let r = q.fetch_one(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        let ahead = u64::try_from(ahead).unwrap_or(0);
+        let holder_left = from_micros(left);
+        if ahead > 0 || holder_left.is_some() {
+            return Ok(Attempt::Blocked {
+                ahead: Some(ahead),
+                holder_left,
+            });
+        }
+        let ttl = micros(ttl);
+        let done = inner
+            .core
+            .run("acquire", Some(name), |mut c| {
+                let q = sqlx::query(inner.sql.wait_acquire.clone())
+                    .bind(bytes)
+                    .bind(waiter)
+                    .bind(ttl)
+                    .bind(bytes)
+                    .bind(ticket)
+                    .bind(waiter);
+                let q = upsert_binds(q, waiter, ttl);
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(match granted(&done) {
+            Some(fence) => Attempt::Granted(i64::try_from(fence).unwrap_or(i64::MAX)),
+            None => Attempt::Blocked {
+                ahead: Some(0),
+                holder_left: None,
+            },
+        })
+    }
+
+    async fn dequeue(&self, name: &LockName, waiter: &str) -> Result<()> {
+        self.inner.dequeue(name, waiter).await
+    }
+
+    async fn cancel(&self, name: &LockName, waiter: OwnerId) -> Result<bool> {
+        self.inner.dequeue(name, &waiter.to_string()).await?;
+        self.inner.release_owner(name, waiter).await
+    }
+}
+
+/// The plain acquire (no waiter-queue check) and the release statement straight on the pool.
 struct MySqlFloor {
     inner: Arc<Inner>,
 }
@@ -442,8 +682,8 @@ struct MySqlFloor {
 #[async_trait]
 impl RawFloor for MySqlFloor {
     fn description(&self) -> String {
-        "INSERT .. ON DUPLICATE KEY UPDATE (fence via LAST_INSERT_ID), then UPDATE .. SET owner = \
-         NULL, on the same sqlx pool"
+        "INSERT .. ON DUPLICATE KEY UPDATE (fence via LAST_INSERT_ID; without the queue check), \
+         then UPDATE .. SET owner = NULL, on the same sqlx pool"
             .into()
     }
 
@@ -453,18 +693,11 @@ impl RawFloor for MySqlFloor {
         let o = owner.as_str();
         let ttl = micros(Duration::from_secs(10));
         let err = |e| Error::backend(BACKEND, "raw floor", Some(name), true, e);
-        let done = sqlx::query(self.inner.sql.acquire.clone())
+        let q = sqlx::query(self.inner.sql.floor_acquire.clone())
             .bind(name.as_str().as_bytes())
             .bind(o)
-            .bind(ttl)
-            .bind(o)
-            .bind(o)
-            .bind(o)
-            .bind(o)
-            .bind(ttl)
-            .execute(pool)
-            .await
-            .map_err(err)?;
+            .bind(ttl);
+        let done = upsert_binds(q, o, ttl).execute(pool).await.map_err(err)?;
         let fence = done.last_insert_id();
         if fence > 0 {
             sqlx::query(self.inner.sql.release.clone())

@@ -1,5 +1,6 @@
 //! PostgreSQL: lease rows, `INSERT .. ON CONFLICT DO UPDATE .. WHERE expired RETURNING fence`,
-//! and waiters woken by LISTEN/NOTIFY over one listener connection per client.
+//! a FIFO queue of waiter rows (see [`crate::queue`]) whose head is granted and dequeued in one
+//! statement, and waiters woken by LISTEN/NOTIFY over one listener connection per client.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -21,8 +22,13 @@ use crate::common::{
     micros, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, Target};
+use crate::queue::{Attempt, LIVENESS, Queue, Wake};
 
 const BACKEND: &str = "postgres";
+
+/// A CTE that turns off `synchronous_commit` for the current transaction (one statement); the
+/// statement must select `FROM async_commit` so it is evaluated.
+const ASYNC: &str = "async_commit AS (SELECT set_config('synchronous_commit', 'off', true))";
 
 /// Pooled connections for statements (the listener has its own).
 const POOL_SIZE: u32 = 8;
@@ -30,7 +36,14 @@ const POOL_SIZE: u32 = 8;
 /// The statements of one client, built once with the validated table name.
 struct Statements {
     create: SqlStr,
+    create_queue: SqlStr,
+    gc_queue: SqlStr,
     acquire: SqlStr,
+    floor_acquire: SqlStr,
+    wait_acquire: SqlStr,
+    enqueue: SqlStr,
+    refresh: SqlStr,
+    cancel: SqlStr,
     release: SqlStr,
     release_owner: SqlStr,
     extend: SqlStr,
@@ -43,6 +56,7 @@ impl Statements {
         // The table name is a validated identifier ([A-Za-z_][A-Za-z0-9_]{0,62}); it doubles as
         // the NOTIFY channel.
         let t = format!("\"{table}\"");
+        let w = format!("\"{}\"", crate::common::queue_table(table));
         Statements {
             create: sql(format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\
@@ -51,15 +65,102 @@ impl Statements {
                  fence bigint NOT NULL, \
                  expires_at timestamptz NOT NULL)"
             )),
+            // Waiters: one row per queued acquire; `ticket` orders them, `expires_at` is the
+            // waiter's liveness (refreshed while it waits).
+            create_queue: sql(format!(
+                "CREATE TABLE IF NOT EXISTS {w} (\
+                 ticket bigint GENERATED ALWAYS AS IDENTITY, \
+                 name text COLLATE \"C\" NOT NULL, \
+                 waiter text NOT NULL, \
+                 expires_at timestamptz NOT NULL, \
+                 PRIMARY KEY (name, ticket))"
+            )),
+            gc_queue: sql(format!(
+                "DELETE FROM {w} WHERE expires_at <= clock_timestamp()"
+            )),
             // $1 name, $2 owner, $3 ttl in µs. The row is inserted, or taken over when free or
-            // expired (or already ours: a retry of this same statement), bumping the fence.
+            // expired (or already ours: a retry of this same statement), bumping the fence;
+            // never while a live waiter is queued for the name (no jumping the queue).
             acquire: sql(format!(
+                "INSERT INTO {t} AS l (name, owner, fence, expires_at) \
+                 SELECT $1, $2, 1, clock_timestamp() + $3::bigint * interval '1 microsecond' \
+                 WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
+                 WHERE w.name = $1 AND w.expires_at > clock_timestamp()) \
+                 ON CONFLICT (name) DO UPDATE \
+                 SET owner = EXCLUDED.owner, fence = l.fence + 1, expires_at = EXCLUDED.expires_at \
+                 WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
+                 RETURNING fence"
+            )),
+            // The raw floor: the plain acquire, without the queue check.
+            floor_acquire: sql(format!(
                 "INSERT INTO {t} AS l (name, owner, fence, expires_at) \
                  VALUES ($1, $2, 1, clock_timestamp() + $3::bigint * interval '1 microsecond') \
                  ON CONFLICT (name) DO UPDATE \
                  SET owner = EXCLUDED.owner, fence = l.fence + 1, expires_at = EXCLUDED.expires_at \
                  WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
                  RETURNING fence"
+            )),
+            // $1 name, $2 waiter (= owner), $3 ttl in µs, $4 ticket. A queued waiter's attempt:
+            // only when no live waiter with a smaller ticket is queued and the row is not held
+            // by another (checked first, so waiters that are not next write nothing); the grant
+            // deletes the waiter's row (and expired ones) in the same statement. Returns the
+            // fence if granted, and the holder's time left in µs.
+            wait_acquire: sql(format!(
+                "WITH acq AS (\
+                 INSERT INTO {t} AS l (name, owner, fence, expires_at) \
+                 SELECT $1, $2, 1, clock_timestamp() + $3::bigint * interval '1 microsecond' \
+                 WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
+                 WHERE w.name = $1 AND w.ticket < $4 AND w.waiter <> $2 \
+                 AND w.expires_at > clock_timestamp()) \
+                 AND NOT EXISTS (SELECT 1 FROM {t} AS h \
+                 WHERE h.name = $1 AND h.owner <> $2 AND h.expires_at > clock_timestamp()) \
+                 ON CONFLICT (name) DO UPDATE \
+                 SET owner = EXCLUDED.owner, fence = l.fence + 1, expires_at = EXCLUDED.expires_at \
+                 WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
+                 RETURNING fence), \
+                 dequeued AS (DELETE FROM {w} AS w WHERE w.name = $1 \
+                 AND (w.waiter = $2 OR w.expires_at <= clock_timestamp()) \
+                 AND EXISTS (SELECT 1 FROM acq)) \
+                 SELECT (SELECT fence FROM acq), \
+                 (SELECT (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000000)::bigint \
+                 FROM {t} AS h WHERE h.name = $1 AND h.owner IS NOT NULL \
+                 AND h.expires_at > clock_timestamp())"
+            )),
+            // Queue bookkeeping below commits without waiting for the WAL flush
+            // (`synchronous_commit` off for that one transaction): a waiter row lost in a crash
+            // is re-created by its waiter's next refresh, and one that comes back expires at its
+            // liveness. This keeps the joining waiter's commit from queueing behind (or ahead
+            // of) the head's grant on the WAL flush.
+            //
+            // $1 name, $2 waiter, $3 liveness in µs. Joins the tail; drops expired waiters of
+            // the name on the way.
+            enqueue: sql(format!(
+                "WITH gc AS (DELETE FROM {w} WHERE name = $1 AND expires_at <= clock_timestamp()), \
+                 {ASYNC} \
+                 INSERT INTO {w} (name, waiter, expires_at) \
+                 SELECT $1, $2, clock_timestamp() + $3::bigint * interval '1 microsecond' \
+                 FROM async_commit RETURNING ticket"
+            )),
+            // $1 name, $2 waiter, $3 liveness in µs. Never revives an expired waiter (it rejoins
+            // at the tail instead).
+            refresh: sql(format!(
+                "WITH {ASYNC} \
+                 UPDATE {w} SET expires_at = clock_timestamp() + $3::bigint * interval '1 microsecond' \
+                 FROM async_commit \
+                 WHERE name = $1 AND waiter = $2 AND expires_at > clock_timestamp()"
+            )),
+            // $1 name, $2 waiter. Leaves the queue (and drops expired waiters), frees a lease
+            // granted to this waiter, and wakes the others if anything changed. Returns whether
+            // a lease was freed. (A free that a crash loses ends at the lease's ttl.)
+            cancel: sql(format!(
+                "WITH gone AS (DELETE FROM {w} \
+                 WHERE name = $1 AND (waiter = $2 OR expires_at <= clock_timestamp()) RETURNING 1), \
+                 freed AS (UPDATE {t} SET owner = NULL WHERE name = $1 AND owner = $2 RETURNING 1), \
+                 {ASYNC} \
+                 SELECT (SELECT count(*) FROM freed), \
+                 (SELECT count(pg_notify('{table}', $1)) FROM \
+                 (SELECT 1 FROM gone UNION ALL SELECT 1 FROM freed LIMIT 1) AS x) \
+                 FROM async_commit"
             )),
             // $1 name, $2 owner, $3 fence. The row stays (the fence must never reset).
             release: sql(format!(
@@ -91,11 +192,12 @@ impl Statements {
                  AND l.expires_at > clock_timestamp() \
                  RETURNING l.owner"
             )),
-            // $1 name. Remaining time as the database's clock sees it.
+            // $1 name. Remaining time as the database's clock sees it; live waiters.
             inspect: sql(format!(
                 "SELECT l.owner, l.fence, \
                  CASE WHEN l.owner IS NOT NULL AND l.expires_at > c.now \
-                 THEN (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint END \
+                 THEN (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint END, \
+                 (SELECT count(*) FROM {w} AS w WHERE w.name = l.name AND w.expires_at > c.now) \
                  FROM {t} AS l, LATERAL (SELECT clock_timestamp() AS now) AS c \
                  WHERE l.name = $1"
             )),
@@ -160,10 +262,17 @@ impl Waiters {
 }
 
 /// One waiter's interest in a name; removes the map entry when the last waiter leaves.
-struct Registration {
+pub(crate) struct Registration {
     waiters: Arc<Waiters>,
     name: String,
     notify: Arc<Notify>,
+}
+
+impl Registration {
+    /// The per-name wakeup the listener task fires.
+    pub(crate) fn notify(&self) -> &Notify {
+        &self.notify
+    }
 }
 
 impl Drop for Registration {
@@ -269,10 +378,11 @@ impl Inner {
         Ok(n > 0)
     }
 
+    /// (owner, fence, µs left if held, live waiters) of `name`'s row.
     async fn inspect_row(
         &self,
         name: &LockName,
-    ) -> Result<Option<(Option<String>, i64, Option<i64>)>> {
+    ) -> Result<Option<(Option<String>, i64, Option<i64>, i64)>> {
         self.core
             .run("inspect", Some(name), |mut c| {
                 let q = sqlx::query_as(self.sql.inspect.clone()).bind(name.as_str());
@@ -361,36 +471,54 @@ impl PostgresLock {
     /// `CREATE TABLE IF NOT EXISTS` is not safe against itself in PostgreSQL: two sessions may
     /// both pass the existence check and one fails on the `pg_type` unique index (23505), with
     /// "type already exists" (42710) or with 42P07. Running it again then finds the table.
+    /// The lease table first, then the waiters table; then expired waiter rows left by crashed
+    /// processes are dropped (best effort).
     async fn create_table(&self) -> Result<()> {
         let inner = &self.inner;
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let r = inner
-                .core
-                .run("create table", None, |mut c| {
-                    let q = sqlx::query(inner.sql.create.clone());
-                    async move {
-                        let r = q.execute(c.conn()).await;
-                        (c, r)
+        for statement in [&inner.sql.create, &inner.sql.create_queue] {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let r = inner
+                    .core
+                    .run("create table", None, |mut c| {
+                        let q = sqlx::query(statement.clone());
+                        async move {
+                            let r = q.execute(c.conn()).await;
+                            (c, r)
+                        }
+                    })
+                    .await;
+                match r {
+                    Ok(_) => break,
+                    Err(Error::Backend { source, .. })
+                        if tries < 10
+                            && source
+                                .downcast_ref::<sqlx::Error>()
+                                .and_then(|e| e.as_database_error())
+                                .and_then(|d| d.code())
+                                .is_some_and(|c| matches!(&*c, "23505" | "42P07" | "42710")) =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(5 * tries)).await;
                     }
-                })
-                .await;
-            match r {
-                Ok(_) => return Ok(()),
-                Err(Error::Backend { source, .. })
-                    if tries < 10
-                        && source
-                            .downcast_ref::<sqlx::Error>()
-                            .and_then(|e| e.as_database_error())
-                            .and_then(|d| d.code())
-                            .is_some_and(|c| matches!(&*c, "23505" | "42P07" | "42710")) =>
-                {
-                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
         }
+        let gc = inner
+            .core
+            .run("drop expired waiters", None, |mut c| {
+                let q = sqlx::query(inner.sql.gc_queue.clone());
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await;
+        if let Err(e) = gc {
+            tracing::debug!(backend = BACKEND, error = %e, "dropping expired waiter rows failed");
+        }
+        Ok(())
     }
 
     /// Closes the pools (and the listener) gracefully. Dropping every clone does the same without
@@ -429,7 +557,7 @@ impl DistributedLock for PostgresLock {
             BACKEND,
             Fencing::Strict,
             Expiry::Ttl,
-            Fairness::Unordered,
+            Fairness::Fifo,
             WaitMechanism::ListenNotify,
         )
     }
@@ -454,9 +582,11 @@ impl DistributedLock for PostgresLock {
                 });
             })
         };
+        let mut tries = 0;
         let fence: Option<i64> = inner
             .core
             .run("acquire", Some(name), |mut c| {
+                tries += 1;
                 let q = sqlx::query_scalar(inner.sql.acquire.clone())
                     .bind(name.as_str())
                     .bind(owner_text.as_str())
@@ -467,7 +597,11 @@ impl DistributedLock for PostgresLock {
                 }
             })
             .await?;
-        cleanup.disarm();
+        // A retry after a broken connection may find the queue non-empty although the first
+        // try (whose reply was lost) got the lock: then the cleanup gives it back.
+        if fence.is_some() || tries == 1 {
+            cleanup.disarm();
+        }
         Ok(fence.map(|f| {
             Lease::new(
                 name.clone(),
@@ -478,6 +612,15 @@ impl DistributedLock for PostgresLock {
                 opts.drift_value(),
             )
         }))
+    }
+
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        crate::queue::acquire(self, name, opts, deadline).await
     }
 
     async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
@@ -496,9 +639,9 @@ impl DistributedLock for PostgresLock {
         }
         let wake_at = match tokio::time::timeout_at(until.into(), inner.inspect_row(name)).await {
             // Free, expired or never used: try again now.
-            Ok(Ok(None)) | Ok(Ok(Some((_, _, None)))) => return Ok(()),
+            Ok(Ok(None)) | Ok(Ok(Some((_, _, None, _)))) => return Ok(()),
             // Held: wake on NOTIFY, or when the lease runs out by the database's clock.
-            Ok(Ok(Some((_, _, Some(us))))) => {
+            Ok(Ok(Some((_, _, Some(us), _)))) => {
                 let left = from_micros(Some(us)).unwrap_or_default();
                 (Instant::now() + left + Duration::from_millis(1)).min(until)
             }
@@ -621,14 +764,14 @@ impl DistributedLock for PostgresLock {
             .inner
             .inspect_row(name)
             .await?
-            .map(|(owner, fence, remaining)| {
+            .map(|(owner, fence, remaining, waiters)| {
                 let remaining = from_micros(remaining);
                 LockInfo::new(
                     name,
                     owner.filter(|_| remaining.is_some()),
                     Some(token(fence)),
                     remaining,
-                    None,
+                    Some(usize::try_from(waiters).unwrap_or(0)),
                 )
             }))
     }
@@ -640,8 +783,110 @@ impl DistributedLock for PostgresLock {
     }
 }
 
-/// The same acquire and release statements straight on the pool: no retries, time limits,
-/// guards or lockcore layer.
+impl Queue for PostgresLock {
+    const BACKEND: &'static str = BACKEND;
+
+    fn wake(&self, name: &LockName) -> Wake {
+        let inner = &self.inner;
+        inner.ensure_listener();
+        Wake::notify(
+            inner.waiters.register(name.as_str()),
+            inner.waiters.ready.subscribe(),
+        )
+    }
+
+    async fn enqueue(&self, name: &LockName, waiter: &str) -> Result<i64> {
+        let inner = &self.inner;
+        inner
+            .core
+            .run("enqueue", Some(name), |mut c| {
+                let q = sqlx::query_scalar(inner.sql.enqueue.clone())
+                    .bind(name.as_str())
+                    .bind(waiter)
+                    .bind(micros(LIVENESS));
+                async move {
+                    let r = q.fetch_one(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await
+    }
+
+    async fn refresh(&self, name: &LockName, waiter: &str) -> Result<bool> {
+        let inner = &self.inner;
+        let done = inner
+            .core
+            .run("refresh waiter", Some(name), |mut c| {
+                let q = sqlx::query(inner.sql.refresh.clone())
+                    .bind(name.as_str())
+                    .bind(waiter)
+                    .bind(micros(LIVENESS));
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn attempt(
+        &self,
+        name: &LockName,
+        waiter: &str,
+        ticket: i64,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        let inner = &self.inner;
+        let (fence, left): (Option<i64>, Option<i64>) = inner
+            .core
+            .run("acquire", Some(name), |mut c| {
+                let q = sqlx::query_as(inner.sql.wait_acquire.clone())
+                    .bind(name.as_str())
+                    .bind(waiter)
+                    .bind(micros(ttl))
+                    .bind(ticket);
+                async move {
+                    let r = q.fetch_one(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(match fence {
+            Some(f) => Attempt::Granted(f),
+            None => Attempt::Blocked {
+                ahead: None,
+                holder_left: from_micros(left),
+            },
+        })
+    }
+
+    async fn dequeue(&self, _name: &LockName, _waiter: &str) -> Result<()> {
+        // The grant deleted the waiter's row in the same statement.
+        Ok(())
+    }
+
+    async fn cancel(&self, name: &LockName, waiter: OwnerId) -> Result<bool> {
+        let inner = &self.inner;
+        let waiter = waiter.to_string();
+        let (freed, _notified): (i64, i64) = inner
+            .core
+            .run("leave queue", Some(name), |mut c| {
+                let q = sqlx::query_as(inner.sql.cancel.clone())
+                    .bind(name.as_str())
+                    .bind(waiter.as_str());
+                async move {
+                    let r = q.fetch_one(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(freed > 0)
+    }
+}
+
+/// The plain acquire (no waiter-queue check) and the release statement straight on the pool: no
+/// retries, time limits, guards or lockcore layer.
 struct PgFloor {
     inner: Arc<Inner>,
 }
@@ -649,8 +894,8 @@ struct PgFloor {
 #[async_trait]
 impl RawFloor for PgFloor {
     fn description(&self) -> String {
-        "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence, then UPDATE .. SET owner = NULL with \
-         pg_notify, on the same sqlx pool"
+        "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence (without the queue check), then \
+         UPDATE .. SET owner = NULL with pg_notify, on the same sqlx pool"
             .into()
     }
 
@@ -658,7 +903,7 @@ impl RawFloor for PgFloor {
         let pool = &self.inner.core.pool;
         let owner = OwnerId::random().to_string();
         let err = |e| Error::backend(BACKEND, "raw floor", Some(name), true, e);
-        let fence: Option<i64> = sqlx::query_scalar(self.inner.sql.acquire.clone())
+        let fence: Option<i64> = sqlx::query_scalar(self.inner.sql.floor_acquire.clone())
             .bind(name.as_str())
             .bind(owner.as_str())
             .bind(micros(Duration::from_secs(10)))

@@ -54,5 +54,5 @@ async fn make_mariadb() -> Arc<dyn DistributedLock> {
 }
 
 conformance_tests::suite!(sqlite, make_sqlite, [ttl]);
-conformance_tests::suite!(postgres, make_postgres, [ttl]);
-conformance_tests::suite!(mariadb, make_mariadb, [ttl]);
+conformance_tests::suite!(postgres, make_postgres, [ttl, fifo]);
+conformance_tests::suite!(mariadb, make_mariadb, [ttl, fifo]);
