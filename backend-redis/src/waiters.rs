@@ -231,8 +231,21 @@ impl Hub {
     }
 }
 
+/// Marks the subscriber connection lost when its dispatcher ends for any reason, including its
+/// runtime shutting down (the task is then dropped, not finished).
+struct LostOnDrop(Weak<Hub>, u64);
+
+impl Drop for LostOnDrop {
+    fn drop(&mut self) {
+        if let Some(hub) = self.0.upgrade() {
+            hub.lost(self.1);
+        }
+    }
+}
+
 /// Reads one subscriber connection until it ends or the hub is dropped.
 async fn dispatch(hub: Weak<Hub>, generation: u64, mut stream: PubSubStream) {
+    let _lost = LostOnDrop(hub.clone(), generation);
     let mut tick = tokio::time::interval(LINGER / 2);
     tick.tick().await;
     loop {
@@ -243,7 +256,6 @@ async fn dispatch(hub: Weak<Hub>, generation: u64, mut stream: PubSubStream) {
                     Some(msg) => hub.deliver(msg.get_channel_name(), msg.get_payload_bytes()),
                     None => {
                         tracing::debug!("redis subscriber connection closed");
-                        hub.lost(generation);
                         return;
                     }
                 }
