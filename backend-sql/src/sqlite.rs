@@ -1,5 +1,6 @@
 //! SQLite, the embedded default: one database file in WAL mode shared by every process on the
-//! host, `INSERT .. ON CONFLICT DO UPDATE .. WHERE expired RETURNING fence`, polling waiters.
+//! host, `INSERT .. SELECT .. ON CONFLICT DO UPDATE .. WHERE expired RETURNING fence`, a FIFO
+//! queue of waiter rows (see [`crate::queue`]), polling waiters.
 //! "database is locked" is retried inside, within the `timeout` budget.
 
 use std::fmt;
@@ -21,6 +22,7 @@ use crate::common::{
     millis, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, SqlitePath, Target};
+use crate::queue::{Attempt, LIVENESS, Queue, Wake};
 
 const BACKEND: &str = "sqlite";
 
@@ -33,7 +35,16 @@ const NOW_MS: &str = "CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)";
 /// The statements of one client, built once with the validated table name.
 struct Statements {
     create: SqlStr,
+    create_queue: SqlStr,
+    create_queue_index: SqlStr,
+    gc_queue: SqlStr,
     acquire: SqlStr,
+    floor_acquire: SqlStr,
+    wait_acquire: SqlStr,
+    probe: SqlStr,
+    enqueue: SqlStr,
+    refresh: SqlStr,
+    dequeue: SqlStr,
     release: SqlStr,
     release_owner: SqlStr,
     extend: SqlStr,
@@ -43,6 +54,15 @@ struct Statements {
 impl Statements {
     fn new(table: &str) -> Self {
         let t = format!("\"{table}\"");
+        let queue = crate::common::queue_table(table);
+        let w = format!("\"{queue}\"");
+        let wi = format!("\"{queue}_by_name\"");
+        let upsert = format!(
+            "ON CONFLICT (name) DO UPDATE \
+             SET owner = excluded.owner, fence = fence + 1, expires_at = excluded.expires_at \
+             WHERE owner IS NULL OR expires_at <= {NOW_MS} OR owner = excluded.owner \
+             RETURNING fence"
+        );
         Statements {
             // TEXT with SQLite's default BINARY collation: names compare byte for byte.
             create: sql(format!(
@@ -52,15 +72,66 @@ impl Statements {
                  fence INTEGER NOT NULL, \
                  expires_at INTEGER NOT NULL)"
             )),
+            // Waiters: one row per queued acquire; `ticket` (the rowid: always above every
+            // existing row's) orders them, `expires_at` is the waiter's liveness (refreshed
+            // while it waits).
+            create_queue: sql(format!(
+                "CREATE TABLE IF NOT EXISTS {w} (\
+                 ticket INTEGER PRIMARY KEY, \
+                 name TEXT NOT NULL, \
+                 waiter TEXT NOT NULL, \
+                 expires_at INTEGER NOT NULL)"
+            )),
+            create_queue_index: sql(format!(
+                "CREATE INDEX IF NOT EXISTS {wi} ON {w} (name, ticket)"
+            )),
+            gc_queue: sql(format!("DELETE FROM {w} WHERE expires_at <= {NOW_MS}")),
             // ?1 name, ?2 owner, ?3 ttl ms. Unqualified columns in DO UPDATE are the existing
-            // row's.
+            // row's. Never while a live waiter is queued for the name (no jumping the queue).
             acquire: sql(format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at) \
-                 VALUES (?1, ?2, 1, {NOW_MS} + ?3) \
-                 ON CONFLICT (name) DO UPDATE \
-                 SET owner = excluded.owner, fence = fence + 1, expires_at = excluded.expires_at \
-                 WHERE owner IS NULL OR expires_at <= {NOW_MS} OR owner = excluded.owner \
-                 RETURNING fence"
+                 SELECT ?1, ?2, 1, {NOW_MS} + ?3 \
+                 WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
+                 WHERE w.name = ?1 AND w.expires_at > {NOW_MS}) {upsert}"
+            )),
+            // The raw floor: the plain acquire, without the queue check.
+            floor_acquire: sql(format!(
+                "INSERT INTO {t} (name, owner, fence, expires_at) \
+                 VALUES (?1, ?2, 1, {NOW_MS} + ?3) {upsert}"
+            )),
+            // ?1 name, ?2 owner, ?3 ttl ms, ?4 ticket. A queued waiter's attempt: only when no
+            // live waiter with a smaller ticket is queued.
+            wait_acquire: sql(format!(
+                "INSERT INTO {t} (name, owner, fence, expires_at) \
+                 SELECT ?1, ?2, 1, {NOW_MS} + ?3 \
+                 WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
+                 WHERE w.name = ?1 AND w.ticket < ?4 AND w.waiter <> ?2 \
+                 AND w.expires_at > {NOW_MS}) {upsert}"
+            )),
+            // ?1 name, ?2 waiter, ?3 ticket. Read-only look before a waiter writes (a reader
+            // never waits for SQLite's write lock): live waiters ahead of it, and the holder's
+            // time left in µs.
+            probe: sql(format!(
+                "SELECT (SELECT count(*) FROM {w} AS w \
+                 WHERE w.name = ?1 AND w.ticket < ?3 AND w.waiter <> ?2 \
+                 AND w.expires_at > {NOW_MS}), \
+                 (SELECT (l.expires_at - {NOW_MS}) * 1000 FROM {t} AS l \
+                 WHERE l.name = ?1 AND l.owner IS NOT NULL AND l.owner <> ?2 \
+                 AND l.expires_at > {NOW_MS})"
+            )),
+            // ?1 name, ?2 waiter, ?3 liveness ms.
+            enqueue: sql(format!(
+                "INSERT INTO {w} (name, waiter, expires_at) VALUES (?1, ?2, {NOW_MS} + ?3) \
+                 RETURNING ticket"
+            )),
+            // ?1 name, ?2 waiter, ?3 liveness ms. Never revives an expired waiter.
+            refresh: sql(format!(
+                "UPDATE {w} SET expires_at = {NOW_MS} + ?3 \
+                 WHERE name = ?1 AND waiter = ?2 AND expires_at > {NOW_MS}"
+            )),
+            // ?1 name, ?2 waiter. Leaves the queue, dropping expired waiters of the name.
+            dequeue: sql(format!(
+                "DELETE FROM {w} WHERE name = ?1 AND (waiter = ?2 OR expires_at <= {NOW_MS})"
             )),
             // ?1 name, ?2 owner, ?3 fence. The row stays (the fence must never reset).
             release: sql(format!(
@@ -76,11 +147,12 @@ impl Statements {
                 "UPDATE {t} SET expires_at = {NOW_MS} + ?4 \
                  WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND expires_at > {NOW_MS}"
             )),
-            // ?1 name. Remaining time in µs by the database's clock.
+            // ?1 name. Remaining time in µs by the database's clock; live waiters.
             inspect: sql(format!(
                 "SELECT l.owner, l.fence, \
                  CASE WHEN l.owner IS NOT NULL AND l.expires_at > c.now \
-                 THEN (l.expires_at - c.now) * 1000 END \
+                 THEN (l.expires_at - c.now) * 1000 END, \
+                 (SELECT count(*) FROM {w} AS w WHERE w.name = l.name AND w.expires_at > c.now) \
                  FROM {t} AS l, (SELECT {NOW_MS} AS now) AS c WHERE l.name = ?1"
             )),
         }
@@ -253,7 +325,20 @@ impl SqliteLock {
             )
             .await?;
         }
-        setup_statement(&mut setup, sql.create.clone(), deadline, "create table").await?;
+        for statement in [&sql.create, &sql.create_queue, &sql.create_queue_index] {
+            setup_statement(&mut setup, statement.clone(), deadline, "create table").await?;
+        }
+        // Expired waiter rows left by crashed processes (best effort).
+        if let Err(e) = setup_statement(
+            &mut setup,
+            sql.gc_queue.clone(),
+            deadline,
+            "drop expired waiters",
+        )
+        .await
+        {
+            tracing::debug!(backend = BACKEND, error = %e, "dropping expired waiter rows failed");
+        }
         let anchor = if memory {
             Some(setup)
         } else {
@@ -321,7 +406,7 @@ impl DistributedLock for SqliteLock {
             BACKEND,
             Fencing::Strict,
             Expiry::Ttl,
-            Fairness::Unordered,
+            Fairness::Fifo,
             WaitMechanism::Poll,
         )
         .shared_across_processes(!self.inner.memory)
@@ -347,9 +432,11 @@ impl DistributedLock for SqliteLock {
                 });
             })
         };
+        let mut tries = 0;
         let fence: Option<i64> = inner
             .core
             .run("acquire", Some(name), |mut c| {
+                tries += 1;
                 let q = sqlx::query_scalar(inner.sql.acquire.clone())
                     .bind(name.as_str())
                     .bind(owner_text.as_str())
@@ -360,7 +447,11 @@ impl DistributedLock for SqliteLock {
                 }
             })
             .await?;
-        cleanup.disarm();
+        // A retry after a "database is locked" cannot have run the first try, but a retry
+        // after a broken connection might: then the cleanup gives a grant back.
+        if fence.is_some() || tries == 1 {
+            cleanup.disarm();
+        }
         Ok(fence.map(|f| {
             Lease::new(
                 name.clone(),
@@ -371,6 +462,15 @@ impl DistributedLock for SqliteLock {
                 opts.drift_value(),
             )
         }))
+    }
+
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        crate::queue::acquire(self, name, opts, deadline).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
@@ -490,7 +590,7 @@ impl DistributedLock for SqliteLock {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let inner = &self.inner;
-        let row: Option<(Option<String>, i64, Option<i64>)> = inner
+        let row: Option<(Option<String>, i64, Option<i64>, i64)> = inner
             .core
             .run("inspect", Some(name), |mut c| {
                 let q = sqlx::query_as(inner.sql.inspect.clone()).bind(name.as_str());
@@ -500,14 +600,14 @@ impl DistributedLock for SqliteLock {
                 }
             })
             .await?;
-        Ok(row.map(|(owner, fence, remaining)| {
+        Ok(row.map(|(owner, fence, remaining, waiters)| {
             let remaining = from_micros(remaining);
             LockInfo::new(
                 name,
                 owner.filter(|_| remaining.is_some()),
                 Some(token(fence)),
                 remaining,
-                None,
+                Some(usize::try_from(waiters).unwrap_or(0)),
             )
         }))
     }
@@ -519,7 +619,130 @@ impl DistributedLock for SqliteLock {
     }
 }
 
-/// The same acquire and release statements straight on the pool.
+impl Inner {
+    async fn dequeue(&self, name: &LockName, waiter: &str) -> Result<()> {
+        self.core
+            .run("leave queue", Some(name), |mut c| {
+                let q = sqlx::query(self.sql.dequeue.clone())
+                    .bind(name.as_str())
+                    .bind(waiter);
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+impl Queue for SqliteLock {
+    const BACKEND: &'static str = BACKEND;
+
+    fn wake(&self, _name: &LockName) -> Wake {
+        Wake::poll()
+    }
+
+    async fn enqueue(&self, name: &LockName, waiter: &str) -> Result<i64> {
+        let inner = &self.inner;
+        inner
+            .core
+            .run("enqueue", Some(name), |mut c| {
+                let q = sqlx::query_scalar(inner.sql.enqueue.clone())
+                    .bind(name.as_str())
+                    .bind(waiter)
+                    .bind(millis(LIVENESS));
+                async move {
+                    let r = q.fetch_one(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await
+    }
+
+    async fn refresh(&self, name: &LockName, waiter: &str) -> Result<bool> {
+        let inner = &self.inner;
+        let done = inner
+            .core
+            .run("refresh waiter", Some(name), |mut c| {
+                let q = sqlx::query(inner.sql.refresh.clone())
+                    .bind(name.as_str())
+                    .bind(waiter)
+                    .bind(millis(LIVENESS));
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn attempt(
+        &self,
+        name: &LockName,
+        waiter: &str,
+        ticket: i64,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        let inner = &self.inner;
+        // Look first (read-only): only the head of the queue, with the row free, takes the
+        // database's write lock.
+        let (ahead, left): (i64, Option<i64>) = inner
+            .core
+            .run("acquire", Some(name), |mut c| {
+                let q = sqlx::query_as(inner.sql.probe.clone())
+                    .bind(name.as_str())
+                    .bind(waiter)
+                    .bind(ticket);
+                async move {
+                    let r = q.fetch_one(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        let ahead = u64::try_from(ahead).unwrap_or(0);
+        let holder_left = from_micros(left);
+        if ahead > 0 || holder_left.is_some() {
+            return Ok(Attempt::Blocked {
+                ahead: Some(ahead),
+                holder_left,
+            });
+        }
+        let fence: Option<i64> = inner
+            .core
+            .run("acquire", Some(name), |mut c| {
+                let q = sqlx::query_scalar(inner.sql.wait_acquire.clone())
+                    .bind(name.as_str())
+                    .bind(waiter)
+                    .bind(millis(ttl))
+                    .bind(ticket);
+                async move {
+                    let r = q.fetch_optional(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok(match fence {
+            Some(fence) => Attempt::Granted(fence),
+            None => Attempt::Blocked {
+                ahead: Some(0),
+                holder_left: None,
+            },
+        })
+    }
+
+    async fn dequeue(&self, name: &LockName, waiter: &str) -> Result<()> {
+        self.inner.dequeue(name, waiter).await
+    }
+
+    async fn cancel(&self, name: &LockName, waiter: OwnerId) -> Result<bool> {
+        self.inner.dequeue(name, &waiter.to_string()).await?;
+        self.inner.release_owner(name, waiter).await
+    }
+}
+
+/// The plain acquire (no waiter-queue check) and the release statement straight on the pool.
 struct SqliteFloor {
     inner: Arc<Inner>,
 }
@@ -527,8 +750,8 @@ struct SqliteFloor {
 #[async_trait]
 impl RawFloor for SqliteFloor {
     fn description(&self) -> String {
-        "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence, then UPDATE .. SET owner = NULL, on \
-         the same sqlx pool"
+        "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence (without the queue check), then \
+         UPDATE .. SET owner = NULL, on the same sqlx pool"
             .into()
     }
 
@@ -536,7 +759,7 @@ impl RawFloor for SqliteFloor {
         let pool = &self.inner.core.pool;
         let owner = OwnerId::random().to_string();
         let err = |e| Error::backend(BACKEND, "raw floor", Some(name), true, e);
-        let fence: Option<i64> = sqlx::query_scalar(self.inner.sql.acquire.clone())
+        let fence: Option<i64> = sqlx::query_scalar(self.inner.sql.floor_acquire.clone())
             .bind(name.as_str())
             .bind(owner.as_str())
             .bind(millis(Duration::from_secs(10)))

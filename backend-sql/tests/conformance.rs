@@ -53,6 +53,6 @@ async fn make_mariadb() -> Arc<dyn DistributedLock> {
     backend_sql::connect(url).await.expect("mariadb client")
 }
 
-conformance_tests::suite!(sqlite, make_sqlite, [ttl]);
+conformance_tests::suite!(sqlite, make_sqlite, [ttl, fifo]);
 conformance_tests::suite!(postgres, make_postgres, [ttl, fifo]);
 conformance_tests::suite!(mariadb, make_mariadb, [ttl, fifo]);
