@@ -9,7 +9,9 @@
 //! * [`history`], [`fenced`]: the safety tooling (recorder, checker, fenced resource).
 //! * [`kit`]: real servers as child processes and a fault-injecting TCP proxy.
 //!
-//! ```ignore
+//! In a backend crate's `tests/conformance.rs`:
+//!
+//! ```text
 //! async fn make() -> std::sync::Arc<dyn lockcore::DistributedLock> { /* a new client */ }
 //! conformance_tests::suite!(memory, make, [ttl, fifo]);
 //! ```
@@ -73,24 +75,47 @@ impl Ctx {
 /// How long a single case may run before it fails instead of hanging.
 pub const CASE_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// Runs one case on a fresh multi-threaded runtime; panics (fails the test) on timeout.
+/// Runs one case on a fresh multi-threaded runtime; panics (fails the test) on timeout. The
+/// outcome (`pass` or `fail`) is written to `<dir>/dlock-conformance/<backend>/<case>` for the
+/// case × backend table.
 pub fn run_case(
     backend: &'static str,
     case: &'static str,
     factory: Factory,
     body: fn(Ctx) -> BoxFuture<()>,
+    dir: &str,
 ) {
+    struct Outcome {
+        path: std::path::PathBuf,
+        passed: bool,
+    }
+    impl Drop for Outcome {
+        fn drop(&mut self) {
+            if let Some(parent) = self.path.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
+            let _ = std::fs::write(&self.path, if self.passed { "pass" } else { "fail" });
+        }
+    }
+    let mut outcome = Outcome {
+        path: std::path::Path::new(dir)
+            .join("dlock-conformance")
+            .join(backend)
+            .join(case),
+        passed: false,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("tokio runtime");
     let ctx = Ctx::new(backend, case, factory);
-    let outcome = rt.block_on(async move { tokio::time::timeout(CASE_TIMEOUT, body(ctx)).await });
+    let finished = rt.block_on(async move { tokio::time::timeout(CASE_TIMEOUT, body(ctx)).await });
     rt.shutdown_timeout(Duration::from_secs(2));
-    if outcome.is_err() {
+    if finished.is_err() {
         panic!("case {case} on {backend} did not finish within {CASE_TIMEOUT:?}");
     }
+    outcome.passed = true;
 }
 
 /// Instantiates every applicable case for one backend as `#[test]` functions in a module named
@@ -163,6 +188,7 @@ macro_rules! __cases {
                     stringify!($case),
                     __factory,
                     |ctx| ::std::boxed::Box::pin($crate::cases::$case(ctx)),
+                    env!("CARGO_TARGET_TMPDIR"),
                 );
             }
         )*

@@ -50,7 +50,9 @@ pub fn groups_for(caps: &lockcore::Capabilities) -> Vec<&'static str> {
 }
 
 /// Asserts that the declared groups are exactly those the capabilities call for, then writes
-/// this backend's row of the table to `<dir>/dlock-conformance/<backend>.tsv` and prints it.
+/// this backend's plan (which cases run, which are excluded and why) to
+/// `<dir>/dlock-conformance/<backend>.tsv` and prints it. Each case writes its own outcome next
+/// to it (see [`crate::run_case`]); `scripts/test` joins the two into the case × backend table.
 pub fn check_and_record(backend: &'static str, factory: Factory, declared: &[&str], dir: &str) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -70,7 +72,7 @@ pub fn check_and_record(backend: &'static str, factory: Factory, declared: &[&st
         let status = if *group == "core" || declared.contains(group) {
             "run".to_owned()
         } else {
-            format!("excluded (needs {group})")
+            format!("n/a ({group})")
         };
         rows.push_str(&format!("{backend}\t{case}\t{status}\n"));
     }
