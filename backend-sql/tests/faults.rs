@@ -588,3 +588,121 @@ async fn mariadb_holder_process_killed() {
     let url = Server::shared(Kind::MariaDb).await.fresh_database().await.0;
     holder_process_killed("mariadb_holder_process_killed", url).await;
 }
+
+// ---- a waiting process killed -9 ----
+
+const WAITER_ENV: &str = "DLOCK_SQL_FAULT_WAITER_URL";
+const WAITER_NAME: &str = "waited-for-by-a-killed-process";
+
+/// Acts as the waiting process when re-executed: queues for the (held) lock and waits to be
+/// killed.
+async fn child_waiter(url: &str) {
+    let c = client(url).await;
+    let r = c
+        .lock(
+            WAITER_NAME,
+            &AcquireOptions::new()
+                .ttl(Duration::from_secs(10))
+                .wait(Wait::Forever),
+        )
+        .await;
+    // Only reached if the parent released before killing us.
+    println!("DLOCK_WAITER_DONE {}", r.is_ok());
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+}
+
+/// A process queued for the lock is killed -9, leaving its waiter row behind with no cleanup:
+/// once the holder releases, the next waiter still gets the lock (the dead row stops counting
+/// when its liveness runs out), with a higher token, and the queue ends empty.
+async fn waiter_process_killed(test: &str, url: String) {
+    let (holder, next) = (client(&url).await, client(&url).await);
+    let n = name(WAITER_NAME);
+    let held = holder
+        .lock(
+            WAITER_NAME,
+            &AcquireOptions::new()
+                .ttl(Duration::from_secs(60))
+                .keep_alive(KeepAlive::Off)
+                .wait(Wait::No),
+        )
+        .await
+        .expect("holder acquires");
+    let mut child = tokio::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(WAITER_ENV, &url)
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the waiting process");
+    within(Duration::from_secs(60), "the other process queues", async {
+        loop {
+            let waiters = holder
+                .inspect(&n)
+                .await
+                .expect("inspect")
+                .and_then(|i| i.waiters);
+            if waiters == Some(1) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    child.kill().await.expect("kill -9 the waiting process");
+    let waiting = {
+        let next = next.clone();
+        tokio::spawn(async move {
+            next.lock(
+                WAITER_NAME,
+                &AcquireOptions::new()
+                    .ttl(Duration::from_secs(10))
+                    .keep_alive(KeepAlive::Off)
+                    .wait(Wait::For(Duration::from_secs(60))),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held_token = held.fencing_token();
+    held.release().await.expect("release");
+    let got = within(Duration::from_secs(90), "the next waiter", waiting)
+        .await
+        .expect("task")
+        .expect("the next waiter gets the lock past the dead one");
+    assert!(got.fencing_token() > held_token);
+    let info = next.inspect(&n).await.expect("inspect").expect("row");
+    assert_eq!(info.waiters, Some(0), "the queue is empty: {info:?}");
+    got.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_waiter_process_killed() {
+    if let Ok(url) = std::env::var(WAITER_ENV) {
+        return child_waiter(&url).await;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}/locks.db", dir.path().display());
+    waiter_process_killed("sqlite_waiter_process_killed", url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_waiter_process_killed() {
+    if let Ok(url) = std::env::var(WAITER_ENV) {
+        return child_waiter(&url).await;
+    }
+    let url = Server::shared(Kind::Postgres)
+        .await
+        .fresh_database()
+        .await
+        .0;
+    waiter_process_killed("postgres_waiter_process_killed", url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_waiter_process_killed() {
+    if let Ok(url) = std::env::var(WAITER_ENV) {
+        return child_waiter(&url).await;
+    }
+    let url = Server::shared(Kind::MariaDb).await.fresh_database().await.0;
+    waiter_process_killed("mariadb_waiter_process_killed", url).await;
+}

@@ -133,6 +133,142 @@ impl Raw {
     }
 }
 
+/// The lease table every test here uses (the default).
+const TABLE: &str = "dlock_leases";
+
+impl Raw {
+    /// Queues a waiter row by hand, as a waiter in another process would, live for `secs` more
+    /// seconds by the database's clock (negative: already expired). Returns its waiter id.
+    async fn insert_waiter(&self, name: &str, secs: f64) -> String {
+        let waiter = OwnerId::random().to_string();
+        let w = format!("{TABLE}_waiters");
+        let micros = (secs * 1e6) as i64;
+        match self {
+            Raw::Pg(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO \"{w}\" (name, waiter, expires_at) \
+                 VALUES ($1, $2, clock_timestamp() + $3::bigint * interval '1 microsecond')"
+            )))
+            .bind(name)
+            .bind(&waiter)
+            .bind(micros)
+            .execute(p)
+            .await
+            .map(|_| ()),
+            Raw::My(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO `{w}` (name, waiter, expires_at) \
+                 VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND)"
+            )))
+            .bind(name.as_bytes())
+            .bind(&waiter)
+            .bind(micros)
+            .execute(p)
+            .await
+            .map(|_| ()),
+            Raw::Lite(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO \"{w}\" (name, waiter, expires_at) \
+                 VALUES (?1, ?2, CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) + ?3)"
+            )))
+            .bind(name)
+            .bind(&waiter)
+            .bind(micros / 1000)
+            .execute(p)
+            .await
+            .map(|_| ()),
+        }
+        .expect("raw waiter row");
+        waiter
+    }
+
+    /// Waiter rows of `name`, live or expired.
+    async fn waiter_rows(&self, name: &str) -> i64 {
+        let w = format!("{TABLE}_waiters");
+        match self {
+            Raw::Pg(p) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT count(*) FROM \"{w}\" WHERE name = $1"
+                )))
+                .bind(name)
+                .fetch_one(p)
+                .await
+            }
+            Raw::My(p) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT COUNT(*) FROM `{w}` WHERE name = ?"
+                )))
+                .bind(name.as_bytes())
+                .fetch_one(p)
+                .await
+            }
+            Raw::Lite(p) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT count(*) FROM \"{w}\" WHERE name = ?1"
+                )))
+                .bind(name)
+                .fetch_one(p)
+                .await
+            }
+        }
+        .expect("raw waiter count")
+    }
+
+    /// Deletes every waiter row of `name`.
+    async fn delete_waiters(&self, name: &str) {
+        let w = format!("{TABLE}_waiters");
+        match self {
+            Raw::Pg(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM \"{w}\" WHERE name = $1"
+            )))
+            .bind(name)
+            .execute(p)
+            .await
+            .map(|_| ()),
+            Raw::My(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM `{w}` WHERE name = ?"
+            )))
+            .bind(name.as_bytes())
+            .execute(p)
+            .await
+            .map(|_| ()),
+            Raw::Lite(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM \"{w}\" WHERE name = ?1"
+            )))
+            .bind(name)
+            .execute(p)
+            .await
+            .map(|_| ()),
+        }
+        .expect("raw waiter delete");
+    }
+}
+
+/// Fails instead of hanging.
+async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not done within {limit:?}"))
+}
+
+/// Waits until `inspect` reports `n` live waiters on `name`.
+async fn until_queued(c: &Arc<dyn DistributedLock>, n: &LockName, waiters: usize) {
+    within(Duration::from_secs(30), "waiters queued", async {
+        loop {
+            let info = c.inspect(n).await.expect("inspect");
+            if info.and_then(|i| i.waiters) == Some(waiters) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+fn waiting(limit: Duration) -> AcquireOptions {
+    AcquireOptions::new()
+        .ttl(Duration::from_secs(30))
+        .keep_alive(KeepAlive::Off)
+        .wait(Wait::For(limit))
+}
+
 macro_rules! per_dialect {
     ($($case:ident),* $(,)?) => {
         $(
@@ -164,7 +300,176 @@ per_dialect!(
     raw_floor_runs_the_same_statements,
     concurrent_clients_never_see_busy_errors,
     extend_many_reports_each_lease,
+    try_lock_does_not_jump_a_live_queue,
+    cancelled_waiters_leave_no_row,
+    dead_waiter_blocks_only_until_its_liveness,
 );
+
+/// `try_acquire` never jumps a live queue: a live waiter row (as a waiter in another process
+/// leaves) keeps even a free or never-used lock from being taken, an expired one does not; and
+/// after a release, a `try_lock` gets nothing while the queued waiter has not had its turn.
+async fn try_lock_does_not_jump_a_live_queue(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let (c, raw) = (client(&url).await, Raw::connect(&url).await);
+    let n = name("queued");
+    let ttl = Duration::from_secs(10);
+    raw.insert_waiter(n.as_str(), 60.0).await;
+    assert!(
+        take(&c, &n, ttl).await.is_none(),
+        "a never-used lock was taken past a live waiter"
+    );
+    raw.delete_waiters(n.as_str()).await;
+    let lease = take(&c, &n, ttl).await.expect("free, nobody queued");
+    c.release(&lease).await.unwrap();
+
+    raw.insert_waiter(n.as_str(), -1.0).await;
+    let lease = take(&c, &n, ttl)
+        .await
+        .expect("an expired waiter row does not hold up the lock");
+    c.release(&lease).await.unwrap();
+    raw.insert_waiter(n.as_str(), 60.0).await;
+    assert!(
+        take(&c, &n, ttl).await.is_none(),
+        "a free lock was taken past a live waiter"
+    );
+    let info = c.inspect(&n).await.unwrap().expect("row");
+    assert_eq!(info.waiters, Some(1), "live waiters only: {info:?}");
+    raw.delete_waiters(n.as_str()).await;
+
+    // A real queue: the holder releases; until the waiter has had its turn, try_lock gets nothing.
+    let (holder, w, intruder) = (client(&url).await, client(&url).await, client(&url).await);
+    let lease = take(&holder, &n, Duration::from_secs(60))
+        .await
+        .expect("acquire");
+    let (got_tx, mut got_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let waiter = {
+        let n = n.clone();
+        tokio::spawn(async move {
+            let g = w
+                .lock(n.as_str(), &waiting(Duration::from_secs(60)))
+                .await
+                .expect("queued waiter acquires");
+            let _ = got_tx.send(());
+            let _ = go_rx.await;
+            g.release().await.expect("release");
+        })
+    };
+    until_queued(&holder, &n, 1).await;
+    holder.release(&lease).await.unwrap();
+    within(Duration::from_secs(60), "the waiter's turn", async {
+        loop {
+            let got = got_rx.try_recv().is_ok();
+            assert!(
+                take(&intruder, &n, ttl).await.is_none(),
+                "try_lock jumped the queue"
+            );
+            if got {
+                break;
+            }
+        }
+    })
+    .await;
+    let _ = go_tx.send(());
+    within(Duration::from_secs(30), "waiter", waiter)
+        .await
+        .expect("waiter task");
+    let lease = take(&intruder, &n, ttl)
+        .await
+        .expect("free once the queue is empty");
+    intruder.release(&lease).await.unwrap();
+}
+
+/// Waiters that are dropped, or whose wait times out, leave no waiter row behind: a dropped
+/// one's row goes with the cleanup spawned at once, a timed-out one's before the timeout is
+/// returned. Then the lock is free for anyone as soon as the holder releases.
+async fn cancelled_waiters_leave_no_row(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let (holder, raw) = (client(&url).await, Raw::connect(&url).await);
+    let n = name("cancelled");
+    let lease = take(&holder, &n, Duration::from_secs(60))
+        .await
+        .expect("acquire");
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let (c, n) = (client(&url).await, n.clone());
+        tasks.push(tokio::spawn(async move {
+            c.lock(n.as_str(), &waiting(Duration::from_secs(600))).await
+        }));
+    }
+    until_queued(&holder, &n, 3).await;
+    assert_eq!(raw.waiter_rows(n.as_str()).await, 3);
+    for t in &tasks {
+        t.abort();
+    }
+    for t in tasks {
+        assert!(t.await.is_err_and(|e| e.is_cancelled()), "not cancelled");
+    }
+    within(
+        Duration::from_secs(30),
+        "dropped waiters' rows deleted",
+        async {
+            while raw.waiter_rows(n.as_str()).await > 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        },
+    )
+    .await;
+
+    let c = client(&url).await;
+    match c
+        .lock(n.as_str(), &waiting(Duration::from_millis(300)))
+        .await
+    {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert_eq!(
+        raw.waiter_rows(n.as_str()).await,
+        0,
+        "a timed-out waiter left its row"
+    );
+    holder.release(&lease).await.unwrap();
+    let lease = take(&c, &n, Duration::from_secs(10))
+        .await
+        .expect("free, nobody queued");
+    c.release(&lease).await.unwrap();
+}
+
+/// A waiter that crashed (its row left behind, as by a kill -9 right after a refresh) holds up
+/// the queue until its liveness runs out by the database's clock, and no longer: the next
+/// waiter gets the lock, and the dead row is deleted on the way.
+async fn dead_waiter_blocks_only_until_its_liveness(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let (c, raw) = (client(&url).await, Raw::connect(&url).await);
+    let n = name("dead-waiter");
+    let lease = take(&c, &n, Duration::from_secs(10)).await.expect("free");
+    c.release(&lease).await.unwrap();
+    let queued = Instant::now();
+    raw.insert_waiter(n.as_str(), 2.0).await;
+    assert!(
+        take(&c, &n, Duration::from_secs(10)).await.is_none(),
+        "the dead waiter's row is still live"
+    );
+    let g = within(
+        Duration::from_secs(60),
+        "acquire behind a dead waiter",
+        c.lock(n.as_str(), &waiting(Duration::from_secs(60))),
+    )
+    .await
+    .expect("the queue moves on once the dead waiter's liveness has run out");
+    let waited = queued.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1900),
+        "granted {waited:?} after a waiter row live for 2 s was queued"
+    );
+    assert_eq!(
+        raw.waiter_rows(n.as_str()).await,
+        0,
+        "the dead row and the granted waiter's row are gone"
+    );
+    g.release().await.unwrap();
+}
 
 /// Keep-alive's batch: every lease gets its own outcome, in order, with the same owner checks
 /// as `extend`.
@@ -771,4 +1076,166 @@ async fn sqlite_memory_is_private_and_files_get_parent_dirs() {
     let c = client(&format!("sqlite://{}", path.display())).await;
     assert!(c.capabilities().shared_across_processes);
     assert!(path.exists());
+}
+
+// ---- SQLite across processes ----
+
+const HAMMER_URL: &str = "DLOCK_SQL_HAMMER_URL";
+const HAMMER_OUT: &str = "DLOCK_SQL_HAMMER_OUT";
+const HAMMER_NAME: &str = "hammered-by-four-processes";
+const HAMMER_FOR: Duration = Duration::from_secs(3);
+const HAMMER_PROCESSES: usize = 4;
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock `Instant` reads on Linux, shared by every process
+/// on the host, so holds recorded by different processes can be compared.
+#[allow(unsafe_code)]
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec through a valid, exclusive pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime");
+    u64::try_from(ts.tv_sec).expect("time") * 1_000_000_000
+        + u64::try_from(ts.tv_nsec).expect("time")
+}
+
+/// One child process: hammers [`HAMMER_NAME`] with waiting and single-attempt acquires for
+/// [`HAMMER_FOR`], writing one line per hold (`token acquired_ns valid_until_ns ended_ns`).
+/// Any error panics, which fails the child and so the parent.
+async fn hammer_child(url: &str, out: &str) {
+    use std::io::Write;
+    let c = client(url).await;
+    let mut lines = String::new();
+    let started = Instant::now();
+    let mut round = 0u64;
+    while started.elapsed() < HAMMER_FOR {
+        round += 1;
+        let opts = AcquireOptions::new()
+            .ttl(Duration::from_secs(10))
+            .keep_alive(KeepAlive::Off);
+        let guard = if round.is_multiple_of(4) {
+            c.try_lock(HAMMER_NAME, &opts)
+                .await
+                .unwrap_or_else(|e| panic!("try_lock, round {round}: {e}"))
+        } else {
+            Some(
+                c.lock(HAMMER_NAME, &opts.wait(Wait::For(Duration::from_secs(60))))
+                    .await
+                    .unwrap_or_else(|e| panic!("lock, round {round}: {e}")),
+            )
+        };
+        let Some(guard) = guard else {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
+        };
+        let (acquired_at, acquired_ns) = (Instant::now(), monotonic_ns());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let ended_ns = monotonic_ns();
+        let lease = guard.lease();
+        let valid_until_ns = acquired_ns
+            + u64::try_from(
+                lease
+                    .valid_until()
+                    .saturating_duration_since(acquired_at)
+                    .as_nanos(),
+            )
+            .expect("ns");
+        lines.push_str(&format!(
+            "{} {acquired_ns} {valid_until_ns} {ended_ns}\n",
+            lease.token().0
+        ));
+        match guard.release().await {
+            Ok(Released::Released) => {}
+            other => panic!("release, round {round}: {other:?}"),
+        }
+    }
+    let mut f = std::fs::File::create(out).expect("output file");
+    f.write_all(lines.as_bytes()).expect("write holds");
+}
+
+/// SQLite is the embedded default shared by every process on the host: four OS processes
+/// hammer one name on one database file for a few seconds, with waiting and single-attempt
+/// acquires. No error of any kind (in particular no "database is locked") reaches any of them,
+/// every process gets the lock, and the merged history has no overlapping holds and tokens that
+/// grow with acquisition order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_four_processes_hammer_one_name() {
+    if let (Ok(url), Ok(out)) = (std::env::var(HAMMER_URL), std::env::var(HAMMER_OUT)) {
+        return hammer_child(&url, &out).await;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}/locks.db", dir.path().display());
+    // The file and its tables exist before the children race to open it.
+    drop(client(&url).await);
+    let mut children = Vec::new();
+    for i in 0..HAMMER_PROCESSES {
+        let out = dir.path().join(format!("holds-{i}.txt"));
+        let child = tokio::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "sqlite_four_processes_hammer_one_name",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(HAMMER_URL, &url)
+            .env(HAMMER_OUT, &out)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn a hammering process");
+        children.push((out, child));
+    }
+    let (base_at, base_ns) = (Instant::now(), monotonic_ns());
+    let at = |ns: u64| {
+        if ns >= base_ns {
+            base_at + Duration::from_nanos(ns - base_ns)
+        } else {
+            base_at - Duration::from_nanos(base_ns - ns)
+        }
+    };
+    let mut holds = Vec::new();
+    for (i, (out, child)) in children.into_iter().enumerate() {
+        let output = within(
+            Duration::from_secs(120),
+            "hammering process",
+            child.wait_with_output(),
+        )
+        .await
+        .expect("wait for the child");
+        assert!(
+            output.status.success(),
+            "process {i} failed: {}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = std::fs::read_to_string(&out).expect("holds file");
+        let before = holds.len();
+        for line in text.lines() {
+            let v: Vec<u64> = line
+                .split_whitespace()
+                .map(|x| x.parse().expect("number"))
+                .collect();
+            holds.push(conformance_tests::Hold {
+                client: i,
+                name: HAMMER_NAME.to_owned(),
+                token: v[0],
+                acquired: at(v[1]),
+                valid_until: at(v[2]),
+                ended: Some(at(v[3])),
+            });
+        }
+        assert!(holds.len() > before, "process {i} never got the lock");
+    }
+    eprintln!("hammer: {} holds", holds.len());
+    let violations = conformance_tests::check(&holds);
+    assert!(
+        violations.is_empty(),
+        "{} violations in {} holds, first: {}",
+        violations.len(),
+        holds.len(),
+        violations[0]
+    );
 }
