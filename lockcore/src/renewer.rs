@@ -29,7 +29,11 @@ struct Entry {
     policy: Policy,
     every: Duration,
     renewals: u32,
+    /// When the next renewal is due.
     next: Instant,
+    /// The lease's `valid_until` as last seen (a hand-made `extend` may have moved it later, which
+    /// only makes this entry wake early and look again).
+    valid_until: Instant,
 }
 
 type Registry = Mutex<HashMap<usize, mpsc::UnboundedSender<Entry>>>;
@@ -62,6 +66,7 @@ pub(crate) fn register(
         every,
         renewals: 0,
         next: first.acquired_at() + every,
+        valid_until: first.valid_until(),
     };
     let k = key(backend);
     let mut map = registry().lock().unwrap_or_else(PoisonError::into_inner);
@@ -94,8 +99,15 @@ impl Entry {
         (ttl >= MIN_TTL).then_some(ttl)
     }
 
-    fn wake_at(&self, lease: &Lease) -> Instant {
-        self.next.min(lease.valid_until())
+    /// When this entry needs attention: its renewal, or the end of its lease. No locking.
+    fn wake_at(&self) -> Instant {
+        self.next.min(self.valid_until)
+    }
+
+    /// Whether a pass at `now` should look at this entry (renewing up to an eighth of the
+    /// interval early, rather than waking again a moment later).
+    fn is_due(&self, now: Instant) -> bool {
+        now >= self.valid_until || self.next <= now + self.every / 8
     }
 }
 
@@ -106,13 +118,9 @@ async fn run(
 ) {
     let mut entries: Vec<Entry> = Vec::new();
     loop {
-        entries.retain(|e| e.shared.upgrade().is_some_and(|s| !s.is_finished()));
         if entries.is_empty() {
             match tokio::time::timeout(IDLE_EXIT, rx.recv()).await {
-                Ok(Some(e)) => {
-                    entries.push(e);
-                    continue;
-                }
+                Ok(Some(e)) => entries.push(e),
                 Ok(None) => return,
                 Err(_) => {
                     // Exit under the registry lock so no registration can slip in unseen.
@@ -124,13 +132,16 @@ async fn run(
                             return;
                         }
                     }
-                    continue;
                 }
             }
         }
+        // Take every registration that is waiting, so a burst of guards costs one pass.
+        while let Ok(e) = rx.try_recv() {
+            entries.push(e);
+        }
         let wake = entries
             .iter()
-            .filter_map(|e| e.shared.upgrade().map(|s| e.wake_at(&s.lease())))
+            .map(Entry::wake_at)
             .min()
             .unwrap_or_else(Instant::now);
         tokio::select! {
@@ -146,29 +157,37 @@ async fn run(
     }
 }
 
-/// Renews every entry that is due, ends those whose lease ran out or whose cap was reached.
+/// Renews every entry that is due, drops released guards, and ends leases that ran out or whose
+/// cap was reached.
 async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
     let now = Instant::now();
     let mut batch: Vec<(usize, Lease, Duration)> = Vec::new();
     let mut done: Vec<usize> = Vec::new();
-    for (i, e) in entries.iter().enumerate() {
-        let Some(shared) = e.shared.upgrade() else {
+    for (i, e) in entries.iter_mut().enumerate() {
+        if !e.is_due(now) {
+            continue;
+        }
+        let Some(shared) = e.shared.upgrade().filter(|s| !s.is_finished()) else {
             done.push(i);
             continue;
         };
         let lease = shared.lease();
+        e.valid_until = lease.valid_until();
         if now >= lease.valid_until() {
             shared.set_lost(shared.fallback());
             done.push(i);
             continue;
         }
-        // Renew a little early rather than wake again a moment later.
-        if e.next > now + e.every / 8 {
+        if !e.is_due(now) {
             continue;
         }
         match e.next_ttl(&lease, now) {
             Some(ttl) => batch.push((i, lease, ttl)),
-            None => shared.set_fallback(LostReason::RenewalLimit),
+            None => {
+                shared.set_fallback(LostReason::RenewalLimit);
+                // Nothing more to renew: wake only when the lease runs out.
+                e.next = lease.valid_until();
+            }
         }
     }
     if !batch.is_empty() {
@@ -200,6 +219,7 @@ async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
                             }
                             e.renewals += 1;
                             e.next = started + e.every;
+                            e.valid_until = new.valid_until();
                             if !shared.is_finished() {
                                 tracing::trace!(lock = %new.name(), renewals = e.renewals, "lease renewed");
                                 shared.store_lease(new);
