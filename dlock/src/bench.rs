@@ -611,6 +611,20 @@ async fn uncontended(
     })
 }
 
+/// Holds for `d` precisely: the timer sleeps through all but the last 1.5 ms (tokio's timer wheel
+/// rounds a sleep up to the next millisecond tick, so `sleep(1ms)` lasts about 2 ms), then the
+/// task yields until the deadline. The yielding keeps the runtime free for the other clients.
+async fn hold_for(d: Duration) {
+    let deadline = Instant::now() + d;
+    let coarse = d.saturating_sub(Duration::from_micros(1500));
+    if !coarse.is_zero() {
+        tokio::time::sleep(coarse).await;
+    }
+    while Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Who had the lock last, for handoff latency.
 enum Slot {
     Free,
@@ -867,7 +881,7 @@ async fn contend(
         if hold.is_zero() {
             tokio::task::yield_now().await;
         } else {
-            tokio::time::sleep(hold).await;
+            hold_for(hold).await;
         }
         // Leave the critical section before the store can hand the lock to someone else.
         shared.holding.fetch_sub(1, Ordering::SeqCst);

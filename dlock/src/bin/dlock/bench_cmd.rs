@@ -210,7 +210,7 @@ fn render(r: &BenchReport) -> String {
     if let Some(c) = &r.contended {
         let _ = writeln!(
             out,
-            "\ncontended: {} clients (own connections) on one name, hold {}, ttl {}, Wait::Forever",
+            "\ncontended: {} clients (own connections) on one name, hold {} (timer, then yielding to the exact deadline), ttl {}, Wait::Forever",
             c.clients,
             fmt_us(c.hold_ms * 1000.0),
             fmt_secs(c.ttl_ms as f64 / 1000.0)
