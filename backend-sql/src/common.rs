@@ -189,6 +189,53 @@ impl Drop for CancelCleanup {
     }
 }
 
+/// Runs `statement` (one that may grant a lock) in a task of its own, so it runs to completion
+/// even if the caller's future is dropped. If the caller is gone by the time it completes and
+/// `needs_undo` says the outcome may have granted the lock, `undo` runs right after, in that
+/// task.
+///
+/// A cleanup started when the caller's future is dropped runs on another connection and can
+/// reach the server before the interrupted statement does; the grant would then land after the
+/// cleanup and hold the lock until its ttl. Undoing after completion closes that window. (The
+/// caller's own armed cleanup still runs as well: for a drop after the result was handed over,
+/// and as a harmless no-op otherwise.)
+pub(crate) async fn detached<T, S, U, UF>(
+    backend: &'static str,
+    name: &LockName,
+    statement: S,
+    needs_undo: fn(&T) -> bool,
+    undo: U,
+) -> Result<T>
+where
+    T: Send + 'static,
+    S: Future<Output = Result<T>> + Send + 'static,
+    U: FnOnce() -> UF + Send + 'static,
+    UF: Future<Output = Result<bool>> + Send + 'static,
+{
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return statement.await;
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task_name = name.clone();
+    rt.spawn(async move {
+        let outcome = statement.await;
+        if let Err(Ok(value)) = tx.send(outcome)
+            && needs_undo(&value)
+        {
+            spawn_cleanup(backend, &task_name, undo());
+        }
+    });
+    rx.await.unwrap_or_else(|_| {
+        Err(Error::backend(
+            backend,
+            "acquire",
+            Some(name),
+            true,
+            "the statement's task ended without a result (runtime shutting down)",
+        ))
+    })
+}
+
 /// Spawns `fut` on the current tokio runtime, or logs that the ttl will have to end the lock.
 pub(crate) fn spawn_cleanup(
     backend: &'static str,

@@ -1,4 +1,4 @@
-//! MySQL and MariaDB: lease rows, `INSERT .. SELECT .. ON DUPLICATE KEY UPDATE` with `IF(..)` and
+//! MySQL and MariaDB: lease rows, `INSERT .. ON DUPLICATE KEY UPDATE` with `IF(..)` and
 //! `LAST_INSERT_ID(expr)` to return the fence; a FIFO queue of waiter rows (see
 //! [`crate::queue`]); waiters poll (the store has no notification).
 
@@ -11,12 +11,12 @@ use lockcore::{
     Fencing, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result, WaitMechanism,
     async_trait,
 };
-use sqlx::mysql::{MySqlDatabaseError, MySqlPoolOptions};
+use sqlx::mysql::{MySqlDatabaseError, MySqlPoolOptions, MySqlQueryResult};
 use sqlx::{MySql, SqlStr};
 
 use crate::common::{
-    CancelCleanup, Class, Core, batch_error, checked_batch, classify_transport, from_micros,
-    micros, spawn_cleanup, sql, token,
+    CancelCleanup, Class, Core, batch_error, checked_batch, classify_transport, detached,
+    from_micros, micros, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, Target};
 use crate::queue::{Attempt, LIVENESS, Queue, Wake};
@@ -48,12 +48,35 @@ impl Statements {
     fn new(table: &str) -> Self {
         let t = format!("`{table}`");
         let w = format!("`{}`", crate::common::queue_table(table));
-        // Binds: owner, owner, owner, owner, ttl µs.
+        // The raw floor's update, as it was before the queue. Binds: owner, owner, owner,
+        // owner, ttl µs.
         let upsert = "ON DUPLICATE KEY UPDATE \
              fence = IF(owner IS NULL OR expires_at <= NOW(6) OR owner = ?, \
              LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
              owner = IF(owner IS NULL OR expires_at <= NOW(6) OR owner = ?, ?, owner), \
              expires_at = IF(owner <=> ?, NOW(6) + INTERVAL ? MICROSECOND, expires_at)";
+        // The acquires' update. MySQL applies the SET list left to right, each assignment
+        // seeing the columns already assigned. `fence` is decided first: bumped if the row is
+        // free, expired or already ours AND the queue condition `gate` holds. `owner` then
+        // follows that one decision: `LAST_INSERT_ID()` returns what the `fence` assignment
+        // passed to `LAST_INSERT_ID(expr)`, the new fence if granted and 0 if not (fences start
+        // at 1). `expires_at` last tests whether `owner` is now ours (owner ids are unique per
+        // acquisition). The queue condition is a subquery in the update, not an
+        // `INSERT .. SELECT .. WHERE NOT EXISTS`, which costs MariaDB twice as much per
+        // statement. Binds: owner, the gate's, owner, owner, ttl µs.
+        let gated = |gate: &str| {
+            format!(
+                "ON DUPLICATE KEY UPDATE \
+                 fence = IF((owner IS NULL OR expires_at <= NOW(6) OR owner = ?) AND {gate}, \
+                 LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
+                 owner = IF(LAST_INSERT_ID() = fence, ?, owner), \
+                 expires_at = IF(owner <=> ?, NOW(6) + INTERVAL ? MICROSECOND, expires_at)"
+            )
+        };
+        let insert = format!(
+            "INSERT INTO {t} (name, owner, fence, expires_at) \
+             VALUES (?, ?, LAST_INSERT_ID(1), NOW(6) + INTERVAL ? MICROSECOND)"
+        );
         Statements {
             // VARBINARY: names compare byte for byte (case-sensitive), and 1024 bytes fit
             // InnoDB's 3072-byte index limit whatever the character set.
@@ -75,34 +98,30 @@ impl Statements {
                  KEY by_name (name, ticket)) ENGINE=InnoDB"
             )),
             gc_queue: sql(format!("DELETE FROM {w} WHERE expires_at <= NOW(6)")),
-            // Binds: name, owner, ttl µs, name, then the update's (see `upsert`).
-            // MySQL applies the SET list left to right, each assignment seeing the columns
-            // already assigned. So: `fence` first (reads the old owner/expiry), then `owner`
-            // (same old values), then `expires_at`, which can no longer test expiry and instead
-            // tests whether `owner` is now ours (owner ids are unique per acquisition).
+            // Binds: name, owner, ttl µs, owner, name, owner, owner, ttl µs.
             // LAST_INSERT_ID(expr) reports the outcome in the OK packet: 1 for a new row, the
-            // new fence for a take-over, 0 when the row is held by someone else or when a live
-            // waiter is queued (the SELECT yields no row; nothing is written).
+            // new fence for a take-over, 0 when the row is held by someone else or a live waiter
+            // is queued for the name. A new row (a name never used) is not gated: a waiter only
+            // queues after finding the row held, and rows are never deleted.
             acquire: sql(format!(
-                "INSERT INTO {t} (name, owner, fence, expires_at) \
-                 SELECT ?, ?, LAST_INSERT_ID(1), NOW(6) + INTERVAL ? MICROSECOND FROM DUAL \
-                 WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
-                 WHERE w.name = ? AND w.expires_at > NOW(6)) {upsert}"
+                "{insert} {}",
+                gated(&format!(
+                    "NOT EXISTS (SELECT 1 FROM {w} AS w \
+                     WHERE w.name = ? AND w.expires_at > NOW(6))"
+                ))
             )),
             // The raw floor: the plain acquire, without the queue check. Binds: name, owner,
-            // ttl µs, then the update's.
-            floor_acquire: sql(format!(
-                "INSERT INTO {t} (name, owner, fence, expires_at) \
-                 VALUES (?, ?, LAST_INSERT_ID(1), NOW(6) + INTERVAL ? MICROSECOND) {upsert}"
-            )),
+            // ttl µs, owner, owner, owner, owner, ttl µs.
+            floor_acquire: sql(format!("{insert} {upsert}")),
             // A queued waiter's attempt: only when no live waiter with a smaller ticket is
-            // queued. Binds: name, owner, ttl µs, name, ticket, owner, then the update's.
+            // queued. Binds: name, owner, ttl µs, owner, name, ticket, owner, owner, owner,
+            // ttl µs.
             wait_acquire: sql(format!(
-                "INSERT INTO {t} (name, owner, fence, expires_at) \
-                 SELECT ?, ?, LAST_INSERT_ID(1), NOW(6) + INTERVAL ? MICROSECOND FROM DUAL \
-                 WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
-                 WHERE w.name = ? AND w.ticket < ? AND w.waiter <> ? AND w.expires_at > NOW(6)) \
-                 {upsert}"
+                "{insert} {}",
+                gated(&format!(
+                    "NOT EXISTS (SELECT 1 FROM {w} AS w WHERE w.name = ? AND w.ticket < ? \
+                     AND w.waiter <> ? AND w.expires_at > NOW(6))"
+                ))
             )),
             // Read-only look before a waiter writes: live waiters ahead of it, and the holder's
             // time left in µs. Binds: name, ticket, waiter, name, waiter.
@@ -155,13 +174,18 @@ impl Statements {
 
 type MyQuery<'q> = sqlx::query::Query<'q, MySql, sqlx::mysql::MySqlArguments>;
 
-/// Binds the `ON DUPLICATE KEY UPDATE` tail of the acquire statements.
+/// Binds the raw floor's `ON DUPLICATE KEY UPDATE` tail.
 fn upsert_binds<'q>(q: MyQuery<'q>, owner: &str, ttl_us: i64) -> MyQuery<'q> {
     q.bind(owner)
         .bind(owner)
         .bind(owner)
         .bind(owner)
         .bind(ttl_us)
+}
+
+/// Binds the tail of the acquires' update after the gate's own binds.
+fn gated_tail<'q>(q: MyQuery<'q>, owner: &str, ttl_us: i64) -> MyQuery<'q> {
+    q.bind(owner).bind(owner).bind(ttl_us)
 }
 
 /// The fence an acquire statement reported: the OK packet's insert id, if a row was written.
@@ -200,6 +224,64 @@ struct Inner {
 }
 
 impl Inner {
+    /// The acquire statement (see [`detached`]): its result, and how many tries it took (a
+    /// retry may have followed a lost reply to a grant).
+    async fn acquire_statement(
+        self: Arc<Self>,
+        name: LockName,
+        owner: String,
+        ttl_us: i64,
+    ) -> Result<(MySqlQueryResult, u32)> {
+        let mut tries = 0;
+        let done = self
+            .core
+            .run("acquire", Some(&name), |mut c| {
+                tries += 1;
+                let (bytes, o) = (name.as_str().as_bytes(), owner.as_str());
+                let q = sqlx::query(self.sql.acquire.clone())
+                    .bind(bytes)
+                    .bind(o)
+                    .bind(ttl_us)
+                    .bind(o)
+                    .bind(bytes);
+                let q = gated_tail(q, o, ttl_us);
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok((done, tries))
+    }
+
+    /// A waiter's acquire statement (see [`detached`]).
+    async fn wait_statement(
+        self: Arc<Self>,
+        name: LockName,
+        waiter: String,
+        ttl_us: i64,
+        ticket: i64,
+    ) -> Result<MySqlQueryResult> {
+        self.core
+            .run("acquire", Some(&name), |mut c| {
+                let (bytes, w) = (name.as_str().as_bytes(), waiter.as_str());
+                let q = sqlx::query(self.sql.wait_acquire.clone())
+                    .bind(bytes)
+                    .bind(w)
+                    .bind(ttl_us)
+                    .bind(w)
+                    .bind(bytes)
+                    .bind(ticket)
+                    .bind(w);
+                let q = gated_tail(q, w, ttl_us);
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await
+    }
+
     async fn release_owner(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
         let owner = owner.to_string();
         let done = self
@@ -351,24 +433,19 @@ impl DistributedLock for MySqlLock {
                 });
             })
         };
-        let mut tries = 0;
-        let done = inner
-            .core
-            .run("acquire", Some(name), |mut c| {
-                tries += 1;
-                let bytes = name.as_str().as_bytes();
-                let q = sqlx::query(inner.sql.acquire.clone())
-                    .bind(bytes)
-                    .bind(owner_text.as_str())
-                    .bind(ttl)
-                    .bind(bytes);
-                let q = upsert_binds(q, &owner_text, ttl);
-                async move {
-                    let r = q.execute(c.conn()).await;
-                    (c, r)
-                }
-            })
-            .await?;
+        let (done, tries) = detached(
+            BACKEND,
+            name,
+            inner
+                .clone()
+                .acquire_statement(name.clone(), owner_text, ttl),
+            |(done, tries)| granted(done).is_some() || *tries > 1,
+            {
+                let (inner, name) = (inner.clone(), name.clone());
+                move || async move { inner.release_owner(&name, owner).await }
+            },
+        )
+        .await?;
         let fence = granted(&done);
         // A retry after a broken connection may find the queue non-empty although the first
         // try (whose reply was lost) got the lock: then the cleanup gives it back.
@@ -607,11 +684,13 @@ impl Queue for MySqlLock {
     async fn attempt(
         &self,
         name: &LockName,
-        waiter: &str,
+        waiter: OwnerId,
         ticket: i64,
         ttl: Duration,
     ) -> Result<Attempt> {
         let inner = &self.inner;
+        let waiter_text = waiter.to_string();
+        let w = waiter_text.as_str();
         let bytes = name.as_str().as_bytes();
         // Look first (read-only): only the head of the queue, with the row free, writes.
         let (ahead, left): (i64, Option<i64>) = inner
@@ -620,9 +699,9 @@ impl Queue for MySqlLock {
                 let q = sqlx::query_as(inner.sql.probe.clone())
                     .bind(bytes)
                     .bind(ticket)
-                    .bind(waiter)
+                    .bind(w)
                     .bind(bytes)
-                    .bind(waiter);
+                    .bind(w);
                 async move {
                     let r = q.fetch_one(c.conn()).await;
                     (c, r)
@@ -637,24 +716,19 @@ impl Queue for MySqlLock {
                 holder_left,
             });
         }
-        let ttl = micros(ttl);
-        let done = inner
-            .core
-            .run("acquire", Some(name), |mut c| {
-                let q = sqlx::query(inner.sql.wait_acquire.clone())
-                    .bind(bytes)
-                    .bind(waiter)
-                    .bind(ttl)
-                    .bind(bytes)
-                    .bind(ticket)
-                    .bind(waiter);
-                let q = upsert_binds(q, waiter, ttl);
-                async move {
-                    let r = q.execute(c.conn()).await;
-                    (c, r)
-                }
-            })
-            .await?;
+        let done = detached(
+            BACKEND,
+            name,
+            inner
+                .clone()
+                .wait_statement(name.clone(), waiter_text, micros(ttl), ticket),
+            |done| granted(done).is_some(),
+            {
+                let (lock, name) = (self.clone(), name.clone());
+                move || async move { lock.cancel(&name, waiter).await }
+            },
+        )
+        .await?;
         Ok(match granted(&done) {
             Some(fence) => Attempt::Granted(i64::try_from(fence).unwrap_or(i64::MAX)),
             None => Attempt::Blocked {

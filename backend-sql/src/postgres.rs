@@ -18,8 +18,8 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::common::{
-    CancelCleanup, Class, Core, batch_error, checked_batch, classify_transport, from_micros,
-    micros, spawn_cleanup, sql, token,
+    CancelCleanup, Class, Core, batch_error, checked_batch, classify_transport, detached,
+    from_micros, micros, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, Target};
 use crate::queue::{Attempt, LIVENESS, Queue, Wake};
@@ -349,6 +349,18 @@ impl Drop for Inner {
     }
 }
 
+/// The undo for a detached acquire statement: release by owner.
+fn release_later(
+    inner: &Arc<Inner>,
+    name: &LockName,
+    owner: OwnerId,
+) -> impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool>> + Send>>
++ Send
++ 'static {
+    let (inner, name) = (inner.clone(), name.clone());
+    move || Box::pin(async move { inner.release_owner(&name, owner).await })
+}
+
 impl Inner {
     fn ensure_listener(&self) {
         let mut slot = self.listener.lock().unwrap_or_else(PoisonError::into_inner);
@@ -376,6 +388,55 @@ impl Inner {
             })
             .await?;
         Ok(n > 0)
+    }
+
+    /// The acquire statement (see [`detached`]): the fence if granted, and how many tries it
+    /// took (a retry may have followed a lost reply to a grant).
+    async fn acquire_statement(
+        self: Arc<Self>,
+        name: LockName,
+        owner: String,
+        ttl_us: i64,
+    ) -> Result<(Option<i64>, u32)> {
+        let mut tries = 0;
+        let fence = self
+            .core
+            .run("acquire", Some(&name), |mut c| {
+                tries += 1;
+                let q = sqlx::query_scalar(self.sql.acquire.clone())
+                    .bind(name.as_str())
+                    .bind(owner.as_str())
+                    .bind(ttl_us);
+                async move {
+                    let r = q.fetch_optional(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok((fence, tries))
+    }
+
+    /// A waiter's attempt (see [`detached`]): the fence if granted, the holder's µs left.
+    async fn wait_statement(
+        self: Arc<Self>,
+        name: LockName,
+        waiter: String,
+        ttl_us: i64,
+        ticket: i64,
+    ) -> Result<(Option<i64>, Option<i64>)> {
+        self.core
+            .run("acquire", Some(&name), |mut c| {
+                let q = sqlx::query_as(self.sql.wait_acquire.clone())
+                    .bind(name.as_str())
+                    .bind(waiter.as_str())
+                    .bind(ttl_us)
+                    .bind(ticket);
+                async move {
+                    let r = q.fetch_one(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await
     }
 
     /// (owner, fence, µs left if held, live waiters) of `name`'s row.
@@ -582,21 +643,16 @@ impl DistributedLock for PostgresLock {
                 });
             })
         };
-        let mut tries = 0;
-        let fence: Option<i64> = inner
-            .core
-            .run("acquire", Some(name), |mut c| {
-                tries += 1;
-                let q = sqlx::query_scalar(inner.sql.acquire.clone())
-                    .bind(name.as_str())
-                    .bind(owner_text.as_str())
-                    .bind(micros(ttl));
-                async move {
-                    let r = q.fetch_optional(c.conn()).await;
-                    (c, r)
-                }
-            })
-            .await?;
+        let (fence, tries) = detached(
+            BACKEND,
+            name,
+            inner
+                .clone()
+                .acquire_statement(name.clone(), owner_text, micros(ttl)),
+            |(fence, tries)| fence.is_some() || *tries > 1,
+            release_later(inner, name, owner),
+        )
+        .await?;
         // A retry after a broken connection may find the queue non-empty although the first
         // try (whose reply was lost) got the lock: then the cleanup gives it back.
         if fence.is_some() || tries == 1 {
@@ -833,25 +889,25 @@ impl Queue for PostgresLock {
     async fn attempt(
         &self,
         name: &LockName,
-        waiter: &str,
+        waiter: OwnerId,
         ticket: i64,
         ttl: Duration,
     ) -> Result<Attempt> {
         let inner = &self.inner;
-        let (fence, left): (Option<i64>, Option<i64>) = inner
-            .core
-            .run("acquire", Some(name), |mut c| {
-                let q = sqlx::query_as(inner.sql.wait_acquire.clone())
-                    .bind(name.as_str())
-                    .bind(waiter)
-                    .bind(micros(ttl))
-                    .bind(ticket);
-                async move {
-                    let r = q.fetch_one(c.conn()).await;
-                    (c, r)
-                }
-            })
-            .await?;
+        let undo = {
+            let (lock, name) = (self.clone(), name.clone());
+            move || async move { lock.cancel(&name, waiter).await }
+        };
+        let (fence, left) = detached(
+            BACKEND,
+            name,
+            inner
+                .clone()
+                .wait_statement(name.clone(), waiter.to_string(), micros(ttl), ticket),
+            |(fence, _)| fence.is_some(),
+            undo,
+        )
+        .await?;
         Ok(match fence {
             Some(f) => Attempt::Granted(f),
             None => Attempt::Blocked {

@@ -25,7 +25,7 @@ use lockcore::wait::Backoff;
 use lockcore::{AcquireOptions, DistributedLock, Lease, LockName, OwnerId, Result, WaitMechanism};
 use tokio::sync::{Notify, watch};
 
-use crate::common::{CancelCleanup, spawn_cleanup, token};
+use crate::common::{CancelCleanup, detached, spawn_cleanup, token};
 
 /// How long a waiter row stays live after its last refresh (by the database's clock). A crashed
 /// waiter holds up the queue for at most this long.
@@ -115,11 +115,13 @@ pub(crate) trait Queue: DistributedLock + Clone {
     fn refresh(&self, name: &LockName, waiter: &str) -> impl Future<Output = Result<bool>> + Send;
 
     /// One waiter-mode attempt. On dialects where the grant and the dequeue are one statement
-    /// (PostgreSQL), a grant has also deleted the waiter's row.
+    /// (PostgreSQL), a grant has also deleted the waiter's row. The statement that may grant
+    /// runs detached (`common::detached`), undone with [`cancel`](Self::cancel) if the caller
+    /// is gone when it completes.
     fn attempt(
         &self,
         name: &LockName,
-        waiter: &str,
+        waiter: OwnerId,
         ticket: i64,
         ttl: Duration,
     ) -> impl Future<Output = Result<Attempt>> + Send;
@@ -145,6 +147,20 @@ fn arm<Q: Queue>(q: &Q, name: &LockName, waiter: OwnerId) -> CancelCleanup {
             q.cancel(&task_name, waiter).await
         });
     })
+}
+
+/// Joins the queue, detached (see `common::detached`): a join whose caller is gone by the time
+/// it completes is undone at once, rather than left to hold up the queue for its liveness.
+async fn join<Q: Queue>(q: &Q, name: &LockName, waiter: OwnerId) -> Result<i64> {
+    let statement = {
+        let (q, name) = (q.clone(), name.clone());
+        async move { q.enqueue(&name, &waiter.to_string()).await }
+    };
+    let undo = {
+        let (q, name) = (q.clone(), name.clone());
+        move || async move { q.cancel(&name, waiter).await }
+    };
+    detached(Q::BACKEND, name, statement, |_| true, undo).await
 }
 
 /// The fair waiting acquire (`DistributedLock::acquire_wait`) on top of a dialect's [`Queue`].
@@ -174,7 +190,7 @@ pub(crate) async fn acquire<Q: Queue>(
     // Subscribe before joining, so a release after our first look still wakes us.
     let wake = q.wake(name);
     let mut cleanup = arm(q, name, waiter);
-    let mut ticket = q.enqueue(name, &waiter_text).await?;
+    let mut ticket = join(q, name, waiter).await?;
     let mut refreshed = Instant::now();
     let poll = Backoff::for_mechanism(WaitMechanism::Poll);
     let mut backoff = poll.clone();
@@ -189,13 +205,13 @@ pub(crate) async fn acquire<Q: Queue>(
         if refreshed.elapsed() >= REFRESH {
             if !q.refresh(name, &waiter_text).await? {
                 tracing::debug!(backend = Q::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
-                ticket = q.enqueue(name, &waiter_text).await?;
+                ticket = join(q, name, waiter).await?;
             }
             refreshed = Instant::now();
         }
 
         let started = Instant::now();
-        let (ahead, holder_left) = match q.attempt(name, &waiter_text, ticket, ttl).await? {
+        let (ahead, holder_left) = match q.attempt(name, waiter, ticket, ttl).await? {
             Attempt::Granted(fence) => {
                 q.dequeue(name, &waiter_text).await?;
                 cleanup.disarm();

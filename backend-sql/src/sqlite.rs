@@ -18,8 +18,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePoolOptions};
 use sqlx::{Connection, SqlStr, Sqlite};
 
 use crate::common::{
-    CancelCleanup, Class, Core, batch_error, checked_batch, classify_transport, from_micros,
-    millis, spawn_cleanup, sql, token,
+    CancelCleanup, Class, Core, batch_error, checked_batch, classify_transport, detached,
+    from_micros, millis, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, SqlitePath, Target};
 use crate::queue::{Attempt, LIVENESS, Queue, Wake};
@@ -196,6 +196,55 @@ struct Inner {
 }
 
 impl Inner {
+    /// The acquire statement (see [`detached`]): the fence if granted, and how many tries it
+    /// took (a retry may have followed a lost reply to a grant).
+    async fn acquire_statement(
+        self: Arc<Self>,
+        name: LockName,
+        owner: String,
+        ttl_ms: i64,
+    ) -> Result<(Option<i64>, u32)> {
+        let mut tries = 0;
+        let fence = self
+            .core
+            .run("acquire", Some(&name), |mut c| {
+                tries += 1;
+                let q = sqlx::query_scalar(self.sql.acquire.clone())
+                    .bind(name.as_str())
+                    .bind(owner.as_str())
+                    .bind(ttl_ms);
+                async move {
+                    let r = q.fetch_optional(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok((fence, tries))
+    }
+
+    /// A waiter's acquire statement (see [`detached`]): the fence if granted.
+    async fn wait_statement(
+        self: Arc<Self>,
+        name: LockName,
+        waiter: String,
+        ttl_ms: i64,
+        ticket: i64,
+    ) -> Result<Option<i64>> {
+        self.core
+            .run("acquire", Some(&name), |mut c| {
+                let q = sqlx::query_scalar(self.sql.wait_acquire.clone())
+                    .bind(name.as_str())
+                    .bind(waiter.as_str())
+                    .bind(ttl_ms)
+                    .bind(ticket);
+                async move {
+                    let r = q.fetch_optional(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await
+    }
+
     async fn release_owner(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
         let owner = owner.to_string();
         let done = self
@@ -432,21 +481,19 @@ impl DistributedLock for SqliteLock {
                 });
             })
         };
-        let mut tries = 0;
-        let fence: Option<i64> = inner
-            .core
-            .run("acquire", Some(name), |mut c| {
-                tries += 1;
-                let q = sqlx::query_scalar(inner.sql.acquire.clone())
-                    .bind(name.as_str())
-                    .bind(owner_text.as_str())
-                    .bind(millis(ttl));
-                async move {
-                    let r = q.fetch_optional(c.conn()).await;
-                    (c, r)
-                }
-            })
-            .await?;
+        let (fence, tries) = detached(
+            BACKEND,
+            name,
+            inner
+                .clone()
+                .acquire_statement(name.clone(), owner_text, millis(ttl)),
+            |(fence, tries)| fence.is_some() || *tries > 1,
+            {
+                let (inner, name) = (inner.clone(), name.clone());
+                move || async move { inner.release_owner(&name, owner).await }
+            },
+        )
+        .await?;
         // A retry after a "database is locked" cannot have run the first try, but a retry
         // after a broken connection might: then the cleanup gives a grant back.
         if fence.is_some() || tries == 1 {
@@ -681,11 +728,12 @@ impl Queue for SqliteLock {
     async fn attempt(
         &self,
         name: &LockName,
-        waiter: &str,
+        waiter: OwnerId,
         ticket: i64,
         ttl: Duration,
     ) -> Result<Attempt> {
         let inner = &self.inner;
+        let waiter_text = waiter.to_string();
         // Look first (read-only): only the head of the queue, with the row free, takes the
         // database's write lock.
         let (ahead, left): (i64, Option<i64>) = inner
@@ -693,7 +741,7 @@ impl Queue for SqliteLock {
             .run("acquire", Some(name), |mut c| {
                 let q = sqlx::query_as(inner.sql.probe.clone())
                     .bind(name.as_str())
-                    .bind(waiter)
+                    .bind(waiter_text.as_str())
                     .bind(ticket);
                 async move {
                     let r = q.fetch_one(c.conn()).await;
@@ -709,20 +757,19 @@ impl Queue for SqliteLock {
                 holder_left,
             });
         }
-        let fence: Option<i64> = inner
-            .core
-            .run("acquire", Some(name), |mut c| {
-                let q = sqlx::query_scalar(inner.sql.wait_acquire.clone())
-                    .bind(name.as_str())
-                    .bind(waiter)
-                    .bind(millis(ttl))
-                    .bind(ticket);
-                async move {
-                    let r = q.fetch_optional(c.conn()).await;
-                    (c, r)
-                }
-            })
-            .await?;
+        let fence = detached(
+            BACKEND,
+            name,
+            inner
+                .clone()
+                .wait_statement(name.clone(), waiter_text, millis(ttl), ticket),
+            Option::is_some,
+            {
+                let (lock, name) = (self.clone(), name.clone());
+                move || async move { lock.cancel(&name, waiter).await }
+            },
+        )
+        .await?;
         Ok(match fence {
             Some(fence) => Attempt::Granted(fence),
             None => Attempt::Blocked {
