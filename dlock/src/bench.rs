@@ -292,8 +292,8 @@ pub struct ContendedReport {
     pub acquisitions: u64,
     /// Acquisitions per second.
     pub acquisitions_per_sec: f64,
-    /// Time from one client's release returning to a *different* client's acquire returning
-    /// (0 when the acquire returned first).
+    /// Time from one client starting its release to a *different* client's acquire returning
+    /// (includes the release's round trip; never negative).
     pub handoff: LatencySummary,
     /// Time from an acquire call's start to its return.
     pub wait: LatencySummary,
@@ -626,20 +626,15 @@ async fn hold_for(d: Duration) {
 }
 
 /// Who had the lock last, for handoff latency.
+///
+/// A handoff is measured from the moment the holder starts its release (the lock is of no use to
+/// anyone from then on) to the moment a *different* client's acquire returns. Measuring from the
+/// release call's return instead would go negative whenever the next client's acquire returns
+/// first, which happens routinely when the releasing task is scheduled late.
 enum Slot {
     Free,
-    /// `client` holds it since `since`; `prev` is the client whose release had not been recorded
-    /// yet when `client` acquired (a handoff to measure when that release returns).
-    Held {
-        client: usize,
-        since: Instant,
-        prev: Option<usize>,
-    },
-    /// `client` released; its release call returned at `at`.
-    Released {
-        client: usize,
-        at: Instant,
-    },
+    Held { client: usize },
+    Releasing { client: usize, at: Instant },
 }
 
 struct Shared {
@@ -659,53 +654,33 @@ impl Shared {
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// `client`'s acquire returned at `now`; returns the handoff latency if this was a handoff
-    /// from a different client whose release already returned.
+    /// `client`'s acquire returned at `now`; the handoff latency if a different client was
+    /// releasing.
     fn acquired(&self, client: usize, now: Instant) -> Option<Duration> {
         let mut slot = self.slot();
-        let (handoff, prev) = match *slot {
-            Slot::Released { client: from, at } if from != client => {
-                (Some(now.saturating_duration_since(at)), None)
+        let handoff = match *slot {
+            Slot::Releasing { client: from, at } if from != client => {
+                Some(now.saturating_duration_since(at))
             }
-            Slot::Held { client: from, .. } if from != client => (None, Some(from)),
-            _ => (None, None),
+            _ => None,
         };
-        *slot = Slot::Held {
-            client,
-            since: now,
-            prev,
-        };
+        *slot = Slot::Held { client };
         handoff
     }
 
-    /// `client`'s release returned at `now`; returns a handoff latency (zero) if another client's
-    /// acquire had already returned.
-    fn released(&self, client: usize, now: Instant) -> Option<Duration> {
+    /// `client` starts releasing at `now`.
+    fn releasing(&self, client: usize, now: Instant) {
         let mut slot = self.slot();
-        match *slot {
-            Slot::Held { client: holder, .. } if holder == client => {
-                *slot = Slot::Released { client, at: now };
-                None
-            }
-            Slot::Held {
-                client: holder,
-                since,
-                prev: Some(from),
-            } if from == client => {
-                *slot = Slot::Held {
-                    client: holder,
-                    since,
-                    prev: None,
-                };
-                Some(since.saturating_duration_since(now))
-            }
-            _ => None,
+        if matches!(*slot, Slot::Held { client: c } if c == client) {
+            *slot = Slot::Releasing { client, at: now };
         }
     }
 
+    /// `client`'s release failed: nobody is handing over.
     fn reset(&self, client: usize) {
         let mut slot = self.slot();
-        if matches!(*slot, Slot::Held { client: c, .. } if c == client) {
+        if matches!(*slot, Slot::Held { client: c } | Slot::Releasing { client: c, .. } if c == client)
+        {
             *slot = Slot::Free;
         }
     }
@@ -885,15 +860,9 @@ async fn contend(
         }
         // Leave the critical section before the store can hand the lock to someone else.
         shared.holding.fetch_sub(1, Ordering::SeqCst);
+        shared.releasing(id, Instant::now());
         match guard.release().await {
-            Ok(Released::Released) => {
-                let t2 = Instant::now();
-                if let Some(h) = shared.released(id, t2)
-                    && measured
-                {
-                    record(&mut stats.handoff, h);
-                }
-            }
+            Ok(Released::Released) => {}
             Ok(Released::NotHeld) => {
                 shared.reset(id);
                 stats.error("release found the lease gone (ttl too short for the hold time?)");

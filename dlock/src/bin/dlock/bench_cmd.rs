@@ -220,7 +220,7 @@ fn render(r: &BenchReport) -> String {
                 .map(String::from)
                 .to_vec(),
         ];
-        let mut row = vec!["handoff to another client".to_owned()];
+        let mut row = vec!["handoff (release start -> other client holds)".to_owned()];
         row.extend(latency_cells(&c.handoff));
         rows.push(row);
         let mut row = vec!["waiter wait".to_owned()];
