@@ -189,10 +189,10 @@ impl Drop for CancelCleanup {
     }
 }
 
-/// Runs `statement` (one that may grant a lock) in a task of its own, so it runs to completion
-/// even if the caller's future is dropped. If the caller is gone by the time it completes and
-/// `needs_undo` says the outcome may have granted the lock, `undo` runs right after, in that
-/// task.
+/// Runs `statement` (one that may grant a lock) to completion even if the caller's future is
+/// dropped: it is polled in place, and only if it is dropped unfinished is the rest of it moved
+/// to a task of its own, which then runs `undo` right after it completes if `needs_undo` says the
+/// outcome may have granted the lock.
 ///
 /// A cleanup started when the caller's future is dropped runs on another connection and can
 /// reach the server before the interrupted statement does; the grant would then land after the
@@ -212,28 +212,54 @@ where
     U: FnOnce() -> UF + Send + 'static,
     UF: Future<Output = Result<bool>> + Send + 'static,
 {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return statement.await;
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let task_name = name.clone();
-    rt.spawn(async move {
-        let outcome = statement.await;
-        if let Err(Ok(value)) = tx.send(outcome)
-            && needs_undo(&value)
-        {
-            spawn_cleanup(backend, &task_name, undo());
+    let name = name.clone();
+    FinishOnDrop {
+        statement: Some(Box::pin(statement)),
+        on_abandon: Some(Box::new(move |outcome: Result<T>| {
+            if matches!(&outcome, Ok(v) if needs_undo(v)) {
+                spawn_cleanup(backend, &name, undo());
+            }
+        })),
+    }
+    .await
+}
+
+/// The future behind [`detached`].
+struct FinishOnDrop<T: Send + 'static> {
+    statement: Option<std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send>>>,
+    /// Called with the outcome of a statement whose caller went away.
+    on_abandon: Option<Box<dyn FnOnce(Result<T>) + Send>>,
+}
+
+impl<T: Send + 'static> Future for FinishOnDrop<T> {
+    type Output = Result<T>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<T>> {
+        let Some(statement) = self.statement.as_mut() else {
+            return std::task::Poll::Pending;
+        };
+        let outcome = std::task::ready!(statement.as_mut().poll(cx));
+        self.statement = None;
+        std::task::Poll::Ready(outcome)
+    }
+}
+
+impl<T: Send + 'static> Drop for FinishOnDrop<T> {
+    fn drop(&mut self) {
+        let (Some(statement), Some(on_abandon)) = (self.statement.take(), self.on_abandon.take())
+        else {
+            return;
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            // The spawned future is 'static and Send: the statement and the undo own all they use.
+            let finish: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> =
+                Box::pin(async move { on_abandon(statement.await) });
+            rt.spawn(finish);
         }
-    });
-    rx.await.unwrap_or_else(|_| {
-        Err(Error::backend(
-            backend,
-            "acquire",
-            Some(name),
-            true,
-            "the statement's task ended without a result (runtime shutting down)",
-        ))
-    })
+    }
 }
 
 /// Spawns `fut` on the current tokio runtime, or logs that the ttl will have to end the lock.
@@ -363,7 +389,67 @@ pub(crate) fn queue_table(table: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::queue_table;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::{detached, queue_table};
+
+    /// A statement dropped unfinished still runs to its end, and only then is undone; one that
+    /// completes is handed over and not undone.
+    #[tokio::test]
+    async fn dropped_statement_finishes_then_is_undone() {
+        let name = lockcore::LockName::new("n").unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (go, gate) = tokio::sync::oneshot::channel::<()>();
+        let statement = {
+            let log = log.clone();
+            async move {
+                let _ = gate.await;
+                log.lock().unwrap().push("statement");
+                Ok(true)
+            }
+        };
+        let undo = {
+            let log = log.clone();
+            move || async move {
+                log.lock().unwrap().push("undo");
+                Ok(true)
+            }
+        };
+        let pending = detached("test", &name, statement, |granted| *granted, undo);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), pending)
+                .await
+                .is_err(),
+            "the statement waits for the gate"
+        );
+        assert!(log.lock().unwrap().is_empty());
+        go.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while log.lock().unwrap().len() < 2 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the abandoned statement finishes and is undone");
+        assert_eq!(*log.lock().unwrap(), ["statement", "undo"]);
+
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let undo = {
+            let log = log.clone();
+            move || async move {
+                log.lock().unwrap().push("undo");
+                Ok(true)
+            }
+        };
+        let granted = detached("test", &name, async { Ok(true) }, |g| *g, undo).await;
+        assert!(granted.unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            log.lock().unwrap().is_empty(),
+            "a handed-over grant is not undone"
+        );
+    }
 
     #[test]
     fn queue_table_names_fit_and_stay_distinct() {
