@@ -8,8 +8,7 @@
 //! ```
 //!
 //! Leases are acquired 500 at a time; with `pause_ms` the example pauses that long after each
-//! 500 (lockcore's renewer takes in new guards one at a time, so a burst of thousands at once
-//! can delay the first renewals past a short ttl).
+//! 500 (0: all at once, which lockcore's renewer takes in one pass).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
