@@ -192,7 +192,7 @@ impl Drop for CancelCleanup {
 /// Runs `statement` (one that may grant a lock) to completion even if the caller's future is
 /// dropped: it is polled in place, and only if it is dropped unfinished is the rest of it moved
 /// to a task of its own, which then runs `undo` right after it completes if `needs_undo` says the
-/// outcome may have granted the lock.
+/// outcome may have granted the lock, or if it failed (the outcome is then unknown).
 ///
 /// A cleanup started when the caller's future is dropped runs on another connection and can
 /// reach the server before the interrupted statement does; the grant would then land after the
@@ -216,7 +216,8 @@ where
     FinishOnDrop {
         statement: Some(Box::pin(statement)),
         on_abandon: Some(Box::new(move |outcome: Result<T>| {
-            if matches!(&outcome, Ok(v) if needs_undo(v)) {
+            // An error leaves the outcome unknown (a timeout may follow a grant): undo too.
+            if outcome.as_ref().map_or(true, needs_undo) {
                 spawn_cleanup(backend, &name, undo());
             }
         })),
