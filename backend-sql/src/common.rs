@@ -343,6 +343,39 @@ pub(crate) fn checked_batch(
     (results, todo)
 }
 
+/// Turns a batch of owner-checked `UPDATE`s (rows affected per lease in `todo`, or one error for
+/// the whole batch) into each lease's outcome, and returns every lease's result in order.
+pub(crate) fn finish_batch(
+    backend: &'static str,
+    leases: &[(lockcore::Lease, Duration)],
+    mut results: Vec<Option<Result<lockcore::Lease>>>,
+    todo: &[usize],
+    started: Instant,
+    done: Result<Vec<u64>>,
+) -> Vec<Result<lockcore::Lease>> {
+    match done {
+        Ok(done) => {
+            for (&i, n) in todo.iter().zip(done) {
+                let (lease, ttl) = &leases[i];
+                results[i] = Some(if n == 1 {
+                    Ok(lease.renewed(started, *ttl))
+                } else {
+                    Err(Error::lock_lost(backend, lease.name(), "extend"))
+                });
+            }
+        }
+        Err(e) => {
+            for &i in todo {
+                results[i] = Some(Err(batch_error(&e, leases[i].0.name())));
+            }
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every lease has a result"))
+        .collect()
+}
+
 /// Copies a batch-wide failure to every lease it concerned.
 pub(crate) fn batch_error(e: &Error, name: &LockName) -> Error {
     match e {

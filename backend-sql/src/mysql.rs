@@ -15,7 +15,7 @@ use sqlx::mysql::{MySqlDatabaseError, MySqlPoolOptions, MySqlQueryResult};
 use sqlx::{MySql, SqlStr};
 
 use crate::common::{
-    CancelCleanup, Class, Core, batch_error, checked_batch, classify_transport, detached,
+    CancelCleanup, Class, Core, checked_batch, classify_transport, detached, finish_batch,
     from_micros, micros, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, Target};
@@ -527,7 +527,7 @@ impl DistributedLock for MySqlLock {
 
     async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
         // One transaction on one connection: one commit (one log flush) for the whole batch.
-        let (mut results, todo) = checked_batch(leases);
+        let (results, todo) = checked_batch(leases);
         if !todo.is_empty() {
             let inner = &self.inner;
             let started = Instant::now();
@@ -565,28 +565,16 @@ impl DistributedLock for MySqlLock {
                     }
                 })
                 .await;
-            match done {
-                Ok(done) => {
-                    for (&i, n) in todo.iter().zip(done) {
-                        let (lease, ttl) = &leases[i];
-                        results[i] = Some(if n == 1 {
-                            Ok(lease.renewed(started, *ttl))
-                        } else {
-                            Err(Error::lock_lost(BACKEND, lease.name(), "extend"))
-                        });
-                    }
-                }
-                Err(e) => {
-                    for &i in &todo {
-                        results[i] = Some(Err(batch_error(&e, leases[i].0.name())));
-                    }
-                }
-            }
+            return finish_batch(BACKEND, leases, results, &todo, started, done);
         }
-        results
-            .into_iter()
-            .map(|r| r.expect("every lease has a result"))
-            .collect()
+        finish_batch(
+            BACKEND,
+            leases,
+            results,
+            &todo,
+            Instant::now(),
+            Ok(Vec::new()),
+        )
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
