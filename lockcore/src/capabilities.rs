@@ -86,6 +86,10 @@ pub struct Capabilities {
     pub native: NativePrimitives,
     /// Whether two OS processes using the same URL see the same locks.
     pub shared_across_processes: bool,
+    /// Whether every request the backend sends is already bounded by its `timeout` option (for
+    /// example a client library's per-reply timeout). Then lockcore puts no timer of its own
+    /// around a non-waiting acquire; otherwise it bounds the call by `timeout` itself.
+    pub bounded_requests: bool,
 }
 
 impl Capabilities {
@@ -105,7 +109,16 @@ impl Capabilities {
             waiting,
             native: NativePrimitives::default(),
             shared_across_processes: true,
+            bounded_requests: false,
         }
+    }
+
+    /// Declares that each store request is bounded by the backend's `timeout` option, so
+    /// lockcore need not add its own timer around `try_acquire` (see
+    /// [`Capabilities::bounded_requests`]).
+    pub fn bounded_requests(mut self, bounded: bool) -> Self {
+        self.bounded_requests = bounded;
+        self
     }
 
     /// Sets whether other processes see the same locks.

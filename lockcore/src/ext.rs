@@ -31,13 +31,18 @@ pub async fn acquire(
 ) -> Result<Option<LockGuard>> {
     let opts = opts.clone().with_defaults(&backend.defaults());
     opts.validate()?;
-    let backend_name = backend.capabilities().backend;
+    let capabilities = backend.capabilities();
+    let backend_name = capabilities.backend;
     let span = tracing::debug_span!("dlock.acquire", backend = backend_name, lock = %name, wait = ?opts.wait_value());
     async {
         let started = Instant::now();
         // Dropping the backend's future on a timeout is covered by its cancel-safety contract.
         let round_trip = backend.defaults().timeout;
         let lease = match opts.wait_value() {
+            // A backend whose requests carry their own timeout is not wrapped in a second timer:
+            // on a multi-threaded runtime registering one can wake the parked timer thread,
+            // which costs more than the request's own bookkeeping.
+            Wait::No if capabilities.bounded_requests => backend.try_acquire(name, &opts).await?,
             Wait::No => {
                 match tokio::time::timeout(round_trip, backend.try_acquire(name, &opts)).await {
                     Ok(r) => r?,

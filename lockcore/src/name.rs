@@ -53,14 +53,22 @@ impl LockName {
     /// (`.`/`..` and case differences included).
     pub fn escaped(&self) -> String {
         let mut out = String::with_capacity(self.0.len());
+        self.escape_into(&mut out);
+        out
+    }
+
+    /// Appends [`LockName::escaped`] to `out` (for callers that build a longer key around it).
+    pub fn escape_into(&self, out: &mut String) {
+        const HEX: &[u8; 16] = b"0123456789ABCDEF";
         for b in self.0.bytes() {
             if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
                 out.push(b as char);
             } else {
-                out.push_str(&format!("%{b:02X}"));
+                out.push('%');
+                out.push(HEX[usize::from(b >> 4)] as char);
+                out.push(HEX[usize::from(b & 0xF)] as char);
             }
         }
-        out
     }
 }
 

@@ -2,7 +2,7 @@
 //! switchable faults.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lockcore::{
@@ -20,6 +20,10 @@ struct Faulty {
     /// The next this many acquire attempts fail with a store error.
     fail_acquires: AtomicUsize,
     fail_retryable: AtomicBool,
+    /// Answer every `try_acquire` only after this many milliseconds.
+    slow_acquire_ms: AtomicU64,
+    /// Declare `bounded_requests` in the capabilities.
+    bounded: AtomicBool,
 }
 
 impl Faulty {
@@ -52,6 +56,8 @@ impl Faulty {
             renewed: AtomicUsize::new(0),
             fail_acquires: AtomicUsize::new(0),
             fail_retryable: AtomicBool::new(true),
+            slow_acquire_ms: AtomicU64::new(0),
+            bounded: AtomicBool::new(false),
         })
     }
 }
@@ -59,7 +65,9 @@ impl Faulty {
 #[async_trait]
 impl DistributedLock for Faulty {
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        self.inner
+            .capabilities()
+            .bounded_requests(self.bounded.load(Ordering::SeqCst))
     }
     fn defaults(&self) -> ClientDefaults {
         self.inner.defaults()
@@ -67,6 +75,10 @@ impl DistributedLock for Faulty {
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
         if self.hang_acquire.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
+        }
+        let slow = self.slow_acquire_ms.load(Ordering::SeqCst);
+        if slow > 0 {
+            tokio::time::sleep(Duration::from_millis(slow)).await;
         }
         self.injected_failure(name)?;
         self.inner.try_acquire(name, opts).await
@@ -133,6 +145,32 @@ async fn hung_store_cannot_stretch_a_bounded_wait() {
         .await
         .expect("hang guard");
     assert!(matches!(out, Err(Error::Timeout { .. })), "got {out:?}");
+}
+
+/// A backend that bounds its own requests is trusted to answer: lockcore adds no timer of its
+/// own, so a slow but answering store is not cut off at `timeout`. Without that declaration the
+/// same store's answer comes too late and the acquire fails as unanswered.
+#[tokio::test]
+async fn only_backends_without_their_own_bound_get_a_backstop() {
+    let opts = AcquireOptions::new()
+        .wait(Wait::No)
+        .keep_alive(KeepAlive::Off);
+    for bounded in [false, true] {
+        let f = Faulty::new(&format!("bounded-{bounded}"));
+        // The timeout is 200 ms; the answer comes after 600 ms.
+        f.slow_acquire_ms.store(600, Ordering::SeqCst);
+        f.bounded.store(bounded, Ordering::SeqCst);
+        let locks: Arc<dyn DistributedLock> = f;
+        let outcome = locks.lock("slow", &opts).await;
+        if bounded {
+            let guard = outcome.expect("a bounded backend's late answer is taken");
+            assert_eq!(guard.release().await.expect("release"), Released::Released);
+        } else {
+            let err = outcome.expect_err("an unbounded backend is cut off at its timeout");
+            assert!(err.is_retryable(), "{err}");
+            assert!(err.to_string().contains("no answer"), "{err}");
+        }
+    }
 }
 
 #[tokio::test]
