@@ -18,7 +18,7 @@ use crate::BACKEND;
 use crate::cluster::Cluster;
 use crate::config::{Deployment, RedisConfig};
 use crate::queue::millis;
-use crate::scripts::{self, Call, Keys, holder_value};
+use crate::scripts::{self, Call, Key, Keys};
 use crate::single::Single;
 use crate::store::{Store, backend_error, protocol_error};
 use crate::waiters::Hub;
@@ -272,15 +272,11 @@ fn config_value(v: &Value) -> Option<String> {
 
 impl Inner {
     fn extend_call(&self, lease: &Lease, ttl: Duration) -> Call {
-        let keys = Keys::new(&self.prefix, lease.name());
-        Call {
-            lua: &scripts::EXTEND,
-            keys: vec![keys.lock()],
-            args: vec![
-                holder_value(lease.owner(), lease.token().0),
-                millis(ttl).to_string(),
-            ],
-        }
+        Keys::new(&self.prefix, lease.name())
+            .call(&scripts::EXTEND, &[Key::Lock, Key::Fence])
+            .owner_arg(lease.owner())
+            .arg(lease.token().0)
+            .arg(millis(ttl))
     }
 
     fn extend_outcome(
@@ -319,6 +315,10 @@ impl DistributedLock for RedisLock {
             Fairness::Fifo,
             WaitMechanism::PubSub,
         )
+        // On a single server every request runs on a connection with a response timeout of
+        // `timeout`, and connecting is bounded by it too. The Cluster client retries a request
+        // after a timeout, so there lockcore keeps its own bound.
+        .bounded_requests(matches!(self.inner.store, Store::Single(_)))
     }
 
     fn defaults(&self) -> ClientDefaults {
@@ -361,11 +361,14 @@ impl DistributedLock for RedisLock {
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
         let keys = Keys::new(&self.inner.prefix, lease.name());
-        let call = Call {
-            lua: &scripts::RELEASE,
-            keys: vec![keys.lock(), keys.queue(), keys.alive()],
-            args: vec![holder_value(lease.owner(), lease.token().0), keys.channel()],
-        };
+        let call = keys
+            .call(
+                &scripts::RELEASE,
+                &[Key::Lock, Key::Fence, Key::Queue, Key::Alive],
+            )
+            .owner_arg(lease.owner())
+            .arg(lease.token().0);
+        let call = keys.arg(call, Key::Channel);
         let value = self
             .inner
             .store
@@ -414,7 +417,7 @@ impl DistributedLock for RedisLock {
             Store::Cluster(c) => {
                 let mut nodes: Vec<Option<crate::cluster::NodeAddr>> = calls
                     .iter()
-                    .map(|call| c.node_of(crate::cluster::slot(call.first_key().as_bytes())))
+                    .map(|call| c.node_of(crate::cluster::slot(call.first_key())))
                     .collect();
                 nodes.sort_unstable();
                 nodes.dedup();
@@ -438,11 +441,10 @@ impl DistributedLock for RedisLock {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let keys = Keys::new(&self.inner.prefix, name);
-        let call = Call {
-            lua: &scripts::INSPECT,
-            keys: vec![keys.lock(), keys.fence(), keys.queue(), keys.alive()],
-            args: vec![],
-        };
+        let call = keys.call(
+            &scripts::INSPECT,
+            &[Key::Lock, Key::Fence, Key::Queue, Key::Alive],
+        );
         let value = self
             .inner
             .store
@@ -454,11 +456,12 @@ impl DistributedLock for RedisLock {
         if r.holder.is_none() && r.fence.is_none() && r.queued == 0 {
             return Ok(None);
         }
-        let token = r.holder.as_ref().map(|(_, t)| *t).or(r.fence);
+        // Tokens are drawn only by a grant, so while the lock is held the fence counter is
+        // its holder's token; when free it is the last one handed out.
         Ok(Some(LockInfo::new(
             name,
-            r.holder.map(|(owner, _)| owner),
-            token.map(FencingToken),
+            r.holder,
+            r.fence.map(FencingToken),
             (r.pttl > 0).then(|| Duration::from_millis(r.pttl as u64)),
             Some(usize::try_from(r.live_waiters).unwrap_or(0)),
         )))
@@ -502,11 +505,7 @@ impl RawFloor for RedisFloor {
                 "the floor key was held",
             ));
         }
-        let del = Call {
-            lua: &scripts::FLOOR_DELETE,
-            keys: vec![key],
-            args: vec![value],
-        };
+        let del = Call::on(&scripts::FLOOR_DELETE, &[&key]).arg(value.as_str());
         self.inner
             .store
             .eval(&del)

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use lockcore::{AcquireOptions, FencingToken, Lease, LockName, OwnerId, Result};
 
 use crate::lock::Inner;
-use crate::scripts::{self, AcquireReply, Call, Keys};
+use crate::scripts::{self, AcquireReply, Call, Key, Keys};
 use crate::store::{backend_error, protocol_error};
 
 /// Longest a waiter sleeps between re-checks when no notification comes (also the interval at
@@ -73,23 +73,16 @@ impl Drop for Abandon<'_> {
 
 impl Inner {
     fn acquire_call(&self, keys: &Keys, owner: OwnerId, opts: &AcquireOptions, mode: &str) -> Call {
-        Call {
-            lua: &scripts::ACQUIRE,
-            keys: vec![
-                keys.lock(),
-                keys.fence(),
-                keys.queue(),
-                keys.alive(),
-                keys.seq(),
-            ],
-            args: vec![
-                owner.to_string(),
-                millis(opts.ttl_value()).to_string(),
-                mode.to_owned(),
-                millis(ALIVE).to_string(),
-                keys.channel(),
-            ],
-        }
+        let call = keys
+            .call(
+                &scripts::ACQUIRE,
+                &[Key::Lock, Key::Fence, Key::Queue, Key::Alive, Key::Seq],
+            )
+            .owner_arg(owner)
+            .arg(millis(opts.ttl_value()))
+            .arg(mode)
+            .arg(millis(ALIVE));
+        keys.arg(call, Key::Channel)
     }
 
     async fn attempt(
@@ -140,11 +133,10 @@ impl Inner {
             owner,
             armed: true,
         };
-        let fast = Call {
-            lua: &scripts::TRY_FAST,
-            keys: vec![keys.lock(), keys.fence(), keys.queue()],
-            args: vec![owner.to_string(), millis(opts.ttl_value()).to_string()],
-        };
+        let fast = keys
+            .call(&scripts::TRY_FAST, &[Key::Lock, Key::Fence, Key::Queue])
+            .owner_arg(owner)
+            .arg(millis(opts.ttl_value()));
         let value = self
             .store
             .eval(&fast)
@@ -231,11 +223,10 @@ impl Inner {
     /// Leaves the queue and deletes the lock if it was granted to `owner`.
     pub(crate) async fn cancel(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
         let keys = Keys::new(&self.prefix, name);
-        let call = Call {
-            lua: &scripts::CANCEL,
-            keys: vec![keys.lock(), keys.queue(), keys.alive()],
-            args: vec![owner.to_string(), keys.channel()],
-        };
+        let call = keys
+            .call(&scripts::CANCEL, &[Key::Lock, Key::Queue, Key::Alive])
+            .owner_arg(owner);
+        let call = keys.arg(call, Key::Channel);
         let value = self
             .store
             .eval(&call)

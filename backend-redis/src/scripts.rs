@@ -8,7 +8,7 @@
 use std::sync::LazyLock;
 
 use lockcore::{LockName, OwnerId};
-use redis::Value;
+use redis::{Cmd, ToRedisArgs, Value};
 
 /// One Lua script: its source (with the shared helpers prepended) and SHA1 for `EVALSHA`.
 pub(crate) struct Lua {
@@ -48,30 +48,86 @@ pub(crate) static INSPECT: LazyLock<Lua> =
 pub(crate) static FLOOR_DELETE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/floor_delete.lua")));
 
-/// One script call: which script, its keys and arguments.
+/// One script call, built once as `EVALSHA sha numkeys keys... args...`.
+///
+/// The command is written straight from a lock's [`Keys`] and the arguments, with no
+/// intermediate strings: this is on every acquire and release.
 pub(crate) struct Call {
     pub(crate) lua: &'static Lua,
-    pub(crate) keys: Vec<String>,
-    pub(crate) args: Vec<String>,
+    cmd: Cmd,
 }
 
 impl Call {
-    /// `EVALSHA sha numkeys keys... args...`.
-    pub(crate) fn evalsha(&self) -> redis::Cmd {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.lua.sha).arg(self.keys.len());
-        for k in &self.keys {
-            cmd.arg(k);
+    /// A call of `lua` on explicitly named keys (the bench floor's key is not a lock's).
+    pub(crate) fn on(lua: &'static Lua, keys: &[&str]) -> Self {
+        let mut call = Self::start(lua, keys.len(), keys.iter().map(|k| k.len()).sum());
+        for k in keys {
+            call.cmd.arg(*k);
         }
-        for a in &self.args {
-            cmd.arg(a);
-        }
-        cmd
+        call
     }
 
-    /// The first key (it decides the Cluster slot).
-    pub(crate) fn first_key(&self) -> &str {
-        self.keys.first().map(String::as_str).unwrap_or("")
+    fn start(lua: &'static Lua, nkeys: usize, key_bytes: usize) -> Self {
+        // EVALSHA, sha, numkeys, the keys, and up to five arguments of a few dozen bytes.
+        let mut cmd = Cmd::with_capacity(3 + nkeys + 5, 64 + key_bytes + 5 * 48);
+        cmd.arg("EVALSHA").arg(lua.sha.as_str()).arg(nkeys);
+        Call { lua, cmd }
+    }
+
+    /// Appends one argument (`ARGV[n]`).
+    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// Appends the 32-hex-digit owner id as an argument.
+    pub(crate) fn owner_arg(self, owner: OwnerId) -> Self {
+        self.arg(&owner_hex(owner)[..])
+    }
+
+    /// The command to send.
+    pub(crate) fn cmd(&self) -> &Cmd {
+        &self.cmd
+    }
+
+    /// The first key (it decides the Cluster slot); empty for a call without keys.
+    pub(crate) fn first_key(&self) -> &[u8] {
+        let mut after_sha = self.cmd.args_iter().skip(2);
+        match (after_sha.next(), after_sha.next()) {
+            (Some(redis::Arg::Simple(n)), Some(redis::Arg::Simple(key))) if n != b"0" => key,
+            _ => &[],
+        }
+    }
+}
+
+/// One of a lock's keys; all share the hash tag `{<prefix>:<escaped name>}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Key {
+    /// Holder key: the holder's owner id (unique per acquisition) with the lease's PX.
+    Lock,
+    /// Fencing counter (never deleted).
+    Fence,
+    /// FIFO queue of waiting owners (ZSET by ticket).
+    Queue,
+    /// Waiter liveness deadlines (ZSET by server time in ms).
+    Alive,
+    /// Arrival ticket counter.
+    Seq,
+    /// Pub/sub channel for release notifications (the payload names the head waiter); not a
+    /// key, but it carries the same hash tag so a sharded deployment keeps it with the lock.
+    Channel,
+}
+
+impl Key {
+    fn suffix(self) -> &'static str {
+        match self {
+            Key::Lock => ":lock",
+            Key::Fence => ":fence",
+            Key::Queue => ":queue",
+            Key::Alive => ":alive",
+            Key::Seq => ":seq",
+            Key::Channel => ":released",
+        }
     }
 }
 
@@ -83,40 +139,74 @@ pub(crate) struct Keys {
 impl Keys {
     /// Keys for `name` under `prefix` (the prefix was checked to contain no braces).
     pub(crate) fn new(prefix: &str, name: &LockName) -> Self {
-        Keys {
-            base: format!("{{{prefix}:{}}}", name.escaped()),
-        }
+        let mut base = String::with_capacity(prefix.len() + name.as_str().len() + 16);
+        base.push('{');
+        base.push_str(prefix);
+        base.push(':');
+        name.escape_into(&mut base);
+        base.push('}');
+        Keys { base }
     }
 
-    /// Holder key: `"<owner>:<token>"` with the lease's PX.
-    pub(crate) fn lock(&self) -> String {
-        format!("{}:lock", self.base)
+    /// One key (or the channel) as a string.
+    pub(crate) fn get(&self, key: Key) -> String {
+        let mut out = String::with_capacity(self.base.len() + 10);
+        out.push_str(&self.base);
+        out.push_str(key.suffix());
+        out
     }
-    /// Fencing counter (never deleted).
-    pub(crate) fn fence(&self) -> String {
-        format!("{}:fence", self.base)
-    }
-    /// FIFO queue of waiting owners (ZSET by ticket).
-    pub(crate) fn queue(&self) -> String {
-        format!("{}:queue", self.base)
-    }
-    /// Waiter liveness deadlines (ZSET by server time in ms).
-    pub(crate) fn alive(&self) -> String {
-        format!("{}:alive", self.base)
-    }
-    /// Arrival ticket counter.
-    pub(crate) fn seq(&self) -> String {
-        format!("{}:seq", self.base)
-    }
-    /// Pub/sub channel for release notifications (the payload names the head waiter).
+
+    /// Pub/sub channel for release notifications.
     pub(crate) fn channel(&self) -> String {
-        format!("{}:released", self.base)
+        self.get(Key::Channel)
+    }
+
+    /// A call of `lua` on these keys, in this order (`KEYS[1]`, ...); add arguments with
+    /// [`Call::arg`] and the like.
+    pub(crate) fn call(&self, lua: &'static Lua, keys: &[Key]) -> Call {
+        let mut call = Call::start(lua, keys.len(), keys.len() * (self.base.len() + 10));
+        let mut key = String::with_capacity(self.base.len() + 10);
+        key.push_str(&self.base);
+        for k in keys {
+            key.truncate(self.base.len());
+            key.push_str(k.suffix());
+            call.cmd.arg(key.as_str());
+        }
+        call
+    }
+
+    /// Appends a key's name (for example the channel) to `call` as an argument.
+    pub(crate) fn arg(&self, call: Call, key: Key) -> Call {
+        let mut text = String::with_capacity(self.base.len() + 10);
+        text.push_str(&self.base);
+        text.push_str(key.suffix());
+        call.arg(text.as_str())
     }
 }
 
-/// The holder value stored in the lock key.
-pub(crate) fn holder_value(owner: OwnerId, token: u64) -> String {
-    format!("{owner}:{token}")
+/// The owner id's `Display` form (32 lowercase hex digits) without allocating.
+fn owner_hex(owner: OwnerId) -> [u8; 32] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        let shift = 4 * (31 - i);
+        *byte = HEX[((owner.0 >> shift) & 0xF) as usize];
+    }
+    out
+}
+
+/// Whether a reply element is the 32-hex-digit id of `owner`.
+fn echoes(value: Option<&Value>, owner: OwnerId) -> bool {
+    match value {
+        Some(Value::BulkString(b)) => b.as_slice() == owner_hex(owner).as_slice(),
+        Some(Value::SimpleString(s)) => s.as_bytes() == owner_hex(owner).as_slice(),
+        _ => false,
+    }
+}
+
+/// The echoed owner of a reply, for an error message.
+fn echoed(value: Option<&Value>) -> String {
+    value.and_then(text).unwrap_or_default()
 }
 
 /// What the acquire script answered.
@@ -133,10 +223,10 @@ pub(crate) enum AcquireReply {
 /// the wrong request is an error, never a grant).
 pub(crate) fn parse_acquire(value: &Value, owner: OwnerId) -> Result<AcquireReply, String> {
     let items = array(value)?;
-    let echoed = items.get(2).and_then(text).unwrap_or_default();
-    if echoed != owner.to_string() {
+    if !echoes(items.get(2), owner) {
         return Err(format!(
-            "acquire reply for another request (owner {echoed:?})"
+            "acquire reply for another request (owner {:?})",
+            echoed(items.get(2))
         ));
     }
     match items.first().and_then(int) {
@@ -164,10 +254,10 @@ pub(crate) fn parse_try_fast(
         Value::Int(0) => Ok(Some(AcquireReply::Waiting { pttl: -1, rank: -1 })),
         Value::Int(-1) => Ok(None),
         Value::Array(items) => {
-            let echoed = items.get(1).and_then(text).unwrap_or_default();
-            if echoed != owner.to_string() {
+            if !echoes(items.get(1), owner) {
                 return Err(format!(
-                    "acquire reply for another request (owner {echoed:?})"
+                    "acquire reply for another request (owner {:?})",
+                    echoed(items.get(1))
                 ));
             }
             items
@@ -183,7 +273,8 @@ pub(crate) fn parse_try_fast(
 
 /// What the inspect script answered.
 pub(crate) struct InspectReply {
-    pub(crate) holder: Option<(String, u64)>,
+    /// The holder's owner id, if the lock is held.
+    pub(crate) holder: Option<String>,
     pub(crate) pttl: i64,
     pub(crate) fence: Option<u64>,
     pub(crate) live_waiters: i64,
@@ -194,10 +285,8 @@ pub(crate) struct InspectReply {
 pub(crate) fn parse_inspect(value: &Value) -> Result<InspectReply, String> {
     let items = array(value)?;
     let bad = || format!("unexpected inspect reply {value:?}");
-    let holder_text = items.first().and_then(text).ok_or_else(bad)?;
-    let holder = holder_text
-        .split_once(':')
-        .and_then(|(owner, token)| token.parse::<u64>().ok().map(|t| (owner.to_owned(), t)));
+    let holder = items.first().and_then(text).ok_or_else(bad)?.to_owned();
+    let holder = (!holder.is_empty()).then_some(holder);
     let fence = items.get(2).and_then(int).ok_or_else(bad)?;
     Ok(InspectReply {
         holder,
@@ -250,17 +339,62 @@ mod tests {
     fn keys_share_one_hash_tag() {
         let name = LockName::new("a/{b}:c").unwrap();
         let keys = Keys::new("dlock", &name);
-        let slot = crate::cluster::slot(keys.lock().as_bytes());
-        for k in [
-            keys.fence(),
-            keys.queue(),
-            keys.alive(),
-            keys.seq(),
-            keys.channel(),
-        ] {
+        let slot = crate::cluster::slot(keys.get(Key::Lock).as_bytes());
+        for k in [Key::Fence, Key::Queue, Key::Alive, Key::Seq, Key::Channel] {
+            let k = keys.get(k);
             assert_eq!(crate::cluster::slot(k.as_bytes()), slot, "{k}");
         }
-        assert_eq!(keys.lock(), "{dlock:a%2F%7Bb%7D%3Ac}:lock");
+        assert_eq!(keys.get(Key::Lock), "{dlock:a%2F%7Bb%7D%3Ac}:lock");
+    }
+
+    /// The command a call sends: what `EVALSHA` receives.
+    fn words(call: &Call) -> Vec<String> {
+        call.cmd()
+            .args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<not a plain argument>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_call_is_evalsha_with_keys_then_arguments() {
+        let keys = Keys::new("p", &LockName::new("n").unwrap());
+        let owner = OwnerId(0xab);
+        let call = keys
+            .call(&RELEASE, &[Key::Lock, Key::Queue])
+            .owner_arg(owner)
+            .arg(77u64);
+        let call = keys.arg(call, Key::Channel);
+        assert_eq!(
+            words(&call),
+            [
+                "EVALSHA".to_owned(),
+                RELEASE.sha.clone(),
+                "2".to_owned(),
+                "{p:n}:lock".to_owned(),
+                "{p:n}:queue".to_owned(),
+                owner.to_string(),
+                "77".to_owned(),
+                "{p:n}:released".to_owned(),
+            ]
+        );
+        assert_eq!(call.first_key(), b"{p:n}:lock");
+        let bare = Call::on(&INSPECT, &[]);
+        assert_eq!(bare.first_key(), b"");
+    }
+
+    #[test]
+    fn owner_hex_matches_the_display_form() {
+        for owner in [
+            OwnerId(0),
+            OwnerId(u128::MAX),
+            OwnerId(1 << 100),
+            OwnerId(0xab),
+        ] {
+            assert_eq!(owner_hex(owner).as_slice(), owner.to_string().as_bytes());
+        }
     }
 
     #[test]

@@ -41,7 +41,7 @@ async fn pipeline_on<C: ConnectionLike>(con: &mut C, calls: &[&Call]) -> Vec<Red
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for call in calls {
-        pipe.add_command(call.evalsha());
+        pipe.add_command(call.cmd().clone());
     }
     let mut results: Vec<RedisResult<Value>> =
         match pipe.query_async::<Vec<RedisResult<Value>>>(con).await {
@@ -84,11 +84,11 @@ async fn pipeline_on<C: ConnectionLike>(con: &mut C, calls: &[&Call]) -> Vec<Red
 }
 
 async fn eval_on<C: ConnectionLike>(con: &mut C, call: &Call) -> RedisResult<Value> {
-    let cmd = call.evalsha();
-    match run(con, &cmd).await {
+    let cmd = call.cmd();
+    match run(con, cmd).await {
         Err(e) if is_noscript(&e) => {
             run(con, &script_load(call.lua)).await?;
-            run(con, &cmd).await
+            run(con, cmd).await
         }
         other => other,
     }
@@ -207,7 +207,7 @@ async fn cluster_many(c: &Cluster, calls: &[Call]) -> Vec<RedisResult<Value>> {
     let mut groups: BTreeMap<Option<NodeAddr>, Vec<usize>> = BTreeMap::new();
     for (i, call) in calls.iter().enumerate() {
         groups
-            .entry(c.node_of(slot(call.first_key().as_bytes())))
+            .entry(c.node_of(slot(call.first_key())))
             .or_default()
             .push(i);
     }
@@ -217,7 +217,7 @@ async fn cluster_many(c: &Cluster, calls: &[Call]) -> Vec<RedisResult<Value>> {
         };
         let mut pipe = redis::pipe();
         for &i in indices {
-            pipe.add_command(calls[i].evalsha());
+            pipe.add_command(calls[i].cmd().clone());
         }
         match c
             .connection()

@@ -256,7 +256,7 @@ async fn bad_input_fails_clearly() {
 }
 
 /// The keys of one lock share a hash tag and the fence counter survives release and expiry;
-/// the holder value names owner and token.
+/// the holder value is the lease's owner id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_layout_and_fence_key() {
     let redis = shared().await;
@@ -269,9 +269,11 @@ async fn key_layout_and_fence_key() {
     let lock_key = format!("{{layout:{esc}}}:lock");
     let fence_key = format!("{{layout:{esc}}}:fence");
     let value = redis.command(&["GET", &lock_key]).await.unwrap().as_text();
+    assert_eq!(value, Some(g.lease().owner().to_string()));
     assert_eq!(
-        value,
-        Some(format!("{}:{}", g.lease().owner(), g.fencing_token()))
+        redis.command(&["GET", &fence_key]).await.unwrap().as_text(),
+        Some(g.fencing_token().to_string()),
+        "while held, the fence counter is the holder's token"
     );
     g.release().await.expect("release");
     assert_eq!(

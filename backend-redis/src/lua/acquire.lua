@@ -11,7 +11,7 @@
 -- a free lock with nobody waiting is granted in three commands, whatever the mode.
 if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
   local token = redis.call('INCR', KEYS[2])
-  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return {1, token, ARGV[1]}
 end
 --@common

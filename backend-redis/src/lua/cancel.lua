@@ -7,8 +7,7 @@ local owner = ARGV[1]
 local removed = redis.call('ZREM', KEYS[2], owner)
 redis.call('ZREM', KEYS[3], owner)
 local released = 0
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, #owner + 1) == owner .. ':' then
+if redis.call('GET', KEYS[1]) == owner then
   redis.call('DEL', KEYS[1])
   released = 1
 end

@@ -1,7 +1,7 @@
 -- Shared helpers, prepended to every script that needs them.
 --
 -- Keys of one lock (all carry the same `{prefix:name}` hash tag, so they share a Cluster slot):
---   lock   the holder: "<owner>:<token>", with PX = the lease ttl
+--   lock   the holder's owner id (unique per acquisition), with PX = the lease ttl
 --   fence  the fencing counter (INCR on every grant; never deleted)
 --   queue  ZSET of waiting owner ids, scored by arrival ticket (FIFO order)
 --   alive  ZSET of the same owner ids, scored by the server time (ms) until which each is alive
@@ -33,9 +33,10 @@ local function wake_head(lock, queue, channel)
   end
 end
 
--- Takes the lock for `owner`: the next fencing token, then the holder key with its ttl.
+-- Takes the lock for `owner`: the next fencing token, then the holder key with its ttl. Tokens
+-- are drawn only here, so while the lock is held the fence counter is its holder's token.
 local function grant(lock, fence, owner, ttl)
   local token = redis.call('INCR', fence)
-  redis.call('SET', lock, owner .. ':' .. token, 'PX', ttl)
+  redis.call('SET', lock, owner, 'PX', ttl)
   return token
 end

@@ -1,5 +1,6 @@
 -- INSPECT: KEYS lock, fence, queue, alive
--- Returns {holder value or '', pttl, last token or -1, live waiters, queued entries}.
+-- Returns {holder owner id or '', pttl, last token or -1, live waiters, queued entries}. While the
+-- lock is held the last token is its holder's (tokens are drawn only by a grant).
 --@common
 local v = redis.call('GET', KEYS[1]) or ''
 local fence = tonumber(redis.call('GET', KEYS[2]) or '-1')

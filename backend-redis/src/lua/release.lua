@@ -1,14 +1,17 @@
--- RELEASE: KEYS lock, queue, alive; ARGV holder value ("<owner>:<token>"), channel
--- Deletes the lock only if the value is this lease's; then wakes the head waiter, if any.
+-- RELEASE: KEYS lock, fence, queue, alive; ARGV owner, token, channel
+-- Deletes the lock only if it is this lease's: the lock key holds its owner id and the fence its
+-- token (tokens are drawn only by a grant, so while a lock is held the fence is its holder's
+-- token). Then wakes the head waiter, if any.
 -- Returns 1 when released, 0 when the lease was no longer current.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+local held = redis.call('MGET', KEYS[1], KEYS[2])
+if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[2]) == 0 then
+if redis.call('EXISTS', KEYS[3]) == 0 then
   return 1
 end
 --@common
-prune(KEYS[2], KEYS[3], now_ms())
-wake_head(KEYS[1], KEYS[2], ARGV[2])
+prune(KEYS[3], KEYS[4], now_ms())
+wake_head(KEYS[1], KEYS[3], ARGV[3])
 return 1

@@ -2,12 +2,14 @@
 -- Returns {token, owner} when granted (the lock was free and nobody queued), 0 when the lock is
 -- held and nobody queued, -1 when someone is queued (the caller then runs `acquire` in `try`
 -- mode, which drops dead waiters first and never jumps live ones).
-if redis.call('EXISTS', KEYS[1], KEYS[3]) > 0 then
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    return -1
-  end
+--
+-- The order keeps a refused try to one or two commands and a grant to three: a queue means the
+-- full script must decide; otherwise SET NX both tests and takes the lock, and only a grant
+-- draws a token (INCR runs in the same atomic step, so nobody sees the lock without it).
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return -1
+end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 0
 end
-local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'PX', ARGV[2])
-return {token, ARGV[1]}
+return {redis.call('INCR', KEYS[2]), ARGV[1]}
