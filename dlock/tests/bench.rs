@@ -130,3 +130,51 @@ async fn bad_options_and_urls_are_errors() {
     assert!(matches!(err, dlock::Error::UnsupportedScheme { .. }));
     assert!(!format!("{unknown:?}").contains("hunter2"));
 }
+
+/// Dropping the bench's future stops all of it: once the contended name is free, nobody from
+/// the dropped run takes it again. (A client still running would, within one 1 ms hold cycle:
+/// its acquire waits forever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_bench_stops_its_clients() {
+    use dlock::LockExt;
+    let opts = short("memory://bench-drop", Mode::Contended)
+        .duration(Duration::from_secs(120))
+        .name("drop-test".to_owned());
+    let run = bench::run(&opts);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), run)
+            .await
+            .is_err(),
+        "a 120 s bench finished within 0.5 s"
+    );
+    let probe = dlock::connect("memory://bench-drop").await.unwrap();
+    let name = "drop-test/contended";
+    let no_wait = dlock::AcquireOptions::new().wait(dlock::Wait::No);
+    // The dropped clients' guards release in the background; then the name can be had.
+    let mut mine = None;
+    for _ in 0..200 {
+        if let Some(g) = probe.try_lock(name, &no_wait).await.unwrap() {
+            mine = Some(g);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let mine = mine.expect("the dropped bench's clients let go of the name within 5 s");
+    let token = mine.fencing_token();
+    mine.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let info = probe
+        .inspect(&dlock::LockName::new(name).unwrap())
+        .await
+        .unwrap()
+        .expect("the name was used");
+    assert!(
+        !info.is_held(),
+        "a client of the dropped bench took the lock again"
+    );
+    assert_eq!(
+        info.token,
+        Some(token),
+        "the name was acquired after the drop"
+    );
+}
