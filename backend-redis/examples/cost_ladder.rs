@@ -1,0 +1,213 @@
+//! What each guarantee of the Redis backend costs an uncontended acquire + release.
+//!
+//! Starts from `dlock bench`'s raw floor (`SET NX PX`, then an `EVALSHA` compare-and-delete)
+//! and adds one thing per step: drawing a fencing token in the acquire, the FIFO queue check,
+//! the owner echo in the acquire's reply, the token check in the release (these last two make
+//! the backend's real scripts, read from `src/lua/`), then this backend through
+//! `DistributedLock`, then lockcore's `lock()` and guard. The steps alternate in blocks of 200
+//! pairs, so they see the same machine load; each prints its median, mean and p90 pair.
+//!
+//! ```text
+//! cargo run --release -p backend-redis --example cost_ladder -- redis://127.0.0.1:6379 [rounds=100]
+//! ```
+//!
+//! Use a server nobody else uses: it writes keys under the `{ladder-*}` hash tags and `dlock`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, Wait};
+use redis::Script;
+use redis::aio::MultiplexedConnection;
+
+/// The floor's compare-and-delete (also the release of the first two steps).
+const DELETE: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+/// Acquire that also draws a fencing token in the same step.
+const FENCED: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0";
+/// ...and refuses when someone is queued.
+const FAIR: &str = "if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end return redis.call('INCR', KEYS[2])";
+/// Compare-and-delete that also checks the queue (to wake its head).
+const FAIR_DELETE: &str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('DEL', KEYS[1]) if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end return 2";
+
+const OWNER: &str = "0123456789abcdef0123456789abcdef";
+const STEPS: [&str; 7] = [
+    "floor: SET NX PX + EVALSHA GET/DEL",
+    "+ token: acquire script SET NX PX + INCR",
+    "+ fairness: EXISTS queue in acquire and release",
+    "+ owner echo in the acquire reply (real try script)",
+    "+ token check in release: MGET lock fence (real release)",
+    "this backend: try_acquire + release",
+    "lockcore: lock() + guard.release()",
+];
+
+struct Scripts {
+    delete: Script,
+    fenced: Script,
+    fair: Script,
+    fair_delete: Script,
+    try_fast: Script,
+    release: Script,
+}
+
+fn keys(step: usize) -> [String; 4] {
+    ["lock", "fence", "queue", "alive"].map(|k| format!("{{ladder-{step}}}:{k}"))
+}
+
+fn token_of(reply: &redis::Value) -> Result<i64, String> {
+    match reply {
+        redis::Value::Int(t) if *t > 0 => Ok(*t),
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Int(t)) if *t > 0 => Ok(*t),
+            _ => Err(format!("not granted: {reply:?}")),
+        },
+        other => Err(format!("not granted: {other:?}")),
+    }
+}
+
+/// One acquire + release of `step` with raw commands (steps 0 to 4).
+async fn raw_pair(
+    step: usize,
+    s: &Scripts,
+    con: &mut MultiplexedConnection,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let [lock, fence, queue, alive] = keys(step);
+    if step == 0 {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&lock)
+            .arg(OWNER)
+            .arg("NX")
+            .arg("PX")
+            .arg(10_000)
+            .query_async(con)
+            .await?;
+        if set.is_none() {
+            return Err("floor key was held".into());
+        }
+    } else {
+        let (script, nkeys) = match step {
+            1 => (&s.fenced, 2),
+            2 => (&s.fair, 3),
+            _ => (&s.try_fast, 3),
+        };
+        let mut invocation = script.prepare_invoke();
+        for key in [&lock, &fence, &queue].into_iter().take(nkeys) {
+            invocation.key(key);
+        }
+        let reply: redis::Value = invocation.arg(OWNER).arg(10_000).invoke_async(con).await?;
+        let token = token_of(&reply)?;
+        if step == 4 {
+            let released: i64 = s
+                .release
+                .key(&lock)
+                .key(&fence)
+                .key(&queue)
+                .key(&alive)
+                .arg(OWNER)
+                .arg(token)
+                .arg(format!("{{ladder-{step}}}:released"))
+                .invoke_async(con)
+                .await?;
+            return if released == 1 {
+                Ok(())
+            } else {
+                Err("not released".into())
+            };
+        }
+    }
+    let released: i64 = match step {
+        0 | 1 => s.delete.key(&lock).arg(OWNER).invoke_async(con).await?,
+        _ => {
+            s.fair_delete
+                .key(&lock)
+                .key(&queue)
+                .arg(OWNER)
+                .invoke_async(con)
+                .await?
+        }
+    };
+    if released == 1 {
+        Ok(())
+    } else {
+        Err("not released".into())
+    }
+}
+
+async fn ladder(
+    url: String,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let backend: Arc<dyn DistributedLock> = backend_redis::connect(&url).await?;
+    let mut con = redis::Client::open(url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let with_common =
+        |body: &str| body.replacen("--@common", include_str!("../src/lua/common.lua"), 1);
+    let s = Scripts {
+        delete: Script::new(DELETE),
+        fenced: Script::new(FENCED),
+        fair: Script::new(FAIR),
+        fair_delete: Script::new(FAIR_DELETE),
+        try_fast: Script::new(&with_common(include_str!("../src/lua/try_fast.lua"))),
+        release: Script::new(&with_common(include_str!("../src/lua/release.lua"))),
+    };
+    let name = LockName::new("ladder-backend")?;
+    let opts = AcquireOptions::new()
+        .wait(Wait::No)
+        .keep_alive(KeepAlive::Off);
+    let direct_opts = opts.clone().with_defaults(&backend.defaults());
+
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); STEPS.len()];
+    // Round 0 warms up every step (connections, script loading) and is not recorded.
+    for round in 0..=rounds {
+        for (step, out) in samples.iter_mut().enumerate() {
+            for _ in 0..200 {
+                let t = Instant::now();
+                match step {
+                    0..=4 => raw_pair(step, &s, &mut con).await?,
+                    5 => {
+                        let lease = backend
+                            .try_acquire(&name, &direct_opts)
+                            .await?
+                            .ok_or("the backend's name was held")?;
+                        backend.release(&lease).await?;
+                    }
+                    _ => {
+                        let guard = backend.lock("ladder-lockcore", &opts).await?;
+                        guard.release().await?;
+                    }
+                }
+                if round > 0 {
+                    out.push(t.elapsed());
+                }
+            }
+        }
+    }
+    println!("{:<58} {:>9} {:>9} {:>9}", "step", "median", "mean", "p90");
+    for (label, mut v) in STEPS.iter().zip(samples) {
+        v.sort_unstable();
+        let mean = v.iter().sum::<Duration>() / u32::try_from(v.len()).unwrap_or(u32::MAX);
+        let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
+        println!(
+            "{label:<58} {:>9.1?} {:>9.1?} {:>9.1?}",
+            at(0.5),
+            mean,
+            at(0.9)
+        );
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let url = args
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
+    let rounds: usize = args.get(1).map_or(Ok(100), |a| a.parse())?;
+    // In a task on a worker thread, where applications make their lock calls.
+    tokio::spawn(ladder(url, rounds))
+        .await?
+        .map_err(|e| e.to_string().into())
+}
