@@ -49,21 +49,14 @@ async fn mariadb_answers(addr: SocketAddr, within: Duration) -> bool {
 }
 
 #[test]
-fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+fn free_ports_are_distinct_and_below_the_ephemeral_range() {
     let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
     let ephemeral_low: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
-    let mut ports = Vec::new();
-    for _ in 0..50 {
-        let port = free_port();
-        // Bound at once: the promise is "free when handed out". A process outside the kit may
-        // take it later, which is why the kit retries a server start on a fresh port.
-        let listener = std::net::TcpListener::bind(("127.0.0.1", port));
-        assert!(
-            listener.is_ok(),
-            "port {port} was handed out but is not free: {listener:?}"
-        );
-        ports.push(port);
-    }
+    // Whether each port was bindable when handed out is checked deterministically by the kit's
+    // `pick_port` unit test. Binding here would race every other process on the machine (a
+    // clean-clone CI run once lost one of 50 ports that way), which `free_port` does not
+    // promise to win: servers retry on a fresh port instead.
+    let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
     let distinct: std::collections::HashSet<u16> = ports.iter().copied().collect();
     assert_eq!(distinct.len(), ports.len(), "no port is handed out twice");
     for port in ports {

@@ -78,25 +78,35 @@ pub fn free_port() -> u16 {
     let hi: u16 = low.saturating_sub(1).max(lo + 1000);
     let mut handed = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
     let handed = handed.get_or_insert_with(HashSet::new);
-    for _ in 0..10_000 {
-        let port = rand::random_range(lo..=hi);
-        if handed.contains(&port) {
-            continue;
-        }
-        // A port reserved here stays reserved even when the bind check fails: harmless.
-        if !process::reserve_port(port) {
-            continue;
-        }
-        if TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok() {
-            handed.insert(port);
-            return port;
-        }
+    let candidates = std::iter::repeat_with(|| rand::random_range(lo..=hi)).take(10_000);
+    if let Some(port) = pick_port(candidates, handed, process::reserve_port) {
+        return port;
     }
     // Hardly reachable: fall back to a kernel-chosen port.
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("cannot bind 127.0.0.1:0");
     let port = listener.local_addr().expect("local_addr").port();
     handed.insert(port);
     port
+}
+
+/// The first of `candidates` not in `handed`, that `reserve` grants, and that can be bound on
+/// 127.0.0.1 right now; it is added to `handed`.
+fn pick_port(
+    candidates: impl IntoIterator<Item = u16>,
+    handed: &mut HashSet<u16>,
+    mut reserve: impl FnMut(u16) -> bool,
+) -> Option<u16> {
+    for port in candidates {
+        // A port reserved here stays reserved even when the bind check fails: harmless.
+        if handed.contains(&port) || !reserve(port) {
+            continue;
+        }
+        if TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok() {
+            handed.insert(port);
+            return Some(port);
+        }
+    }
+    None
 }
 
 fn ephemeral_range() -> (u16, u16) {
@@ -155,5 +165,39 @@ pub(crate) fn valid_database_name(name: &str, max: usize) -> KitResult<()> {
             KitErrorKind::InvalidArgument,
             format!("database name {name:?} must be 1..={max} ASCII letters, digits, `_` or `-`"),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checks `free_port` relies on, made deterministic: a port this process listens on,
+    /// one already handed out and one another kit process reserved are all skipped.
+    #[test]
+    fn pick_port_skips_bound_handed_out_and_reserved_ports() {
+        let taken = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let bound = taken.local_addr().unwrap().port();
+        let probe = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let free = probe.local_addr().unwrap().port();
+        drop(probe);
+        let mut handed = HashSet::new();
+        assert_eq!(
+            pick_port([bound, free], &mut handed, |_| true),
+            Some(free),
+            "a port something listens on was handed out"
+        );
+        assert!(handed.contains(&free));
+        assert_eq!(
+            pick_port([free, bound], &mut handed, |_| true),
+            None,
+            "a port was handed out twice, or a bound one at all"
+        );
+        let mut fresh = HashSet::new();
+        assert_eq!(
+            pick_port([free], &mut fresh, |p| p != free),
+            None,
+            "a port reserved by another process was handed out"
+        );
     }
 }
