@@ -177,10 +177,7 @@ impl Keys {
 
     /// Appends a key's name (for example the channel) to `call` as an argument.
     pub(crate) fn arg(&self, call: Call, key: Key) -> Call {
-        let mut text = String::with_capacity(self.base.len() + 10);
-        text.push_str(&self.base);
-        text.push_str(key.suffix());
-        call.arg(text.as_str())
+        call.arg(self.get(key).as_str())
     }
 }
 
