@@ -628,7 +628,7 @@ impl Inner {
 impl Queue for MySqlLock {
     const BACKEND: &'static str = BACKEND;
 
-    fn wake(&self, _name: &LockName) -> Wake {
+    fn wake(&self, _name: &LockName, _waiter: OwnerId) -> Wake {
         Wake::poll()
     }
 

@@ -45,6 +45,7 @@ struct Statements {
     refresh: SqlStr,
     cancel: SqlStr,
     release: SqlStr,
+    floor_release: SqlStr,
     release_owner: SqlStr,
     extend: SqlStr,
     extend_many: SqlStr,
@@ -158,23 +159,39 @@ impl Statements {
                  freed AS (UPDATE {t} SET owner = NULL WHERE name = $1 AND owner = $2 RETURNING 1), \
                  {ASYNC} \
                  SELECT (SELECT count(*) FROM freed), \
-                 (SELECT count(pg_notify('{table}', $1)) FROM \
+                 (SELECT count(pg_notify('{table}', 'N' || $1)) FROM \
                  (SELECT 1 FROM gone UNION ALL SELECT 1 FROM freed LIMIT 1) AS x) \
                  FROM async_commit"
             )),
-            // $1 name, $2 owner, $3 fence. The row stays (the fence must never reset).
+            // $1 name, $2 owner, $3 fence. The row stays (the fence must never reset). Wakes
+            // only the head of the queue when there is one (see `Payload`): waking every waiter
+            // made each release start as many attempts as there were waiters, and the head's
+            // attempt queued behind them.
             release: sql(format!(
                 "WITH released AS (\
                  UPDATE {t} SET owner = NULL \
                  WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp() \
+                 RETURNING name), \
+                 head AS (SELECT waiter FROM {w} \
+                 WHERE name = $1 AND expires_at > clock_timestamp() ORDER BY ticket LIMIT 1) \
+                 SELECT count(pg_notify('{table}', \
+                 CASE WHEN h.waiter IS NULL THEN 'N' || r.name ELSE 'W' || h.waiter || r.name END)) \
+                 FROM released AS r LEFT JOIN head AS h ON true"
+            )),
+            // The raw floor's release: the plain compare-and-free with a notification, without
+            // looking up the queue's head.
+            floor_release: sql(format!(
+                "WITH released AS (\
+                 UPDATE {t} SET owner = NULL \
+                 WHERE name = $1 AND owner = $2 AND fence = $3 AND expires_at > clock_timestamp() \
                  RETURNING name) \
-                 SELECT count(pg_notify('{table}', name)) FROM released"
+                 SELECT count(pg_notify('{table}', 'N' || name)) FROM released"
             )),
             // $1 name, $2 owner: cleanup after an interrupted acquire (the fence is unknown).
             release_owner: sql(format!(
                 "WITH released AS (\
                  UPDATE {t} SET owner = NULL WHERE name = $1 AND owner = $2 RETURNING name) \
-                 SELECT count(pg_notify('{table}', name)) FROM released"
+                 SELECT count(pg_notify('{table}', 'N' || name)) FROM released"
             )),
             // $1 name, $2 owner, $3 fence, $4 ttl in µs. Never resurrects an expired row.
             extend: sql(format!(
@@ -226,50 +243,128 @@ fn classify(e: &sqlx::Error) -> Class {
     }
 }
 
+/// What a release notification says (the NOTIFY payload). The channel is the table name; the
+/// payload's first byte tells the form:
+/// - `W<waiter><name>`: wake only `waiter` (32 hex digits), the live head of `name`'s queue when
+///   the lock was freed; it is the only waiter whose attempt can be granted. Listeners of the
+///   name that are not queued (`wait_for_release`) wake too.
+/// - `N<name>`: wake everyone interested in `name` (nobody was queued, or a waiter left).
+///
+/// Anything else (a client of an older version sends the bare name) wakes nobody; waiters then
+/// find the release on their next re-check ([`RECHECK`](crate::queue::RECHECK)), so a mix of
+/// versions is slower but never stuck.
+#[derive(Debug, PartialEq, Eq)]
+enum Payload<'a> {
+    Head { waiter: &'a str, name: &'a str },
+    Name(&'a str),
+    Unknown,
+}
+
+impl<'a> Payload<'a> {
+    fn parse(payload: &'a str) -> Self {
+        if let Some(name) = payload.strip_prefix('N') {
+            return Payload::Name(name);
+        }
+        match payload.strip_prefix('W') {
+            Some(rest) if rest.len() > 32 && rest.is_char_boundary(32) => {
+                let (waiter, name) = rest.split_at(32);
+                Payload::Head { waiter, name }
+            }
+            _ => Payload::Unknown,
+        }
+    }
+}
+
+/// The wakeups of one name in this client.
+#[derive(Default)]
+struct Interest {
+    /// Listeners that are not queued (`wait_for_release`): woken by every release of the name.
+    any: Arc<Notify>,
+    /// Queued waiters by id: woken when named as the head, or by an `N` payload.
+    queued: HashMap<String, Arc<Notify>>,
+}
+
 /// Per-name wakeups fed by the listener task.
 struct Waiters {
-    by_name: Mutex<HashMap<String, Arc<Notify>>>,
+    by_name: Mutex<HashMap<String, Interest>>,
     /// Whether the listener connection is up and LISTENing.
     ready: watch::Sender<bool>,
 }
 
 impl Waiters {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Interest>> {
         self.by_name.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Interest in every release of `name`.
     fn register(self: &Arc<Self>, name: &str) -> Registration {
-        let notify = self.map().entry(name.to_owned()).or_default().clone();
+        let notify = self.map().entry(name.to_owned()).or_default().any.clone();
         Registration {
             waiters: self.clone(),
             name: name.to_owned(),
+            waiter: None,
             notify,
         }
     }
 
-    fn wake(&self, name: &str) {
-        if let Some(n) = self.map().get(name) {
-            n.notify_waiters();
+    /// A queued waiter's interest: woken when it is the head a release names.
+    fn register_waiter(self: &Arc<Self>, name: &str, waiter: OwnerId) -> Registration {
+        let waiter = waiter.to_string();
+        let notify = Arc::new(Notify::new());
+        self.map()
+            .entry(name.to_owned())
+            .or_default()
+            .queued
+            .insert(waiter.clone(), notify.clone());
+        Registration {
+            waiters: self.clone(),
+            name: name.to_owned(),
+            waiter: Some(waiter),
+            notify,
+        }
+    }
+
+    fn wake(&self, payload: &str) {
+        let map = self.map();
+        match Payload::parse(payload) {
+            Payload::Head { waiter, name } => {
+                if let Some(i) = map.get(name) {
+                    i.any.notify_waiters();
+                    if let Some(n) = i.queued.get(waiter) {
+                        n.notify_waiters();
+                    }
+                }
+            }
+            Payload::Name(name) => {
+                if let Some(i) = map.get(name) {
+                    i.any.notify_waiters();
+                    i.queued.values().for_each(|n| n.notify_waiters());
+                }
+            }
+            Payload::Unknown => {}
         }
     }
 
     /// After a reconnect notifications may have been missed: everyone re-checks.
     fn wake_all(&self) {
-        for n in self.map().values() {
-            n.notify_waiters();
+        for i in self.map().values() {
+            i.any.notify_waiters();
+            i.queued.values().for_each(|n| n.notify_waiters());
         }
     }
 }
 
-/// One waiter's interest in a name; removes the map entry when the last waiter leaves.
+/// One interest in a name; removes the map entry when the last one goes.
 pub(crate) struct Registration {
     waiters: Arc<Waiters>,
     name: String,
+    /// The queued waiter's id, for [`Waiters::register_waiter`].
+    waiter: Option<String>,
     notify: Arc<Notify>,
 }
 
 impl Registration {
-    /// The per-name wakeup the listener task fires.
+    /// The wakeup the listener task fires.
     pub(crate) fn notify(&self) -> &Notify {
         &self.notify
     }
@@ -278,14 +373,22 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut map = self.waiters.map();
-        // The map's reference plus ours: nobody else waits on this name.
-        if Arc::strong_count(&self.notify) == 2 {
+        let Some(interest) = map.get_mut(&self.name) else {
+            return;
+        };
+        if let Some(waiter) = &self.waiter {
+            interest.queued.remove(waiter);
+        }
+        // The map holds one reference to `any`, and a name-wide registration being dropped
+        // holds another.
+        let others = Arc::strong_count(&interest.any) - 1 - usize::from(self.waiter.is_none());
+        if others == 0 && interest.queued.is_empty() {
             map.remove(&self.name);
         }
     }
 }
 
-/// Keeps one LISTEN connection up and dispatches notifications by payload (the lock name).
+/// Keeps one LISTEN connection up and dispatches notifications by payload (see [`Payload`]).
 async fn listen_loop(pool: PgPool, channel: String, waiters: Arc<Waiters>) {
     let mut delay = Duration::from_millis(50);
     loop {
@@ -842,11 +945,11 @@ impl DistributedLock for PostgresLock {
 impl Queue for PostgresLock {
     const BACKEND: &'static str = BACKEND;
 
-    fn wake(&self, name: &LockName) -> Wake {
+    fn wake(&self, name: &LockName, waiter: OwnerId) -> Wake {
         let inner = &self.inner;
         inner.ensure_listener();
         Wake::notify(
-            inner.waiters.register(name.as_str()),
+            inner.waiters.register_waiter(name.as_str(), waiter),
             inner.waiters.ready.subscribe(),
         )
     }
@@ -967,7 +1070,7 @@ impl RawFloor for PgFloor {
             .await
             .map_err(err)?;
         if let Some(fence) = fence {
-            let _: i64 = sqlx::query_scalar(self.inner.sql.release.clone())
+            let _: i64 = sqlx::query_scalar(self.inner.sql.floor_release.clone())
                 .bind(name.as_str())
                 .bind(owner.as_str())
                 .bind(fence)
@@ -976,5 +1079,121 @@ impl RawFloor for PgFloor {
                 .map_err(err)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "000000000000000000000000000000aa";
+
+    /// A wakeup of `r`, enabled so that a notification from now on fires it.
+    fn arm(r: &Registration) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
+        let mut f = Box::pin(r.notify().notified());
+        f.as_mut().enable();
+        f
+    }
+
+    fn waiters() -> Arc<Waiters> {
+        Arc::new(Waiters {
+            by_name: Mutex::default(),
+            ready: watch::channel(false).0,
+        })
+    }
+
+    /// Whether the wakeup `f` fired since it was enabled.
+    fn woken(f: &mut std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>>) -> bool {
+        use std::future::Future;
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        f.as_mut().poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn payloads_parse_by_their_first_byte() {
+        assert_eq!(Payload::parse("Njobs/1"), Payload::Name("jobs/1"));
+        assert_eq!(
+            Payload::parse(&format!("W{A}jobs/1")),
+            Payload::Head {
+                waiter: A,
+                name: "jobs/1"
+            }
+        );
+        // A name may itself start with N or W, or be anything but NUL.
+        assert_eq!(Payload::parse("NW"), Payload::Name("W"));
+        assert_eq!(
+            Payload::parse(&format!("W{A}N")),
+            Payload::Head {
+                waiter: A,
+                name: "N"
+            }
+        );
+        // Too short for a waiter id and a name, or an older client's bare name.
+        assert_eq!(Payload::parse(&format!("W{A}")), Payload::Unknown);
+        assert_eq!(Payload::parse("jobs/1"), Payload::Unknown);
+        assert_eq!(Payload::parse("Wé"), Payload::Unknown);
+    }
+
+    #[test]
+    fn a_head_payload_wakes_only_that_waiter_and_name_wide_listeners() {
+        let w = waiters();
+        let a = OwnerId(0xaa);
+        let b = OwnerId(0xbb);
+        assert_eq!(a.to_string(), A);
+        let ra = w.register_waiter("n", a);
+        let rb = w.register_waiter("n", b);
+        let any = w.register("n");
+        let other = w.register_waiter("m", a);
+        let (mut fa, mut fb, mut fany, mut fother) = (arm(&ra), arm(&rb), arm(&any), arm(&other));
+        w.wake(&format!("W{A}n"));
+        assert!(woken(&mut fa), "the head was not woken");
+        assert!(!woken(&mut fb), "a waiter behind the head was woken");
+        assert!(woken(&mut fany), "a name-wide listener was not woken");
+        assert!(!woken(&mut fother), "a waiter of another name was woken");
+
+        let (mut fa, mut fb) = (arm(&ra), arm(&rb));
+        w.wake("Nn");
+        assert!(
+            woken(&mut fa) && woken(&mut fb),
+            "N did not wake every waiter"
+        );
+        assert!(!woken(&mut fother), "N woke another name");
+
+        let mut fb = arm(&rb);
+        w.wake("n");
+        assert!(!woken(&mut fb), "an unknown payload woke someone");
+        w.wake_all();
+        assert!(
+            woken(&mut fb) && woken(&mut fother),
+            "wake_all missed a waiter"
+        );
+    }
+
+    #[test]
+    fn registrations_remove_their_entries_when_dropped() {
+        let w = waiters();
+        let ra = w.register_waiter("n", OwnerId(1));
+        let any1 = w.register("n");
+        let any2 = w.register("n");
+        drop(ra);
+        assert!(
+            w.map().contains_key("n"),
+            "removed while name-wide listeners remain"
+        );
+        drop(any1);
+        assert!(
+            w.map().contains_key("n"),
+            "removed while one listener remains"
+        );
+        let rb = w.register_waiter("n", OwnerId(2));
+        drop(any2);
+        assert!(w.map().contains_key("n"), "removed while a waiter remains");
+        assert_eq!(w.map()["n"].queued.len(), 1);
+        drop(rb);
+        assert!(
+            w.map().is_empty(),
+            "the entry outlived its last registration"
+        );
     }
 }

@@ -57,7 +57,8 @@ pub(crate) enum Attempt {
 pub(crate) struct Wake {
     /// Never notified: the sleep of dialects without notifications.
     silent: Notify,
-    /// PostgreSQL: this waiter's interest in the name (keeps the per-name wakeup alive).
+    /// PostgreSQL: this waiter's interest in the name (woken when a release names it the head,
+    /// or wakes everyone on the name).
     registration: Option<crate::postgres::Registration>,
     /// PostgreSQL: whether the listener connection is up and LISTENing.
     ready: Option<watch::Receiver<bool>>,
@@ -103,8 +104,9 @@ pub(crate) trait Queue: DistributedLock + Clone {
     /// The backend name, for logs.
     const BACKEND: &'static str;
 
-    /// Subscribes to release notifications for `name` (before the first look at the row).
-    fn wake(&self, name: &LockName) -> Wake;
+    /// Subscribes `waiter` to release notifications for `name` (before the first look at the
+    /// row). Where the dialect can, a release wakes only the queue's head.
+    fn wake(&self, name: &LockName, waiter: OwnerId) -> Wake;
 
     /// Joins the queue for `name`; returns the ticket. Also deletes expired waiter rows of the
     /// name.
@@ -188,7 +190,7 @@ pub(crate) async fn acquire<Q: Queue>(
     let waiter = OwnerId::random();
     let waiter_text = waiter.to_string();
     // Subscribe before joining, so a release after our first look still wakes us.
-    let wake = q.wake(name);
+    let wake = q.wake(name, waiter);
     let mut cleanup = arm(q, name, waiter);
     let mut ticket = join(q, name, waiter).await?;
     let mut refreshed = Instant::now();

@@ -674,7 +674,7 @@ impl Inner {
 impl Queue for SqliteLock {
     const BACKEND: &'static str = BACKEND;
 
-    fn wake(&self, _name: &LockName) -> Wake {
+    fn wake(&self, _name: &LockName, _waiter: OwnerId) -> Wake {
         Wake::poll()
     }
 
