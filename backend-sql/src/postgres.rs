@@ -388,17 +388,55 @@ impl Drop for Registration {
     }
 }
 
-/// Keeps one LISTEN connection up and dispatches notifications by payload (see [`Payload`]).
-async fn listen_loop(pool: PgPool, channel: String, waiters: Arc<Waiters>) {
+/// How often, while anyone in this client waits, the listener is checked: a notification sent
+/// through the pool to the client's own ping channel must come back through the listener within
+/// the client's `timeout`. A LISTEN connection that died silently (a middlebox dropped it while
+/// idle, its server process hangs) never reports an error; without this, waits would fall back
+/// to the 0.5 s re-check for the rest of the client's life.
+pub(crate) const LISTENER_CHECK: Duration = Duration::from_secs(5);
+
+/// Where the listener task gets its connections and what it listens to.
+struct Listen {
+    /// How to open a LISTEN connection.
+    opts: PgConnectOptions,
+    /// The one-connection pool of the LISTEN connection in use, for `close()`.
+    current: Arc<Mutex<Option<PgPool>>>,
+    /// The client's pool, which sends the pings.
+    pool: PgPool,
+    /// The release channel (the table name).
+    channel: String,
+    /// This client's own ping channel.
+    ping: String,
+    timeout: Duration,
+}
+
+/// Keeps one LISTEN connection up and dispatches notifications by payload (see [`Payload`]),
+/// replacing it when it fails or stops answering pings.
+async fn listen_loop(listen: Listen, waiters: Arc<Waiters>) {
     let mut delay = Duration::from_millis(50);
     loop {
+        // A new one-connection pool each time: dropping a listener returns its connection to
+        // its pool only after an `UNLISTEN *`, which a silent connection never answers, so a
+        // shared pool would stay exhausted until TCP gave up on that connection.
+        let listen_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(listen.timeout)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .test_before_acquire(false)
+            .connect_lazy_with(listen.opts.clone());
+        *listen
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(listen_pool.clone());
         let connected = async {
-            let mut l = PgListener::connect_with(&pool).await?;
-            l.listen(&channel).await?;
+            let mut l = PgListener::connect_with(&listen_pool).await?;
+            l.listen_all([listen.channel.as_str(), listen.ping.as_str()])
+                .await?;
             Ok::<_, sqlx::Error>(l)
         }
         .await;
-        let mut listener = match connected {
+        let listener = match connected {
             Ok(l) => l,
             Err(e) => {
                 tracing::debug!(backend = BACKEND, error = %e, "listener connection failed; waiters poll until it is back");
@@ -408,23 +446,92 @@ async fn listen_loop(pool: PgPool, channel: String, waiters: Arc<Waiters>) {
             }
         };
         delay = Duration::from_millis(50);
+        let (pongs, seen) = watch::channel(0u64);
+        let receiving = Receiving(tokio::spawn(receive(
+            listener,
+            listen.ping.clone(),
+            waiters.clone(),
+            pongs,
+        )));
         // Waiters that arrived while we were not listening wait for this flag (they have not
         // re-checked the row yet), so they need no extra wakeup.
         waiters.ready.send_replace(true);
-        loop {
-            match listener.try_recv().await {
-                Ok(Some(n)) => waiters.wake(n.payload()),
-                // The connection dropped and was re-established (LISTEN included); anything sent
-                // in between is lost, so everyone re-checks.
-                Ok(None) => waiters.wake_all(),
-                Err(e) => {
-                    tracing::debug!(backend = BACKEND, error = %e, "listener connection lost");
-                    break;
-                }
-            }
-        }
+        let why = supervise(&listen, &waiters, receiving, seen).await;
+        tracing::debug!(backend = BACKEND, "{why}; listening on a new connection");
         waiters.ready.send_replace(false);
         waiters.wake_all();
+    }
+}
+
+/// The task reading the LISTEN connection, aborted (with its connection) when dropped.
+struct Receiving(JoinHandle<sqlx::Error>);
+
+impl Drop for Receiving {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Reads notifications until the connection fails: releases wake waiters, pings count.
+async fn receive(
+    mut listener: PgListener,
+    ping: String,
+    waiters: Arc<Waiters>,
+    pongs: watch::Sender<u64>,
+) -> sqlx::Error {
+    loop {
+        match listener.try_recv().await {
+            Ok(Some(n)) if n.channel() == ping => pongs.send_modify(|c| *c += 1),
+            Ok(Some(n)) => waiters.wake(n.payload()),
+            // The connection dropped and was re-established (LISTEN included); anything sent
+            // in between is lost, so everyone re-checks.
+            Ok(None) => waiters.wake_all(),
+            Err(e) => return e,
+        }
+    }
+}
+
+/// Watches the receiving task and, while anyone waits, pings through the pool every
+/// [`LISTENER_CHECK`]. Returns why the connection must be replaced.
+async fn supervise(
+    listen: &Listen,
+    waiters: &Waiters,
+    mut receiving: Receiving,
+    mut pongs: watch::Receiver<u64>,
+) -> String {
+    loop {
+        tokio::select! {
+            ended = &mut receiving.0 => {
+                return match ended {
+                    Ok(e) => format!("listener connection lost: {e}"),
+                    Err(e) => format!("listener task ended: {e}"),
+                };
+            }
+            _ = tokio::time::sleep(LISTENER_CHECK) => {}
+        }
+        if waiters.map().is_empty() {
+            continue;
+        }
+        let before = *pongs.borrow_and_update();
+        let sent = tokio::time::timeout(
+            listen.timeout,
+            sqlx::query("SELECT pg_notify($1, '')")
+                .bind(listen.ping.as_str())
+                .execute(&listen.pool),
+        )
+        .await;
+        if !matches!(sent, Ok(Ok(_))) {
+            // The server is out of reach for the pool too; the waiters' own statements see
+            // that, and the listener's errors end `receiving`.
+            continue;
+        }
+        let answered = tokio::time::timeout(listen.timeout, pongs.wait_for(|n| *n > before)).await;
+        if !matches!(answered, Ok(Ok(_))) {
+            return format!(
+                "listener silent: a ping sent through the pool did not come back within {:?}",
+                listen.timeout
+            );
+        }
     }
 }
 
@@ -434,7 +541,11 @@ struct Inner {
     table: String,
     redacted: String,
     defaults: ClientDefaults,
-    listen_pool: PgPool,
+    /// How the listener connects, and its current pool (see [`Listen`]).
+    listen_opts: PgConnectOptions,
+    listen_pool: Arc<Mutex<Option<PgPool>>>,
+    /// This client's ping channel (see [`LISTENER_CHECK`]).
+    ping: String,
     listener: Mutex<Option<JoinHandle<()>>>,
     waiters: Arc<Waiters>,
 }
@@ -469,8 +580,14 @@ impl Inner {
         let mut slot = self.listener.lock().unwrap_or_else(PoisonError::into_inner);
         if slot.is_none() {
             *slot = Some(tokio::spawn(listen_loop(
-                self.listen_pool.clone(),
-                self.table.clone(),
+                Listen {
+                    opts: self.listen_opts.clone(),
+                    current: self.listen_pool.clone(),
+                    pool: self.core.pool.clone(),
+                    channel: self.table.clone(),
+                    ping: self.ping.clone(),
+                    timeout: self.core.timeout,
+                },
                 self.waiters.clone(),
             )));
         }
@@ -600,13 +717,6 @@ impl PostgresLock {
             .idle_timeout(Duration::from_secs(60))
             .test_before_acquire(false)
             .connect_lazy_with(opts.clone());
-        let listen_pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(timeout)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .test_before_acquire(false)
-            .connect_lazy_with(opts);
         let waiters = Arc::new(Waiters {
             by_name: Mutex::default(),
             ready: watch::Sender::new(false),
@@ -623,7 +733,9 @@ impl PostgresLock {
                 table: config.table.clone(),
                 redacted: config.redacted.clone(),
                 defaults: config.defaults.clone(),
-                listen_pool,
+                listen_opts: opts,
+                listen_pool: Arc::default(),
+                ping: format!("dlock_ping_{}", OwnerId::random()),
                 listener: Mutex::new(None),
                 waiters,
             }),
@@ -704,7 +816,15 @@ impl PostgresLock {
             task.abort();
             let _ = task.await;
         }
-        self.inner.listen_pool.close().await;
+        let listen_pool = self
+            .inner
+            .listen_pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(pool) = listen_pool {
+            pool.close().await;
+        }
         self.inner.core.pool.close().await;
     }
 

@@ -475,6 +475,116 @@ async fn mariadb_kill_connection_neither_frees_nor_breaks() {
     sessions_killed(Kind::MariaDb).await;
 }
 
+// ---- a PostgreSQL listener that goes silent ----
+
+/// Sends `signal` to a server process when dropped (to continue a stopped backend whatever
+/// happens to the test).
+struct Signal {
+    pid: String,
+    signal: &'static str,
+}
+
+impl Drop for Signal {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args([self.signal, &self.pid])
+            .status();
+    }
+}
+
+/// The server process ids of the sessions of `db` that LISTEN (the waiter's listener).
+async fn listener_pids(pg: &kit::Postgres, db: &str) -> Vec<String> {
+    let out = pg
+        .query(
+            "postgres",
+            &format!(
+                "SELECT pid FROM pg_stat_activity \
+                 WHERE datname = '{db}' AND query LIKE 'LISTEN %' ORDER BY pid"
+            ),
+        )
+        .await
+        .expect("psql");
+    out.split_whitespace().map(str::to_owned).collect()
+}
+
+/// The waiter's LISTEN connection stops answering without any error (its server process is
+/// stopped, as a dropped idle connection or a hung backend would look): the client notices that
+/// its ping through the pool does not come back, listens on a new connection, and the wait
+/// ends with the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_silent_listener_is_replaced() {
+    let server = Server::shared(Kind::Postgres).await;
+    let pg = server.pg().expect("postgres");
+    let (url, db) = server.fresh_database().await;
+    let url = with_query(&url, "timeout=2s");
+    let holder = client(&url).await;
+    let waiter_client = client(&url).await;
+    let n = "silent-listener";
+    let guard = holder
+        .lock(n, &AcquireOptions::new())
+        .await
+        .expect("holder acquires");
+    let token = guard.fencing_token();
+    let waiting = tokio::spawn(async move {
+        let g = waiter_client
+            .lock(
+                n,
+                &AcquireOptions::new()
+                    .keep_alive(KeepAlive::Off)
+                    .wait(Wait::For(Duration::from_secs(120))),
+            )
+            .await
+            .expect("waiter acquires after the release");
+        let token = g.fencing_token();
+        g.release().await.expect("release");
+        token
+    });
+    let first = within(Duration::from_secs(30), "the waiter's listener", async {
+        loop {
+            if let [pid] = listener_pids(pg, &db).await.as_slice() {
+                return pid.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    // A healthy listener answers its pings and stays: two rounds of them (one every 5 s).
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(
+        listener_pids(pg, &db).await,
+        std::slice::from_ref(&first),
+        "a listener that answered its pings was replaced"
+    );
+    let stopped = Signal {
+        pid: first.clone(),
+        signal: "-CONT",
+    };
+    let status = std::process::Command::new("kill")
+        .args(["-STOP", &first])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "cannot stop backend {first}");
+    // Nothing fails on the waiter's side; only its pings can tell.
+    let replacement = within(Duration::from_secs(60), "a new listener", async {
+        loop {
+            let pids = listener_pids(pg, &db).await;
+            if let Some(pid) = pids.into_iter().find(|p| *p != first) {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert_ne!(replacement, first);
+    assert!(!waiting.is_finished(), "the waiter got a held lock");
+    guard.release().await.expect("release");
+    let next = within(Duration::from_secs(60), "waiter", waiting)
+        .await
+        .expect("waiter task");
+    assert!(next > token);
+    drop(stopped);
+}
+
 // ---- a holder process killed -9 ----
 
 const CHILD_ENV: &str = "DLOCK_SQL_FAULT_HOLDER_URL";
