@@ -5,7 +5,8 @@
 //! the owner echo in the acquire's reply, the token check in the release (these last two make
 //! the backend's real scripts, read from `src/lua/`), then this backend through
 //! `DistributedLock`, then lockcore's `lock()` and guard. The steps alternate in blocks of 200
-//! pairs, so they see the same machine load; each prints its median, mean and p90 pair.
+//! pairs, in a new order each round, so they see the same machine load; each prints its median,
+//! mean and p90 pair, and its pairs/s relative to the floor's (total pairs over total time).
 //!
 //! ```text
 //! cargo run --release -p backend-redis --example cost_ladder -- redis://127.0.0.1:6379 [rounds=100]
@@ -158,9 +159,21 @@ async fn ladder(
     let direct_opts = opts.clone().with_defaults(&backend.defaults());
 
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); STEPS.len()];
-    // Round 0 warms up every step (connections, script loading) and is not recorded.
+    // Each round runs every step once, in a new order, so no step always follows another (a
+    // step's first pairs pay for the switch). Round 0 warms up every step (connections, script
+    // loading) and is not recorded.
+    let mut order: Vec<usize> = (0..STEPS.len()).collect();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
     for round in 0..=rounds {
-        for (step, out) in samples.iter_mut().enumerate() {
+        for i in (1..order.len()).rev() {
+            // xorshift64: a fixed, dependency-free sequence of shuffles.
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            order.swap(i, (seed % (i as u64 + 1)) as usize);
+        }
+        for &step in &order {
+            let out = &mut samples[step];
             for _ in 0..200 {
                 let t = Instant::now();
                 match step {
@@ -183,13 +196,21 @@ async fn ladder(
             }
         }
     }
-    println!("{:<58} {:>9} {:>9} {:>9}", "step", "median", "mean", "p90");
+    println!(
+        "{:<58} {:>9} {:>9} {:>9} {:>9}",
+        "step", "median", "mean", "p90", "÷ floor"
+    );
+    let mean_of =
+        |v: &[Duration]| v.iter().sum::<Duration>() / u32::try_from(v.len()).unwrap_or(u32::MAX);
+    let floor_mean = mean_of(&samples[0]);
     for (label, mut v) in STEPS.iter().zip(samples) {
         v.sort_unstable();
-        let mean = v.iter().sum::<Duration>() / u32::try_from(v.len()).unwrap_or(u32::MAX);
+        let mean = mean_of(&v);
         let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
+        // Pairs/s relative to the floor's, as `dlock bench` reports it.
+        let ratio = floor_mean.as_secs_f64() / mean.as_secs_f64();
         println!(
-            "{label:<58} {:>9.1?} {:>9.1?} {:>9.1?}",
+            "{label:<58} {:>9.1?} {:>9.1?} {:>9.1?} {ratio:>9.3}",
             at(0.5),
             mean,
             at(0.9)
