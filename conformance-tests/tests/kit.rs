@@ -509,6 +509,29 @@ async fn proxy_blackholes_replies_but_forwards_requests() {
 }
 
 #[tokio::test]
+async fn proxy_silences_only_the_connections_open_when_asked() {
+    let upstream = echo_server().await;
+    let proxy = Proxy::start(upstream).await.unwrap();
+    let mut old = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(echo(&mut old, b"before").await.unwrap(), b"before");
+    wait_connections(&proxy, 1).await;
+
+    proxy.blackhole_existing_replies();
+    assert!(
+        echo(&mut old, b"lost").await.is_err(),
+        "a reply came back on a silenced connection"
+    );
+    let mut new = TcpStream::connect(proxy.addr()).await.unwrap();
+    assert_eq!(
+        echo(&mut new, b"fresh").await.unwrap(),
+        b"fresh",
+        "a connection opened afterwards is silenced too"
+    );
+    assert_eq!(proxy.fault(), Fault::PassThrough);
+    assert_eq!(proxy.connections(), 2, "the silenced connection stays open");
+}
+
+#[tokio::test]
 async fn proxy_reset_breaks_existing_and_new_connections() {
     let upstream = echo_server().await;
     let proxy = Proxy::start(upstream).await.unwrap();

@@ -6,7 +6,7 @@
 //! or closed, the listener closed) before it returns.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, mpsc as std_mpsc};
 use std::time::Duration;
 
@@ -72,6 +72,7 @@ enum Direction {
 
 enum Control {
     Set(Fault, std_mpsc::Sender<()>),
+    SilenceExisting(std_mpsc::Sender<()>),
     Shutdown(std_mpsc::Sender<()>),
 }
 
@@ -180,6 +181,17 @@ impl Proxy {
         }
     }
 
+    /// From now on drops, for good, the server-to-client bytes of every connection open now, as
+    /// [`Fault::BlackholeReplies`] does; connections opened later pass through (under whatever
+    /// [`Fault`] is set). This is a link that died silently under a client that can open new
+    /// ones: a firewall or NAT dropping an idle connection, say.
+    pub fn blackhole_existing_replies(&self) {
+        let (ack, acked) = std_mpsc::channel();
+        if self.control.send(Control::SilenceExisting(ack)).is_ok() {
+            let _ = acked.recv_timeout(Duration::from_secs(10));
+        }
+    }
+
     /// The number of client connections currently open through the proxy.
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
@@ -246,9 +258,17 @@ async fn run_proxy(
         }
     };
     let mut tasks = JoinSet::new();
+    // Connections are numbered as accepted; replies of those numbered below `silenced` are
+    // dropped (`Proxy::blackhole_existing_replies`).
+    let mut accepted_count = 0u64;
+    let silenced = Arc::new(AtomicU64::new(0));
     loop {
         tokio::select! {
             command = control.recv() => match command {
+                Some(Control::SilenceExisting(ack)) => {
+                    silenced.store(accepted_count, Ordering::SeqCst);
+                    let _ = ack.send(());
+                }
                 Some(Control::Set(fault, ack)) => {
                     faults.send_replace(fault);
                     match fault {
@@ -289,7 +309,18 @@ async fn run_proxy(
                         Fault::Down => drop(client),
                         _ => {
                             let counted = Counted::new(&connections);
-                            tasks.spawn(connection(client, upstream, faults.subscribe(), counted));
+                            let silent = Silenced {
+                                id: accepted_count,
+                                below: Arc::clone(&silenced),
+                            };
+                            accepted_count += 1;
+                            tasks.spawn(connection(
+                                client,
+                                upstream,
+                                faults.subscribe(),
+                                silent,
+                                counted,
+                            ));
                         }
                     }
                 }
@@ -337,10 +368,24 @@ async fn killed(faults: &mut watch::Receiver<Fault>) -> Kill {
     }
 }
 
+/// Whether a connection's replies are silenced (see `Proxy::blackhole_existing_replies`).
+#[derive(Clone)]
+struct Silenced {
+    id: u64,
+    below: Arc<AtomicU64>,
+}
+
+impl Silenced {
+    fn drops(&self, direction: Direction) -> bool {
+        matches!(direction, Direction::Reply) && self.id < self.below.load(Ordering::SeqCst)
+    }
+}
+
 async fn connection(
     mut client: TcpStream,
     upstream: SocketAddr,
     mut faults: watch::Receiver<Fault>,
+    silenced: Silenced,
     _counted: Counted,
 ) {
     let _ = client.set_nodelay(true);
@@ -369,9 +414,16 @@ async fn connection(
             client_read,
             server_write,
             faults.clone(),
+            silenced.clone(),
             Direction::Request,
         );
-        let replies = pump(server_read, client_write, faults.clone(), Direction::Reply);
+        let replies = pump(
+            server_read,
+            client_write,
+            faults.clone(),
+            silenced,
+            Direction::Reply,
+        );
         tokio::select! {
             // A broken side (reset, error) breaks the other side too.
             done = async { tokio::try_join!(requests, replies) } => done.is_err(),
@@ -390,6 +442,7 @@ async fn pump<R, W>(
     mut from: R,
     mut to: W,
     faults: watch::Receiver<Fault>,
+    silenced: Silenced,
     direction: Direction,
 ) -> std::io::Result<()>
 where
@@ -406,7 +459,7 @@ where
                 return Ok::<(), std::io::Error>(());
             }
             let fault = *faults.borrow();
-            if fault.drops(direction) {
+            if fault.drops(direction) || silenced.drops(direction) {
                 continue;
             }
             let at = Instant::now() + fault.latency();
@@ -418,7 +471,7 @@ where
     let write_side = async {
         while let Some((at, chunk)) = due.recv().await {
             tokio::time::sleep_until(at).await;
-            if faults.borrow().drops(direction) {
+            if faults.borrow().drops(direction) || silenced.drops(direction) {
                 continue;
             }
             to.write_all(&chunk).await?;
