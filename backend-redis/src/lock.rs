@@ -201,7 +201,7 @@ impl RedisLock {
         Ok(RedisLock {
             inner: Arc::new(Inner {
                 store,
-                hub: Arc::new(Hub::default()),
+                hub: Arc::new(Hub::new(timeout)),
                 prefix: config.prefix.clone(),
                 defaults: config.defaults.clone(),
                 fencing,

@@ -13,7 +13,10 @@
 //!
 //! When the subscriber connection breaks, every local waiter is woken to re-check (and to
 //! re-subscribe on a new connection); waiters also re-check on a bounded fallback timer, so a
-//! lost message costs a short delay, not a hang.
+//! lost message costs a short delay, not a hang. A connection can also die without breaking (a
+//! firewall or NAT drops it while idle): the dispatcher sends `PING` on it every [`CHECK`] and
+//! treats a ping unanswered within the client's `timeout` as a broken connection. The pings also
+//! keep an idle subscriber from looking idle to such middleboxes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -28,6 +31,9 @@ use crate::store::Store;
 
 /// How long an unused channel stays subscribed.
 pub(crate) const LINGER: Duration = Duration::from_secs(10);
+
+/// How often the dispatcher sweeps idle channels and pings the subscriber connection.
+pub(crate) const CHECK: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct Channel {
@@ -45,11 +51,12 @@ struct State {
 }
 
 /// The client's subscriber and its dispatch table.
-#[derive(Default)]
 pub(crate) struct Hub {
     state: Mutex<State>,
     /// Serialises connecting, subscribing and unsubscribing.
     ops: tokio::sync::Mutex<()>,
+    /// How long a ping of the subscriber connection may take (the client's `timeout`).
+    ping_timeout: Duration,
 }
 
 /// A waiter's entry in the hub; removed on drop.
@@ -80,6 +87,15 @@ impl Drop for Registration {
 }
 
 impl Hub {
+    /// An empty hub whose subscriber pings must be answered within `ping_timeout`.
+    pub(crate) fn new(ping_timeout: Duration) -> Self {
+        Hub {
+            state: Mutex::default(),
+            ops: tokio::sync::Mutex::default(),
+            ping_timeout,
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -196,6 +212,30 @@ impl Hub {
         }
     }
 
+    /// Pings subscriber connection `generation`; an error or no answer within the client's
+    /// `timeout` means it is gone (see [`Hub::lost`]). Returns whether it answered.
+    async fn ping(&self, generation: u64) -> bool {
+        let sink = match &self.state().sink {
+            Some((g, sink)) if *g == generation => sink.clone(),
+            _ => return false,
+        };
+        let mut sink = sink;
+        let answered = tokio::time::timeout(self.ping_timeout, sink.ping::<redis::Value>()).await;
+        match answered {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "redis subscriber: ping failed; reconnecting");
+                self.lost(generation);
+                false
+            }
+            Err(_) => {
+                tracing::debug!(timeout = ?self.ping_timeout, "redis subscriber: ping unanswered; reconnecting");
+                self.lost(generation);
+                false
+            }
+        }
+    }
+
     /// Unsubscribes channels nobody has waited on for [`LINGER`].
     async fn sweep(&self, generation: u64) {
         let _ops = self.ops.lock().await;
@@ -246,7 +286,7 @@ impl Drop for LostOnDrop {
 /// Reads one subscriber connection until it ends or the hub is dropped.
 async fn dispatch(hub: Weak<Hub>, generation: u64, mut stream: PubSubStream) {
     let _lost = LostOnDrop(hub.clone(), generation);
-    let mut tick = tokio::time::interval(LINGER / 2);
+    let mut tick = tokio::time::interval(CHECK);
     tick.tick().await;
     loop {
         tokio::select! {
@@ -263,6 +303,12 @@ async fn dispatch(hub: Weak<Hub>, generation: u64, mut stream: PubSubStream) {
             _ = tick.tick() => {
                 let Some(hub) = hub.upgrade() else { return };
                 if hub.state().sink.as_ref().is_none_or(|(g, _)| *g != generation) {
+                    return;
+                }
+                // Replies to the ping come through the connection's own driver, not this
+                // stream, so waiting for one here does not hold them up; messages queue
+                // meanwhile.
+                if !hub.ping(generation).await {
                     return;
                 }
                 hub.sweep(generation).await;

@@ -279,6 +279,91 @@ async fn reply_blackholed_during_acquire() {
     assert_eq!(g.release().await.expect("release"), Released::Released);
 }
 
+/// The ids of the server's pub/sub clients (`CLIENT LIST TYPE pubsub`).
+async fn subscriber_ids(redis: &Redis) -> Vec<String> {
+    match redis
+        .command(&["CLIENT", "LIST", "TYPE", "pubsub"])
+        .await
+        .expect("CLIENT LIST")
+    {
+        RedisReply::Bulk(Some(text)) => String::from_utf8_lossy(&text)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next()?.strip_prefix("id="))
+            .map(str::to_owned)
+            .collect(),
+        other => panic!("unexpected CLIENT LIST reply {other:?}"),
+    }
+}
+
+/// **Safe.** The waiter's subscriber connection dies silently (every connection open at that
+/// moment loses its replies for good, as when a firewall drops idle connections; new ones
+/// work). Nothing fails on the subscriber, so only its pings can tell: the client subscribes on
+/// a new connection, and the wait ends with the holder's release, with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_subscriber_is_replaced() {
+    let redis = Redis::start().await.expect("kit redis");
+    let proxy = Proxy::start(redis.addr()).await.expect("proxy");
+    let holder = client(&redis.url()).await;
+    let waiter_client = client(&format!("redis://{}?timeout=1s", proxy.addr())).await;
+    let name = unique("silent-subscriber");
+    let guard = holder
+        .lock(&name, &held_opts(10 * SEC))
+        .await
+        .expect("holder acquires");
+    let token = guard.fencing_token();
+    let waited = name.clone();
+    let waiting = tokio::spawn(async move {
+        let opts = AcquireOptions::new()
+            .ttl(10 * SEC)
+            .keep_alive(KeepAlive::Off)
+            .wait(Wait::For(120 * SEC));
+        let g = waiter_client
+            .lock(&waited, &opts)
+            .await
+            .expect("the waiter acquires after the release");
+        let token = g.fencing_token();
+        g.release().await.expect("release");
+        token
+    });
+    let first = within(30 * SEC, "the waiter's subscriber", async {
+        loop {
+            if let [id] = subscriber_ids(&redis).await.as_slice() {
+                return id.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    // A healthy subscriber answers its pings and stays: two rounds of them (one every 5 s).
+    tokio::time::sleep(12 * SEC).await;
+    assert_eq!(
+        subscriber_ids(&redis).await,
+        std::slice::from_ref(&first),
+        "a subscriber that answered its pings was replaced"
+    );
+    proxy.blackhole_existing_replies();
+    let replacement = within(60 * SEC, "a new subscriber", async {
+        loop {
+            if let Some(id) = subscriber_ids(&redis)
+                .await
+                .into_iter()
+                .find(|id| *id != first)
+            {
+                return id;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert_ne!(replacement, first);
+    assert!(!waiting.is_finished(), "the waiter got a held lock");
+    guard.release().await.expect("release");
+    let next = within(60 * SEC, "the waiter", waiting)
+        .await
+        .expect("waiter task");
+    assert!(next > token);
+}
+
 /// **Safe.** The client is paused past its ttl (its runtime thread blocked, so keep-alive
 /// cannot run): the server expires A's lease, B takes the lock with a higher token and writes;
 /// when A resumes, its write with the old token is rejected by the fenced resource, its guard
