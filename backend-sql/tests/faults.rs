@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use conformance_tests::kit::{self, Fault, Proxy};
 use conformance_tests::{FencedResource, History, Hold};
 use lockcore::{
-    AcquireOptions, DistributedLock, Error, KeepAlive, LockExt, LockGuard, LockName, LostReason,
-    Released, Wait,
+    AcquireOptions, DistributedLock, Error, FencingToken, KeepAlive, LockExt, LockGuard, LockName,
+    LostReason, Released, Wait,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -417,16 +417,20 @@ async fn mariadb_holder_replies_blackholed_past_ttl() {
 
 // ---- the server ends the clients' sessions ----
 
-/// A lease is not a session: `pg_terminate_backend` / `KILL CONNECTION` of every session of the
-/// holder and the waiter (pooled connections and the PostgreSQL listener) neither frees the lock
-/// nor stops the holder from renewing; the waiter still gets it when it is released.
-async fn sessions_killed(kind: Kind) {
-    let server = Server::shared(kind).await;
-    let (url, db) = server.fresh_database().await;
-    let url = with_query(&url, "ttl=1s");
-    let holder = client(&url).await;
-    let waiter_client = client(&url).await;
-    let n = "killed-sessions";
+/// One client holds `n` (keep-alive on); a second client waits for it, for up to `wait_secs`,
+/// in a task that releases at once and returns its token. Returns the holder's guard, its
+/// token and the waiting task.
+async fn held_and_waited_for(
+    url: &str,
+    n: &'static str,
+    wait_secs: u64,
+) -> (
+    LockGuard,
+    FencingToken,
+    tokio::task::JoinHandle<FencingToken>,
+) {
+    let holder = client(url).await;
+    let waiter_client = client(url).await;
     let guard = holder
         .lock(n, &AcquireOptions::new())
         .await
@@ -438,7 +442,7 @@ async fn sessions_killed(kind: Kind) {
                 n,
                 &AcquireOptions::new()
                     .keep_alive(KeepAlive::Off)
-                    .wait(Wait::For(Duration::from_secs(60))),
+                    .wait(Wait::For(Duration::from_secs(wait_secs))),
             )
             .await
             .expect("waiter acquires after the release");
@@ -446,6 +450,17 @@ async fn sessions_killed(kind: Kind) {
         g.release().await.expect("release");
         token
     });
+    (guard, token, waiting)
+}
+
+/// A lease is not a session: `pg_terminate_backend` / `KILL CONNECTION` of every session of the
+/// holder and the waiter (pooled connections and the PostgreSQL listener) neither frees the lock
+/// nor stops the holder from renewing; the waiter still gets it when it is released.
+async fn sessions_killed(kind: Kind) {
+    let server = Server::shared(kind).await;
+    let (url, db) = server.fresh_database().await;
+    let url = with_query(&url, "ttl=1s");
+    let (guard, token, waiting) = held_and_waited_for(&url, "killed-sessions", 60).await;
     let mut killed = 0;
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(700)).await;
@@ -517,28 +532,7 @@ async fn postgres_silent_listener_is_replaced() {
     let pg = server.pg().expect("postgres");
     let (url, db) = server.fresh_database().await;
     let url = with_query(&url, "timeout=2s");
-    let holder = client(&url).await;
-    let waiter_client = client(&url).await;
-    let n = "silent-listener";
-    let guard = holder
-        .lock(n, &AcquireOptions::new())
-        .await
-        .expect("holder acquires");
-    let token = guard.fencing_token();
-    let waiting = tokio::spawn(async move {
-        let g = waiter_client
-            .lock(
-                n,
-                &AcquireOptions::new()
-                    .keep_alive(KeepAlive::Off)
-                    .wait(Wait::For(Duration::from_secs(120))),
-            )
-            .await
-            .expect("waiter acquires after the release");
-        let token = g.fencing_token();
-        g.release().await.expect("release");
-        token
-    });
+    let (guard, token, waiting) = held_and_waited_for(&url, "silent-listener", 120).await;
     let first = within(Duration::from_secs(30), "the waiter's listener", async {
         loop {
             if let [pid] = listener_pids(pg, &db).await.as_slice() {
