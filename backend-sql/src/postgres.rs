@@ -401,13 +401,12 @@ struct Listen {
     opts: PgConnectOptions,
     /// The one-connection pool of the LISTEN connection in use, for `close()`.
     current: Arc<Mutex<Option<PgPool>>>,
-    /// The client's pool, which sends the pings.
-    pool: PgPool,
+    /// The client's pool and statement rules, which send the pings.
+    core: Core<Postgres>,
     /// The release channel (the table name).
     channel: String,
     /// This client's own ping channel.
     ping: String,
-    timeout: Duration,
 }
 
 /// Keeps one LISTEN connection up and dispatches notifications by payload (see [`Payload`]),
@@ -420,7 +419,7 @@ async fn listen_loop(listen: Listen, waiters: Arc<Waiters>) {
         // shared pool would stay exhausted until TCP gave up on that connection.
         let listen_pool = PgPoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(listen.timeout)
+            .acquire_timeout(listen.core.timeout)
             .idle_timeout(None)
             .max_lifetime(None)
             .test_before_acquire(false)
@@ -513,23 +512,27 @@ async fn supervise(
             continue;
         }
         let before = *pongs.borrow_and_update();
-        let sent = tokio::time::timeout(
-            listen.timeout,
-            sqlx::query("SELECT pg_notify($1, '')")
-                .bind(listen.ping.as_str())
-                .execute(&listen.pool),
-        )
-        .await;
-        if !matches!(sent, Ok(Ok(_))) {
+        let sent = listen
+            .core
+            .run("ping the listener", None, |mut c| {
+                let q = sqlx::query("SELECT pg_notify($1, '')").bind(listen.ping.as_str());
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await;
+        if sent.is_err() {
             // The server is out of reach for the pool too; the waiters' own statements see
             // that, and the listener's errors end `receiving`.
             continue;
         }
-        let answered = tokio::time::timeout(listen.timeout, pongs.wait_for(|n| *n > before)).await;
+        let answered =
+            tokio::time::timeout(listen.core.timeout, pongs.wait_for(|n| *n > before)).await;
         if !matches!(answered, Ok(Ok(_))) {
             return format!(
                 "listener silent: a ping sent through the pool did not come back within {:?}",
-                listen.timeout
+                listen.core.timeout
             );
         }
     }
@@ -583,10 +586,14 @@ impl Inner {
                 Listen {
                     opts: self.listen_opts.clone(),
                     current: self.listen_pool.clone(),
-                    pool: self.core.pool.clone(),
+                    core: Core {
+                        backend: BACKEND,
+                        pool: self.core.pool.clone(),
+                        timeout: self.core.timeout,
+                        classify,
+                    },
                     channel: self.table.clone(),
                     ping: self.ping.clone(),
-                    timeout: self.core.timeout,
                 },
                 self.waiters.clone(),
             )));
