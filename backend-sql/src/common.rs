@@ -65,6 +65,18 @@ pub(crate) struct Core<DB: Database> {
     pub(crate) classify: fn(&sqlx::Error) -> Class,
 }
 
+// By hand: a derive would require `DB: Clone`, which the driver marker types are not.
+impl<DB: Database> Clone for Core<DB> {
+    fn clone(&self) -> Self {
+        Core {
+            backend: self.backend,
+            pool: self.pool.clone(),
+            timeout: self.timeout,
+            classify: self.classify,
+        }
+    }
+}
+
 impl<DB: Database> Core<DB> {
     /// Runs `attempt` on a pooled connection, within the `timeout` budget for the whole call.
     /// Broken connections are replaced and busy errors retried with backoff, inside the budget;

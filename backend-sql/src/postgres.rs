@@ -586,12 +586,7 @@ impl Inner {
                 Listen {
                     opts: self.listen_opts.clone(),
                     current: self.listen_pool.clone(),
-                    core: Core {
-                        backend: BACKEND,
-                        pool: self.core.pool.clone(),
-                        timeout: self.core.timeout,
-                        classify,
-                    },
+                    core: self.core.clone(),
                     channel: self.table.clone(),
                     ping: self.ping.clone(),
                 },
