@@ -12,6 +12,7 @@ use super::error::{KitError, KitResult};
 use super::process::{
     Proc, Workdir, boot, find_any_binary, probe_command, run_command, running_as_root,
 };
+use super::tls::TlsFiles;
 use super::{first_boot, loopback, unique_name, valid_database_name};
 
 const SERVER_PACKAGE: &str = "mariadb-server";
@@ -32,6 +33,7 @@ pub struct MariaDb {
     client: PathBuf,
     admin: PathBuf,
     lifecycle: tokio::sync::Mutex<()>,
+    tls: Option<TlsFiles>,
     dir: Workdir,
 }
 
@@ -42,6 +44,21 @@ impl MariaDb {
     /// A missing binary (naming the package), a failed `mariadb-install-db`, or a server that
     /// does not answer within 60 s (with the server's log tail).
     pub async fn start() -> KitResult<MariaDb> {
+        Self::start_inner(None).await
+    }
+
+    /// Starts a private server that also accepts TLS, with a server certificate for
+    /// `127.0.0.1` and `localhost` signed by a fresh CA ([`MariaDb::ca_cert`]). Plain
+    /// connections are still accepted unless an account says `REQUIRE SSL`.
+    ///
+    /// # Errors
+    /// As [`MariaDb::start`], and [`TlsFiles::generate`] failing.
+    pub async fn start_tls() -> KitResult<MariaDb> {
+        let files = TlsFiles::generate().await?;
+        Self::start_inner(Some(files)).await
+    }
+
+    async fn start_inner(tls: Option<TlsFiles>) -> KitResult<MariaDb> {
         let mariadbd = find_any_binary(&["mariadbd", "mysqld"], SERVER_PACKAGE)?;
         let install = find_any_binary(&["mariadb-install-db", "mysql_install_db"], SERVER_PACKAGE)?;
         let client = find_any_binary(&["mariadb", "mysql"], CLIENT_PACKAGE)?;
@@ -54,6 +71,7 @@ impl MariaDb {
             client,
             admin,
             lifecycle: tokio::sync::Mutex::new(()),
+            tls,
             dir,
         };
         let mut cmd = Command::new(install);
@@ -102,6 +120,11 @@ impl MariaDb {
     /// The TCP port (the same across restarts).
     pub fn port(&self) -> u16 {
         self.port.load(Ordering::SeqCst)
+    }
+
+    /// The CA that signed the server's certificate, for a server from [`MariaDb::start_tls`].
+    pub fn ca_cert(&self) -> Option<PathBuf> {
+        self.tls.as_ref().map(TlsFiles::ca_cert)
     }
 
     /// `127.0.0.1:{port}`.
@@ -209,6 +232,10 @@ impl MariaDb {
             ])
             .args(["--max-connections=500", "--skip-log-bin"])
             .current_dir(dir);
+        if let Some(files) = &self.tls {
+            cmd.arg(format!("--ssl-cert={}", files.server_cert().display()))
+                .arg(format!("--ssl-key={}", files.server_key().display()));
+        }
         if running_as_root() {
             cmd.arg("--user=root");
         }

@@ -47,6 +47,7 @@ mod proxy;
 mod redis;
 mod redis_cluster;
 mod redis_tls;
+mod tls;
 mod zookeeper;
 
 pub use error::{KitError, KitErrorKind, KitResult};
@@ -55,7 +56,8 @@ pub use postgres::Postgres;
 pub use proxy::{Fault, Proxy};
 pub use redis::{Redis, RedisReply, read_redis_reply, redis_command, redis_encode};
 pub use redis_cluster::RedisCluster;
-pub use redis_tls::{RedisTls, TlsFiles};
+pub use redis_tls::RedisTls;
+pub use tls::TlsFiles;
 pub use zookeeper::{ZkEnsemble, ZkNode, ZooKeeper, zk_four_letter};
 
 use std::collections::HashSet;

@@ -12,6 +12,7 @@ use super::error::{KitError, KitErrorKind, KitResult};
 use super::process::{
     Proc, Workdir, boot, find_binary, probe_command, run_command, running_as_root, system_user,
 };
+use super::tls::TlsFiles;
 use super::{first_boot, loopback, unique_name, valid_database_name};
 
 const PACKAGE: &str = "postgresql";
@@ -31,6 +32,7 @@ pub struct Postgres {
     bindir: PathBuf,
     setpriv: Option<PathBuf>,
     lifecycle: tokio::sync::Mutex<()>,
+    tls: Option<TlsFiles>,
     dir: Workdir,
 }
 
@@ -41,6 +43,21 @@ impl Postgres {
     /// A missing binary (naming the package), a failed `initdb`, or a server that does not
     /// answer `pg_isready` within 60 s (with the server's log tail).
     pub async fn start() -> KitResult<Postgres> {
+        Self::start_inner(None).await
+    }
+
+    /// Starts a private server that also accepts TLS (`ssl=on`), with a server certificate for
+    /// `127.0.0.1` and `localhost` signed by a fresh CA ([`Postgres::ca_cert`]). Plain
+    /// connections are still accepted, so `sslmode` decides.
+    ///
+    /// # Errors
+    /// As [`Postgres::start`], and [`TlsFiles::generate`] failing.
+    pub async fn start_tls() -> KitResult<Postgres> {
+        let files = TlsFiles::generate().await?;
+        Self::start_inner(Some(files)).await
+    }
+
+    async fn start_inner(tls: Option<TlsFiles>) -> KitResult<Postgres> {
         let bindir = bindir()?;
         for tool in ["initdb", "postgres", "pg_isready", "psql"] {
             if !bindir.join(tool).exists() {
@@ -53,7 +70,7 @@ impl Postgres {
             None
         };
         let dir = Workdir::new("postgres")?;
-        if running_as_root() {
+        let owner = if running_as_root() {
             let (uid, gid) = system_user("postgres").ok_or_else(|| {
                 KitError::new(
                     KitErrorKind::MissingBinary,
@@ -62,6 +79,27 @@ impl Postgres {
             })?;
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
                 .map_err(|e| KitError::io("cannot chown the postgres temp dir", e))?;
+            Some((uid, gid))
+        } else {
+            None
+        };
+        if let Some(files) = &tls {
+            // The server reads its certificate and key as the `postgres` user, and refuses a
+            // key that others can read.
+            for (from, to) in [
+                (files.server_cert(), "server.crt"),
+                (files.server_key(), "server.key"),
+            ] {
+                let to = dir.path().join(to);
+                std::fs::copy(&from, &to)
+                    .map_err(|e| KitError::io("cannot copy the server certificate", e))?;
+                std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                    .map_err(|e| KitError::io("cannot restrict the server key", e))?;
+                if let Some((uid, gid)) = owner {
+                    std::os::unix::fs::chown(&to, Some(uid), Some(gid))
+                        .map_err(|e| KitError::io("cannot chown the server certificate", e))?;
+                }
+            }
         }
         let pg = Postgres {
             proc: Proc::new("postgres", dir.path().join("postgres.log")),
@@ -69,6 +107,7 @@ impl Postgres {
             bindir,
             setpriv,
             lifecycle: tokio::sync::Mutex::new(()),
+            tls,
             dir,
         };
         let mut initdb = pg.as_postgres(&pg.bindir.join("initdb"));
@@ -106,6 +145,11 @@ impl Postgres {
     /// The TCP port (the same across restarts).
     pub fn port(&self) -> u16 {
         self.port.load(Ordering::SeqCst)
+    }
+
+    /// The CA that signed the server's certificate, for a server from [`Postgres::start_tls`].
+    pub fn ca_cert(&self) -> Option<PathBuf> {
+        self.tls.as_ref().map(TlsFiles::ca_cert)
     }
 
     /// `127.0.0.1:{port}`.
@@ -231,6 +275,14 @@ impl Postgres {
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
             .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB"])
             .current_dir(self.dir.path());
+        if self.tls.is_some() {
+            let file = |name: &str| self.dir.path().join(name).display().to_string();
+            cmd.args(["-c", "ssl=on"])
+                .arg("-c")
+                .arg(format!("ssl_cert_file={}", file("server.crt")))
+                .arg("-c")
+                .arg(format!("ssl_key_file={}", file("server.key")));
+        }
         self.proc.spawn(cmd)
     }
 
