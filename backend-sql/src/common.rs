@@ -166,13 +166,24 @@ impl<DB: Database> Core<DB> {
 /// Classification of errors every driver shares (not server error codes).
 pub(crate) fn classify_transport(e: &sqlx::Error) -> Option<Class> {
     Some(match e {
-        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) | sqlx::Error::Tls(_) => Class::Stale,
+        sqlx::Error::Io(e) if is_tls_handshake(e) => Class::Fail { retryable: false },
+        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => Class::Stale,
+        // TLS errors come from the handshake (an untrusted or mismatched certificate, a server
+        // without TLS where the URL requires it): settings, which a retry does not change.
+        sqlx::Error::Tls(_) => Class::Fail { retryable: false },
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
             Class::Fail { retryable: true }
         }
         sqlx::Error::Database(_) => return None,
         _ => Class::Fail { retryable: false },
     })
+}
+
+/// An I/O error that carries a TLS failure (the MySQL driver reports an untrusted certificate
+/// this way).
+fn is_tls_handshake(e: &std::io::Error) -> bool {
+    e.get_ref()
+        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
 }
 
 /// A cleanup armed while an acquire may have written a row for an owner the caller never

@@ -68,6 +68,8 @@ pub struct SqlConfig {
     pub(crate) table: String,
     pub(crate) defaults: ClientDefaults,
     pub(crate) redacted: String,
+    /// The PEM file of the CA to verify the server with (`ca`), read when connecting.
+    pub(crate) ca_file: Option<PathBuf>,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -335,8 +337,121 @@ fn parse_sqlite(url: &str, redacted: String) -> Result<SqlConfig> {
         table,
         defaults,
         redacted,
+        ca_file: None,
     })
 }
+
+/// The TLS options of a server URL, collected in any order and checked together.
+#[derive(Default)]
+struct TlsChoice {
+    /// (option name as given, value)
+    mode: Option<(String, String)>,
+    ca: Option<(String, PathBuf)>,
+}
+
+impl TlsChoice {
+    fn mode(&mut self, backend: &'static str, key: &str, value: String) -> Result<()> {
+        if let Some((first, _)) = &self.mode {
+            return Err(both_given(backend, first, key));
+        }
+        self.mode = Some((key.to_owned(), value));
+        Ok(())
+    }
+
+    fn ca(&mut self, backend: &'static str, key: &str, value: String) -> Result<()> {
+        if let Some((first, _)) = &self.ca {
+            return Err(both_given(backend, first, key));
+        }
+        if value.is_empty() {
+            return Err(Error::invalid_config(
+                backend,
+                format!("option `{key}` needs the path of a PEM file"),
+            ));
+        }
+        self.ca = Some((key.to_owned(), PathBuf::from(value)));
+        Ok(())
+    }
+
+    /// The mode to set (`None`: the driver's default, which tries TLS and falls back to plain).
+    /// A CA without a mode means `with_ca`; a CA with a mode that does not verify is refused,
+    /// since it would be silently ignored.
+    ///
+    /// `parse` maps a mode's name to the mode and whether it verifies the server's certificate.
+    fn resolve<M>(
+        &self,
+        backend: &'static str,
+        with_ca: M,
+        names: &str,
+        parse: impl Fn(&str) -> Option<(M, bool)>,
+    ) -> Result<Option<M>> {
+        let mode = match &self.mode {
+            None => None,
+            Some((key, value)) => Some(parse(value).ok_or_else(|| {
+                Error::invalid_config(backend, format!("option `{key}={value}`: use {names}"))
+            })?),
+        };
+        match (&self.ca, mode) {
+            (None, mode) => Ok(mode.map(|(m, _)| m)),
+            (Some(_), None) => Ok(Some(with_ca)),
+            (Some(_), Some((m, true))) => Ok(Some(m)),
+            (Some((ca, _)), Some((_, false))) => {
+                let (key, value) = self.mode.as_ref().expect("a mode was parsed");
+                Err(Error::invalid_config(
+                    backend,
+                    format!(
+                        "option `{ca}` names a CA to verify the server with, but `{key}={value}` \
+                         does not verify; use a mode that verifies, or leave the mode out"
+                    ),
+                ))
+            }
+        }
+    }
+
+    fn ca_file(&self) -> Option<PathBuf> {
+        self.ca.as_ref().map(|(_, path)| path.clone())
+    }
+}
+
+/// Two spellings of one setting (`Options` already refuses the same name twice).
+fn both_given(backend: &'static str, first: &str, second: &str) -> Error {
+    Error::invalid_config(
+        backend,
+        format!("options `{first}` and `{second}` are the same setting; give one"),
+    )
+}
+
+/// Reads the `ca` file of `config`, if any: the only file a server URL names, read when
+/// connecting so [`SqlConfig::parse`] stays free of I/O.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a file that cannot be read or holds no PEM certificate.
+pub(crate) fn read_ca(config: &SqlConfig) -> Result<Option<Vec<u8>>> {
+    let Some(path) = &config.ca_file else {
+        return Ok(None);
+    };
+    let backend = config.dialect.backend();
+    let pem = std::fs::read(path).map_err(|e| {
+        Error::invalid_config(
+            backend,
+            format!("the CA file {} cannot be read: {e}", path.display()),
+        )
+    })?;
+    if !pem
+        .windows(CERT_HEADER.len())
+        .any(|w| w == CERT_HEADER.as_bytes())
+    {
+        return Err(Error::invalid_config(
+            backend,
+            format!(
+                "the CA file {} holds no PEM certificate (no `{CERT_HEADER}` line)",
+                path.display()
+            ),
+        ));
+    }
+    Ok(Some(pem))
+}
+
+const CERT_HEADER: &str = "-----BEGIN CERTIFICATE-----";
 
 fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConfig> {
     let b = dialect.backend();
@@ -381,6 +496,7 @@ fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConf
     let database = percent_decode(b, "database name", path)?;
     let query = parsed.query().unwrap_or("");
 
+    let ca_file;
     let (target, table, defaults) = match dialect {
         Dialect::Postgres => {
             let mut o = PgConnectOptions::new()
@@ -395,42 +511,40 @@ fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConf
             if !database.is_empty() {
                 o = o.database(&database);
             }
-            let mut opts = Options::new(b, scheme, &["sslmode", "application_name"]);
+            let mut opts = Options::new(
+                b,
+                scheme,
+                &["sslmode", "ca", "sslrootcert", "application_name"],
+            );
+            let mut tls = TlsChoice::default();
             o = o.application_name("dlock");
             for (k, v) in query_pairs(query) {
                 if opts.apply(&k, &v)? {
                     continue;
                 }
                 match k.as_str() {
-                    "sslmode" => {
-                        let mode = match v.as_str() {
-                            "disable" => PgSslMode::Disable,
-                            "allow" => PgSslMode::Allow,
-                            "prefer" => PgSslMode::Prefer,
-                            "require" | "verify-ca" | "verify-full" => {
-                                return Err(Error::invalid_config(
-                                    b,
-                                    format!(
-                                        "option `sslmode={v}` needs TLS, which this build of \
-                                         backend-sql does not include; use disable, allow or prefer"
-                                    ),
-                                ));
-                            }
-                            other => {
-                                return Err(Error::invalid_config(
-                                    b,
-                                    format!(
-                                        "option `sslmode={other}`: use disable, allow or prefer"
-                                    ),
-                                ));
-                            }
-                        };
-                        o = o.ssl_mode(mode);
-                    }
+                    "sslmode" => tls.mode(b, &k, v)?,
+                    "ca" | "sslrootcert" => tls.ca(b, &k, v)?,
                     "application_name" => o = o.application_name(&v),
                     _ => unreachable!("accepted options are handled"),
                 }
             }
+            let names = "disable, allow, prefer, require, verify-ca or verify-full";
+            let mode = tls.resolve(b, PgSslMode::VerifyFull, names, |v| {
+                Some(match v {
+                    "disable" => (PgSslMode::Disable, false),
+                    "allow" => (PgSslMode::Allow, false),
+                    "prefer" => (PgSslMode::Prefer, false),
+                    "require" => (PgSslMode::Require, false),
+                    "verify-ca" => (PgSslMode::VerifyCa, true),
+                    "verify-full" => (PgSslMode::VerifyFull, true),
+                    _ => return None,
+                })
+            })?;
+            if let Some(mode) = mode {
+                o = o.ssl_mode(mode);
+            }
+            ca_file = tls.ca_file();
             let (table, defaults) = opts.finish()?;
             (Target::Postgres(o), table, defaults)
         }
@@ -456,32 +570,34 @@ fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConf
             if let Some(p) = &password {
                 o = o.password(p);
             }
-            let mut opts = Options::new(b, scheme, &["sslmode", "ssl-mode"]);
+            let mut opts = Options::new(b, scheme, &["ssl-mode", "sslmode", "ca", "ssl-ca"]);
+            let mut tls = TlsChoice::default();
             for (k, v) in query_pairs(query) {
                 if opts.apply(&k, &v)? {
                     continue;
                 }
-                let mode = match v.to_ascii_lowercase().as_str() {
-                    "disabled" | "disable" => MySqlSslMode::Disabled,
-                    "preferred" | "prefer" => MySqlSslMode::Preferred,
-                    "required" | "verify_ca" | "verify_identity" => {
-                        return Err(Error::invalid_config(
-                            b,
-                            format!(
-                                "option `{k}={v}` needs TLS, which this build of backend-sql \
-                                 does not include; use disabled or preferred"
-                            ),
-                        ));
-                    }
-                    _ => {
-                        return Err(Error::invalid_config(
-                            b,
-                            format!("option `{k}={v}`: use disabled or preferred"),
-                        ));
-                    }
-                };
+                match k.as_str() {
+                    "ssl-mode" | "sslmode" => tls.mode(b, &k, v)?,
+                    "ca" | "ssl-ca" => tls.ca(b, &k, v)?,
+                    _ => unreachable!("accepted options are handled"),
+                }
+            }
+            let names = "disabled, preferred, required, verify_ca or verify_identity";
+            let mode = tls.resolve(b, MySqlSslMode::VerifyIdentity, names, |v| {
+                // MySQL's names, and PostgreSQL's for the same modes.
+                Some(match v.to_ascii_lowercase().as_str() {
+                    "disabled" | "disable" => (MySqlSslMode::Disabled, false),
+                    "preferred" | "prefer" => (MySqlSslMode::Preferred, false),
+                    "required" | "require" => (MySqlSslMode::Required, false),
+                    "verify_ca" | "verify-ca" => (MySqlSslMode::VerifyCa, true),
+                    "verify_identity" | "verify-full" => (MySqlSslMode::VerifyIdentity, true),
+                    _ => return None,
+                })
+            })?;
+            if let Some(mode) = mode {
                 o = o.ssl_mode(mode);
             }
+            ca_file = tls.ca_file();
             let (table, defaults) = opts.finish()?;
             (Target::MySql(o), table, defaults)
         }
@@ -493,6 +609,7 @@ fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConf
         table,
         defaults,
         redacted,
+        ca_file,
     })
 }
 
@@ -572,8 +689,6 @@ mod tests {
         assert!(err("mysql://h/db?ttl=1s&ttl=2s").contains("more than once"));
         assert!(err("sqlite::memory:?timeout=0s").contains("timeout"));
         assert!(err("sqlite::memory:?ttl=100ms&drift=1s").contains("drift"));
-        assert!(err("postgres://h/db?sslmode=require").contains("TLS"));
-        assert!(err("mysql://h/db?ssl-mode=required").contains("TLS"));
         for bad in ["1abc", "a-b", "a b", "\"x\"", "x;drop", "", &"a".repeat(64)] {
             let e = err(&format!(
                 "sqlite::memory:?table={}",
@@ -586,6 +701,95 @@ mod tests {
         assert!(matches!(e, Error::UnsupportedScheme { .. }), "{e}");
     }
 
+    /// The TLS mode each URL ends up with, as sqlx's `Debug` names it, and the CA file.
+    fn tls_of(url: &str) -> (String, Option<PathBuf>) {
+        let c = SqlConfig::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        let mode = match &c.target {
+            Target::Postgres(o) => format!("{:?}", o.get_ssl_mode()),
+            Target::MySql(o) => format!("{:?}", o.get_ssl_mode()),
+            Target::Sqlite { .. } => unreachable!("not a server URL"),
+        };
+        (mode, c.ca_file)
+    }
+
+    #[test]
+    fn tls_options_checked() {
+        let ca = Some(PathBuf::from("/etc/ca.pem"));
+        assert_eq!(
+            tls_of("postgres://h/db").0,
+            "Prefer",
+            "the driver's default"
+        );
+        assert_eq!(
+            tls_of("mysql://h/db").0,
+            "Preferred",
+            "the driver's default"
+        );
+        for (mode, expected) in [
+            ("disable", "Disable"),
+            ("allow", "Allow"),
+            ("prefer", "Prefer"),
+            ("require", "Require"),
+            ("verify-ca", "VerifyCa"),
+            ("verify-full", "VerifyFull"),
+        ] {
+            assert_eq!(
+                tls_of(&format!("postgres://h/db?sslmode={mode}")).0,
+                expected
+            );
+        }
+        for (mode, expected) in [
+            ("DISABLED", "Disabled"),
+            ("preferred", "Preferred"),
+            ("REQUIRED", "Required"),
+            ("require", "Required"),
+            ("VERIFY_CA", "VerifyCa"),
+            ("verify_identity", "VerifyIdentity"),
+            ("verify-full", "VerifyIdentity"),
+        ] {
+            assert_eq!(tls_of(&format!("mysql://h/db?ssl-mode={mode}")).0, expected);
+            assert_eq!(
+                tls_of(&format!("mariadb://h/db?sslmode={mode}")).0,
+                expected
+            );
+        }
+        // A CA alone means full verification; with a verifying mode, that mode.
+        assert_eq!(
+            tls_of("postgres://h/db?ca=/etc/ca.pem"),
+            ("VerifyFull".into(), ca.clone())
+        );
+        assert_eq!(
+            tls_of("postgres://h/db?sslrootcert=/etc/ca.pem&sslmode=verify-ca"),
+            ("VerifyCa".into(), ca.clone())
+        );
+        assert_eq!(
+            tls_of("mysql://h/db?ca=/etc/ca.pem"),
+            ("VerifyIdentity".into(), ca.clone())
+        );
+        assert_eq!(
+            tls_of("mysql://h/db?ssl-mode=VERIFY_CA&ssl-ca=/etc/ca.pem"),
+            ("VerifyCa".into(), ca)
+        );
+        // A CA the mode would ignore, aliases given twice, bad values: refused.
+        let e = err("postgres://h/db?sslmode=require&ca=/etc/ca.pem");
+        assert!(e.contains("`ca`") && e.contains("does not verify"), "{e}");
+        let e = err("mysql://h/db?ssl-ca=/etc/ca.pem&ssl-mode=preferred");
+        assert!(
+            e.contains("`ssl-ca`") && e.contains("does not verify"),
+            "{e}"
+        );
+        let e = err("postgres://h/db?ca=/a.pem&sslrootcert=/b.pem");
+        assert!(e.contains("same setting"), "{e}");
+        let e = err("mysql://h/db?sslmode=required&ssl-mode=required");
+        assert!(e.contains("same setting"), "{e}");
+        assert!(err("postgres://h/db?ca=").contains("path of a PEM file"));
+        let e = err("postgres://h/db?sslmode=verify_identity");
+        assert!(e.contains("use disable, allow, prefer"), "{e}");
+        let e = err("mysql://h/db?ssl-mode=allow");
+        assert!(e.contains("use disabled, preferred"), "{e}");
+        assert!(err("sqlite::memory:?ca=/etc/ca.pem").contains("unknown option `ca`"));
+    }
+
     #[test]
     fn malformed_urls_hide_passwords() {
         for url in [
@@ -593,7 +797,7 @@ mod tests {
             "mysql://u:s3cr3t@h:99999/db",
             "postgres://u:s3cr3t@/db",
             "mysql://u:s3cr3t@h",
-            "postgres://u:s3cr3t@h/db?sslmode=require",
+            "postgres://u:s3cr3t@h/db?sslmode=sometimes",
             "postgres://u:s3cr3t@h/db?table=bad-name",
             "postgres://u:s3cr3t@h/db#frag",
         ] {

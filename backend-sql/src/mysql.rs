@@ -333,13 +333,17 @@ impl MySqlLock {
             return Err(Error::invalid_config(BACKEND, "not a mysql:// URL"));
         };
         let timeout = crate::config::timeout_of(config);
+        let mut opts = opts.clone();
+        if let Some(pem) = crate::config::read_ca(config)? {
+            opts = opts.ssl_ca_from_pem(pem);
+        }
         let pool = MySqlPoolOptions::new()
             .max_connections(POOL_SIZE)
             .min_connections(0)
             .acquire_timeout(timeout)
             .idle_timeout(Duration::from_secs(60))
             .test_before_acquire(false)
-            .connect_lazy_with(opts.clone());
+            .connect_lazy_with(opts);
         let lock = MySqlLock {
             inner: Arc::new(Inner {
                 core: Core {

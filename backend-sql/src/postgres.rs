@@ -711,7 +711,10 @@ impl PostgresLock {
             return Err(Error::invalid_config(BACKEND, "not a postgres:// URL"));
         };
         let timeout = crate::config::timeout_of(config);
-        let opts: PgConnectOptions = opts.clone();
+        let mut opts: PgConnectOptions = opts.clone();
+        if let Some(pem) = crate::config::read_ca(config)? {
+            opts = opts.ssl_root_cert_from_pem(pem);
+        }
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .min_connections(0)

@@ -840,7 +840,10 @@ async fn bad_input_fails_before_io_without_the_password() {
         format!("postgres://u:{secret}@db.invalid:5432/x?ttl=forever"),
         format!("postgres://u:{secret}@db.invalid:5432/x?ttl=1ms"),
         format!("postgres://u:{secret}@db.invalid:5432/x?timeout=0s"),
-        format!("postgres://u:{secret}@db.invalid:5432/x?sslmode=verify-full"),
+        format!("postgres://u:{secret}@db.invalid:5432/x?sslmode=verify-fully"),
+        format!("postgres://u:{secret}@db.invalid:5432/x?sslmode=require&ca=/etc/ca.pem"),
+        format!("postgres://u:{secret}@db.invalid:5432/x?ca=/nonexistent/ca.pem"),
+        format!("mysql://u:{secret}@db.invalid:3306/x?ssl-mode=REQUIRED&ssl-ca=/etc/ca.pem"),
         format!("postgres://u:{secret}@db.invalid:notaport/x"),
         format!("postgresql://u:{secret}@/x"),
         format!("mysql://u:{secret}@db.invalid:3306"),
@@ -1246,4 +1249,156 @@ async fn sqlite_four_processes_hammer_one_name() {
         holds.len(),
         violations[0]
     );
+}
+
+/// `take` then `release` on a fresh name: the client works end to end.
+async fn round_trip(c: &Arc<dyn DistributedLock>) {
+    let n = name(&unique("tls"));
+    let lease = take(c, &n, Duration::from_secs(30))
+        .await
+        .expect("a fresh name is free");
+    assert_eq!(c.release(&lease).await.unwrap(), Released::Released);
+}
+
+/// The text of a failed connect, checked to be a non-retryable backend error.
+async fn refused(url: &str) -> String {
+    let err = backend_sql::connect(url).await.unwrap_err();
+    let text = format!("{err} / {err:?}");
+    assert!(matches!(err, Error::Backend { .. }), "{text}");
+    assert!(
+        !err.is_retryable(),
+        "a TLS setting does not change on retry: {text}"
+    );
+    text
+}
+
+/// PostgreSQL over TLS against the kit's own CA: verified connections work and are encrypted
+/// (every session of the client, the LISTEN connection included); without the CA, full
+/// verification refuses the server; a CA file that is missing or not PEM is a config error
+/// raised before any connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_tls_is_verified_and_used() {
+    let pg = kit::Postgres::start_tls()
+        .await
+        .expect("kit PostgreSQL with TLS");
+    let ca = pg.ca_cert().expect("a TLS server has a CA");
+    let ssl_of = |app: &'static str| {
+        let pg = &pg;
+        async move {
+            let sql = format!(
+                "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+                 WHERE a.application_name = '{app}'"
+            );
+            let out = pg.query("postgres", &sql).await.expect("psql");
+            out.lines().map(str::to_owned).collect::<Vec<_>>()
+        }
+    };
+
+    let verified = format!(
+        "{}?sslmode=verify-full&ca={}&application_name=dlock_tls",
+        pg.url(),
+        ca.display()
+    );
+    let c = client(&verified).await;
+    round_trip(&c).await;
+    // A waiter makes the client open its LISTEN connection too.
+    let n = name(&unique("tls-wait"));
+    let held = take(&c, &n, Duration::from_secs(30)).await.unwrap();
+    let waiter = {
+        let c = c.clone();
+        let n = n.clone();
+        tokio::spawn(async move {
+            let guard = c
+                .lock(n.as_str(), &waiting(Duration::from_secs(30)))
+                .await?;
+            let lease = guard.lease();
+            guard.release().await?;
+            Ok::<_, Error>(lease)
+        })
+    };
+    until_queued(&c, &n, 1).await;
+    let sessions = ssl_of("dlock_tls").await;
+    assert!(
+        sessions.len() >= 2,
+        "pool and listener sessions: {sessions:?}"
+    );
+    assert!(
+        sessions.iter().all(|s| s == "t"),
+        "all encrypted: {sessions:?}"
+    );
+    c.release(&held).await.unwrap();
+    let next = within(Duration::from_secs(30), "the TLS waiter", waiter)
+        .await
+        .unwrap()
+        .expect("granted after the release");
+    assert!(next.token() > held.token());
+
+    // The same query tells a plain session apart, so the check above can fail.
+    let plain = client(&format!(
+        "{}?sslmode=disable&application_name=dlock_plain",
+        pg.url()
+    ))
+    .await;
+    round_trip(&plain).await;
+    let sessions = ssl_of("dlock_plain").await;
+    assert!(
+        !sessions.is_empty() && sessions.iter().all(|s| s == "f"),
+        "{sessions:?}"
+    );
+
+    // `require` encrypts without checking the certificate.
+    round_trip(&client(&format!("{}?sslmode=require", pg.url())).await).await;
+    // Full verification against the system's roots: the kit's CA is not among them.
+    let text = refused(&format!("{}?sslmode=verify-full&timeout=5s", pg.url())).await;
+    assert!(text.to_lowercase().contains("certificate"), "{text}");
+
+    for (file, expected) in [
+        (pg.dir().join("no-such-ca.pem"), "cannot be read"),
+        (pg.dir().join("postgres.log"), "holds no PEM certificate"),
+    ] {
+        let err = backend_sql::connect(&format!("{}?ca={}", pg.url(), file.display()))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+}
+
+/// MariaDB over TLS against the kit's own CA, with an account that the server admits only over
+/// TLS (`REQUIRE SSL`): verified and `required` connections work, a plain one is refused by the
+/// server (so the working ones really are encrypted), and an unknown CA is refused by us.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_tls_is_verified_and_used() {
+    let secret = "Tl5-S3cret";
+    let db = kit::MariaDb::start_tls()
+        .await
+        .expect("kit MariaDB with TLS");
+    let ca = db.ca_cert().expect("a TLS server has a CA");
+    db.query(
+        "mysql",
+        &format!(
+            "CREATE USER 'tlsonly'@'127.0.0.1' IDENTIFIED BY '{secret}' REQUIRE SSL; \
+             GRANT ALL ON test.* TO 'tlsonly'@'127.0.0.1'"
+        ),
+    )
+    .await
+    .expect("create the TLS-only account");
+    let base = format!("mysql://tlsonly:{secret}@127.0.0.1:{}/test", db.port());
+
+    round_trip(&client(&format!("{base}?ca={}", ca.display())).await).await;
+    round_trip(
+        &client(&format!(
+            "{base}?ssl-mode=VERIFY_CA&ssl-ca={}",
+            ca.display()
+        ))
+        .await,
+    )
+    .await;
+    round_trip(&client(&format!("{base}?ssl-mode=REQUIRED")).await).await;
+
+    let text = refused(&format!("{base}?ssl-mode=DISABLED&timeout=5s")).await;
+    assert!(!text.contains(secret), "{text}");
+    let text = refused(&format!("{base}?ssl-mode=VERIFY_IDENTITY&timeout=5s")).await;
+    assert!(text.to_lowercase().contains("certificate"), "{text}");
+    assert!(!text.contains(secret), "{text}");
 }
