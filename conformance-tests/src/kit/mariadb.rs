@@ -48,8 +48,9 @@ impl MariaDb {
     }
 
     /// Starts a private server that also accepts TLS, with a server certificate for
-    /// `127.0.0.1` and `localhost` signed by a fresh CA ([`MariaDb::ca_cert`]). Plain
-    /// connections are still accepted unless an account says `REQUIRE SSL`.
+    /// `127.0.0.1` and `localhost` signed by a fresh CA ([`MariaDb::tls`]), which it also trusts
+    /// for client certificates (`REQUIRE X509` accounts). Plain connections are still accepted
+    /// unless an account says `REQUIRE SSL`.
     ///
     /// # Errors
     /// As [`MariaDb::start`], and [`TlsFiles::generate`] failing.
@@ -125,6 +126,11 @@ impl MariaDb {
     /// The CA that signed the server's certificate, for a server from [`MariaDb::start_tls`].
     pub fn ca_cert(&self) -> Option<PathBuf> {
         self.tls.as_ref().map(TlsFiles::ca_cert)
+    }
+
+    /// The certificates of a server from [`MariaDb::start_tls`] (to issue client certificates).
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     /// `127.0.0.1:{port}`.
@@ -234,7 +240,8 @@ impl MariaDb {
             .current_dir(dir);
         if let Some(files) = &self.tls {
             cmd.arg(format!("--ssl-cert={}", files.server_cert().display()))
-                .arg(format!("--ssl-key={}", files.server_key().display()));
+                .arg(format!("--ssl-key={}", files.server_key().display()))
+                .arg(format!("--ssl-ca={}", files.ca_cert().display()));
         }
         if running_as_root() {
             cmd.arg("--user=root");

@@ -57,7 +57,7 @@ pub use proxy::{Fault, Proxy};
 pub use redis::{Redis, RedisReply, read_redis_reply, redis_command, redis_encode};
 pub use redis_cluster::RedisCluster;
 pub use redis_tls::RedisTls;
-pub use tls::TlsFiles;
+pub use tls::{CertAndKey, TlsFiles};
 pub use zookeeper::{ZkEnsemble, ZkNode, ZooKeeper, zk_four_letter};
 
 use std::collections::HashSet;

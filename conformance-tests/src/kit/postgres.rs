@@ -47,8 +47,9 @@ impl Postgres {
     }
 
     /// Starts a private server that also accepts TLS (`ssl=on`), with a server certificate for
-    /// `127.0.0.1` and `localhost` signed by a fresh CA ([`Postgres::ca_cert`]). Plain
-    /// connections are still accepted, so `sslmode` decides.
+    /// `127.0.0.1` and `localhost` signed by a fresh CA ([`Postgres::ca_cert`]), which it also
+    /// trusts for client certificates (`ssl_ca_file`, for `cert` rules: see
+    /// [`Postgres::prepend_hba`]). Plain connections are still accepted, so `sslmode` decides.
     ///
     /// # Errors
     /// As [`Postgres::start`], and [`TlsFiles::generate`] failing.
@@ -84,11 +85,12 @@ impl Postgres {
             None
         };
         if let Some(files) = &tls {
-            // The server reads its certificate and key as the `postgres` user, and refuses a
-            // key that others can read.
+            // The server reads these as the `postgres` user, and refuses a key that others can
+            // read.
             for (from, to) in [
                 (files.server_cert(), "server.crt"),
                 (files.server_key(), "server.key"),
+                (files.ca_cert(), "ca.crt"),
             ] {
                 let to = dir.path().join(to);
                 std::fs::copy(&from, &to)
@@ -150,6 +152,32 @@ impl Postgres {
     /// The CA that signed the server's certificate, for a server from [`Postgres::start_tls`].
     pub fn ca_cert(&self) -> Option<PathBuf> {
         self.tls.as_ref().map(TlsFiles::ca_cert)
+    }
+
+    /// The certificates of a server from [`Postgres::start_tls`] (to issue client certificates).
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// Puts `lines` at the top of `pg_hba.conf` (the first matching rule wins) and reloads the
+    /// configuration.
+    ///
+    /// # Errors
+    /// The file not writable, or the reload failing.
+    pub async fn prepend_hba(&self, lines: &str) -> KitResult<()> {
+        let path = self.data_dir().join("pg_hba.conf");
+        let old = std::fs::read_to_string(&path)
+            .map_err(|e| KitError::io("cannot read pg_hba.conf", e))?;
+        std::fs::write(&path, format!("{}\n{old}", lines.trim_end()))
+            .map_err(|e| KitError::io("cannot write pg_hba.conf", e))?;
+        let reloaded = self.query("postgres", "SELECT pg_reload_conf()").await?;
+        if reloaded.trim() != "t" {
+            return Err(KitError::new(
+                KitErrorKind::Command,
+                format!("pg_reload_conf() returned {reloaded:?}"),
+            ));
+        }
+        Ok(())
     }
 
     /// `127.0.0.1:{port}`.
@@ -281,7 +309,9 @@ impl Postgres {
                 .arg("-c")
                 .arg(format!("ssl_cert_file={}", file("server.crt")))
                 .arg("-c")
-                .arg(format!("ssl_key_file={}", file("server.key")));
+                .arg(format!("ssl_key_file={}", file("server.key")))
+                .arg("-c")
+                .arg(format!("ssl_ca_file={}", file("ca.crt")));
         }
         self.proc.spawn(cmd)
     }

@@ -82,6 +82,12 @@ impl RedisTls {
         self.files.ca_cert()
     }
 
+    /// The server's certificates (to issue client certificates; the server trusts the same CA
+    /// for them, which matters with `--tls-auth-clients yes`).
+    pub fn tls(&self) -> &TlsFiles {
+        &self.files
+    }
+
     /// The server, through its plain port (admin commands, kill/pause/restart).
     pub fn redis(&self) -> &Redis {
         &self.redis
