@@ -68,8 +68,8 @@ pub struct SqlConfig {
     pub(crate) table: String,
     pub(crate) defaults: ClientDefaults,
     pub(crate) redacted: String,
-    /// The PEM file of the CA to verify the server with (`ca`), read when connecting.
-    pub(crate) ca_file: Option<PathBuf>,
+    /// Files for TLS (`ca`, `cert`, `key`), read when connecting.
+    pub(crate) tls_files: TlsFiles,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -337,121 +337,191 @@ fn parse_sqlite(url: &str, redacted: String) -> Result<SqlConfig> {
         table,
         defaults,
         redacted,
-        ca_file: None,
+        tls_files: TlsFiles::default(),
     })
+}
+
+/// How much a TLS mode does, for checking the file options against it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TlsUse {
+    /// Never TLS (`disable`).
+    Never,
+    /// TLS when the server offers it, or always, without checking the certificate.
+    Unverified,
+    /// TLS with the server's certificate checked.
+    Verified,
 }
 
 /// The TLS options of a server URL, collected in any order and checked together.
 #[derive(Default)]
 struct TlsChoice {
-    /// (option name as given, value)
+    /// Each as (option name as given, value).
     mode: Option<(String, String)>,
     ca: Option<(String, PathBuf)>,
+    cert: Option<(String, PathBuf)>,
+    key: Option<(String, PathBuf)>,
+}
+
+/// The files a server URL names for TLS, read when connecting so [`SqlConfig::parse`] does no
+/// I/O.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct TlsFiles {
+    /// The CA to verify the server with (`ca`).
+    pub(crate) ca: Option<PathBuf>,
+    /// The client certificate and its key (`cert`, `key`).
+    pub(crate) client: Option<(PathBuf, PathBuf)>,
+}
+
+/// The contents of [`TlsFiles`], checked to hold what they should.
+pub(crate) struct TlsPem {
+    pub(crate) ca: Option<Vec<u8>>,
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl TlsChoice {
     fn mode(&mut self, backend: &'static str, key: &str, value: String) -> Result<()> {
-        if let Some((first, _)) = &self.mode {
-            return Err(both_given(backend, first, key));
-        }
-        self.mode = Some((key.to_owned(), value));
-        Ok(())
+        set_once(backend, &mut self.mode, key, value)
     }
 
-    fn ca(&mut self, backend: &'static str, key: &str, value: String) -> Result<()> {
-        if let Some((first, _)) = &self.ca {
-            return Err(both_given(backend, first, key));
-        }
+    fn file(&mut self, backend: &'static str, key: &str, value: String) -> Result<()> {
         if value.is_empty() {
             return Err(Error::invalid_config(
                 backend,
                 format!("option `{key}` needs the path of a PEM file"),
             ));
         }
-        self.ca = Some((key.to_owned(), PathBuf::from(value)));
-        Ok(())
+        let slot = match key {
+            "ca" | "sslrootcert" | "ssl-ca" => &mut self.ca,
+            "cert" | "sslcert" | "ssl-cert" => &mut self.cert,
+            _ => &mut self.key,
+        };
+        set_once(backend, slot, key, PathBuf::from(value))
     }
 
-    /// The mode to set (`None`: the driver's default, which tries TLS and falls back to plain).
-    /// A CA without a mode means `with_ca`; a CA with a mode that does not verify is refused,
-    /// since it would be silently ignored.
+    /// The mode to set (`None`: the driver's default, which tries TLS and falls back to plain)
+    /// and the files. A CA without a mode means `with_ca`. A CA with a mode that does not
+    /// verify, or a client certificate with a mode that never uses TLS, is refused, since it
+    /// would be silently ignored; so is a certificate without its key or the other way round.
     ///
-    /// `parse` maps a mode's name to the mode and whether it verifies the server's certificate.
+    /// `parse` maps a mode's name to the mode and what it does.
     fn resolve<M>(
         &self,
         backend: &'static str,
         with_ca: M,
         names: &str,
-        parse: impl Fn(&str) -> Option<(M, bool)>,
-    ) -> Result<Option<M>> {
-        let mode = match &self.mode {
+        parse: impl Fn(&str) -> Option<(M, TlsUse)>,
+    ) -> Result<(Option<M>, TlsFiles)> {
+        let parsed = match &self.mode {
             None => None,
             Some((key, value)) => Some(parse(value).ok_or_else(|| {
                 Error::invalid_config(backend, format!("option `{key}={value}`: use {names}"))
             })?),
         };
-        match (&self.ca, mode) {
-            (None, mode) => Ok(mode.map(|(m, _)| m)),
-            (Some(_), None) => Ok(Some(with_ca)),
-            (Some(_), Some((m, true))) => Ok(Some(m)),
-            (Some((ca, _)), Some((_, false))) => {
-                let (key, value) = self.mode.as_ref().expect("a mode was parsed");
-                Err(Error::invalid_config(
+        let ignored = |option: &str, what: &str| {
+            let (key, value) = self.mode.as_ref().expect("a mode was parsed");
+            Error::invalid_config(
+                backend,
+                format!("option `{option}` {what}, but `{key}={value}` would ignore it"),
+            )
+        };
+        let client = match (&self.cert, &self.key) {
+            (None, None) => None,
+            (Some((cert, _)), None) => {
+                return Err(Error::invalid_config(
                     backend,
-                    format!(
-                        "option `{ca}` names a CA to verify the server with, but `{key}={value}` \
-                         does not verify; use a mode that verifies, or leave the mode out"
-                    ),
-                ))
+                    format!("option `{cert}` needs `key`, the client certificate's private key"),
+                ));
             }
-        }
-    }
-
-    fn ca_file(&self) -> Option<PathBuf> {
-        self.ca.as_ref().map(|(_, path)| path.clone())
+            (None, Some((key, _))) => {
+                return Err(Error::invalid_config(
+                    backend,
+                    format!("option `{key}` needs `cert`, the client certificate"),
+                ));
+            }
+            (Some((cert, cert_path)), Some((_, key_path))) => {
+                if matches!(parsed, Some((_, TlsUse::Never))) {
+                    return Err(ignored(cert, "names a client certificate"));
+                }
+                Some((cert_path.clone(), key_path.clone()))
+            }
+        };
+        let mode = match (&self.ca, parsed) {
+            (None, parsed) => parsed.map(|(m, _)| m),
+            (Some(_), None) => Some(with_ca),
+            (Some(_), Some((m, TlsUse::Verified))) => Some(m),
+            (Some((ca, _)), Some(_)) => {
+                return Err(ignored(ca, "names a CA to verify the server with"));
+            }
+        };
+        let files = TlsFiles {
+            ca: self.ca.as_ref().map(|(_, path)| path.clone()),
+            client,
+        };
+        Ok((mode, files))
     }
 }
 
-/// Two spellings of one setting (`Options` already refuses the same name twice).
-fn both_given(backend: &'static str, first: &str, second: &str) -> Error {
-    Error::invalid_config(
-        backend,
-        format!("options `{first}` and `{second}` are the same setting; give one"),
-    )
-}
-
-/// Reads the `ca` file of `config`, if any: the only file a server URL names, read when
-/// connecting so [`SqlConfig::parse`] stays free of I/O.
-///
-/// # Errors
-/// [`Error::InvalidConfig`] for a file that cannot be read or holds no PEM certificate.
-pub(crate) fn read_ca(config: &SqlConfig) -> Result<Option<Vec<u8>>> {
-    let Some(path) = &config.ca_file else {
-        return Ok(None);
-    };
-    let backend = config.dialect.backend();
-    let pem = std::fs::read(path).map_err(|e| {
-        Error::invalid_config(
-            backend,
-            format!("the CA file {} cannot be read: {e}", path.display()),
-        )
-    })?;
-    if !pem
-        .windows(CERT_HEADER.len())
-        .any(|w| w == CERT_HEADER.as_bytes())
-    {
+/// Stores an option that has several spellings (`Options` already refuses the same name twice).
+fn set_once<T>(
+    backend: &'static str,
+    slot: &mut Option<(String, T)>,
+    key: &str,
+    value: T,
+) -> Result<()> {
+    if let Some((first, _)) = slot {
         return Err(Error::invalid_config(
             backend,
-            format!(
-                "the CA file {} holds no PEM certificate (no `{CERT_HEADER}` line)",
-                path.display()
-            ),
+            format!("options `{first}` and `{key}` are the same setting; give one"),
         ));
     }
-    Ok(Some(pem))
+    *slot = Some((key.to_owned(), value));
+    Ok(())
 }
 
-const CERT_HEADER: &str = "-----BEGIN CERTIFICATE-----";
+/// Reads the TLS files `config` names, if any.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a file that cannot be read or does not hold a PEM block of the
+/// right kind (a certificate, or a private key). Key contents never appear in messages.
+pub(crate) fn read_tls(config: &SqlConfig) -> Result<TlsPem> {
+    let backend = config.dialect.backend();
+    let read = |what: &str, path: &PathBuf, marker: &str| -> Result<Vec<u8>> {
+        let pem = std::fs::read(path).map_err(|e| {
+            Error::invalid_config(
+                backend,
+                format!("the {what} file {} cannot be read: {e}", path.display()),
+            )
+        })?;
+        if !pem.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+            return Err(Error::invalid_config(
+                backend,
+                format!(
+                    "the {what} file {} holds no PEM block with `{marker}`",
+                    path.display()
+                ),
+            ));
+        }
+        Ok(pem)
+    };
+    const CERT: &str = "BEGIN CERTIFICATE-----";
+    // PKCS#8 (`BEGIN PRIVATE KEY`), and the older `BEGIN EC/RSA PRIVATE KEY`.
+    const KEY: &str = "PRIVATE KEY-----";
+    let files = &config.tls_files;
+    Ok(TlsPem {
+        ca: files
+            .ca
+            .as_ref()
+            .map(|path| read("CA", path, CERT))
+            .transpose()?,
+        client: match &files.client {
+            None => None,
+            Some((cert, key)) => Some((
+                read("client certificate", cert, CERT)?,
+                read("client key", key, KEY)?,
+            )),
+        },
+    })
+}
 
 fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConfig> {
     let b = dialect.backend();
@@ -496,7 +566,7 @@ fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConf
     let database = percent_decode(b, "database name", path)?;
     let query = parsed.query().unwrap_or("");
 
-    let ca_file;
+    let tls_files;
     let (target, table, defaults) = match dialect {
         Dialect::Postgres => {
             let mut o = PgConnectOptions::new()
@@ -514,7 +584,16 @@ fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConf
             let mut opts = Options::new(
                 b,
                 scheme,
-                &["sslmode", "ca", "sslrootcert", "application_name"],
+                &[
+                    "sslmode",
+                    "ca",
+                    "cert",
+                    "key",
+                    "sslrootcert",
+                    "sslcert",
+                    "sslkey",
+                    "application_name",
+                ],
             );
             let mut tls = TlsChoice::default();
             o = o.application_name("dlock");
@@ -524,27 +603,29 @@ fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConf
                 }
                 match k.as_str() {
                     "sslmode" => tls.mode(b, &k, v)?,
-                    "ca" | "sslrootcert" => tls.ca(b, &k, v)?,
+                    "ca" | "cert" | "key" | "sslrootcert" | "sslcert" | "sslkey" => {
+                        tls.file(b, &k, v)?
+                    }
                     "application_name" => o = o.application_name(&v),
                     _ => unreachable!("accepted options are handled"),
                 }
             }
             let names = "disable, allow, prefer, require, verify-ca or verify-full";
-            let mode = tls.resolve(b, PgSslMode::VerifyFull, names, |v| {
+            let (mode, files) = tls.resolve(b, PgSslMode::VerifyFull, names, |v| {
                 Some(match v {
-                    "disable" => (PgSslMode::Disable, false),
-                    "allow" => (PgSslMode::Allow, false),
-                    "prefer" => (PgSslMode::Prefer, false),
-                    "require" => (PgSslMode::Require, false),
-                    "verify-ca" => (PgSslMode::VerifyCa, true),
-                    "verify-full" => (PgSslMode::VerifyFull, true),
+                    "disable" => (PgSslMode::Disable, TlsUse::Never),
+                    "allow" => (PgSslMode::Allow, TlsUse::Unverified),
+                    "prefer" => (PgSslMode::Prefer, TlsUse::Unverified),
+                    "require" => (PgSslMode::Require, TlsUse::Unverified),
+                    "verify-ca" => (PgSslMode::VerifyCa, TlsUse::Verified),
+                    "verify-full" => (PgSslMode::VerifyFull, TlsUse::Verified),
                     _ => return None,
                 })
             })?;
             if let Some(mode) = mode {
                 o = o.ssl_mode(mode);
             }
-            ca_file = tls.ca_file();
+            tls_files = files;
             let (table, defaults) = opts.finish()?;
             (Target::Postgres(o), table, defaults)
         }
@@ -570,7 +651,13 @@ fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConf
             if let Some(p) = &password {
                 o = o.password(p);
             }
-            let mut opts = Options::new(b, scheme, &["ssl-mode", "sslmode", "ca", "ssl-ca"]);
+            let mut opts = Options::new(
+                b,
+                scheme,
+                &[
+                    "ssl-mode", "sslmode", "ca", "cert", "key", "ssl-ca", "ssl-cert", "ssl-key",
+                ],
+            );
             let mut tls = TlsChoice::default();
             for (k, v) in query_pairs(query) {
                 if opts.apply(&k, &v)? {
@@ -578,26 +665,30 @@ fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConf
                 }
                 match k.as_str() {
                     "ssl-mode" | "sslmode" => tls.mode(b, &k, v)?,
-                    "ca" | "ssl-ca" => tls.ca(b, &k, v)?,
+                    "ca" | "cert" | "key" | "ssl-ca" | "ssl-cert" | "ssl-key" => {
+                        tls.file(b, &k, v)?
+                    }
                     _ => unreachable!("accepted options are handled"),
                 }
             }
             let names = "disabled, preferred, required, verify_ca or verify_identity";
-            let mode = tls.resolve(b, MySqlSslMode::VerifyIdentity, names, |v| {
+            let (mode, files) = tls.resolve(b, MySqlSslMode::VerifyIdentity, names, |v| {
                 // MySQL's names, and PostgreSQL's for the same modes.
                 Some(match v.to_ascii_lowercase().as_str() {
-                    "disabled" | "disable" => (MySqlSslMode::Disabled, false),
-                    "preferred" | "prefer" => (MySqlSslMode::Preferred, false),
-                    "required" | "require" => (MySqlSslMode::Required, false),
-                    "verify_ca" | "verify-ca" => (MySqlSslMode::VerifyCa, true),
-                    "verify_identity" | "verify-full" => (MySqlSslMode::VerifyIdentity, true),
+                    "disabled" | "disable" => (MySqlSslMode::Disabled, TlsUse::Never),
+                    "preferred" | "prefer" => (MySqlSslMode::Preferred, TlsUse::Unverified),
+                    "required" | "require" => (MySqlSslMode::Required, TlsUse::Unverified),
+                    "verify_ca" | "verify-ca" => (MySqlSslMode::VerifyCa, TlsUse::Verified),
+                    "verify_identity" | "verify-full" => {
+                        (MySqlSslMode::VerifyIdentity, TlsUse::Verified)
+                    }
                     _ => return None,
                 })
             })?;
             if let Some(mode) = mode {
                 o = o.ssl_mode(mode);
             }
-            ca_file = tls.ca_file();
+            tls_files = files;
             let (table, defaults) = opts.finish()?;
             (Target::MySql(o), table, defaults)
         }
@@ -609,7 +700,7 @@ fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConf
         table,
         defaults,
         redacted,
-        ca_file,
+        tls_files,
     })
 }
 
@@ -709,7 +800,7 @@ mod tests {
             Target::MySql(o) => format!("{:?}", o.get_ssl_mode()),
             Target::Sqlite { .. } => unreachable!("not a server URL"),
         };
-        (mode, c.ca_file)
+        (mode, c.tls_files.ca)
     }
 
     #[test]
@@ -772,10 +863,10 @@ mod tests {
         );
         // A CA the mode would ignore, aliases given twice, bad values: refused.
         let e = err("postgres://h/db?sslmode=require&ca=/etc/ca.pem");
-        assert!(e.contains("`ca`") && e.contains("does not verify"), "{e}");
+        assert!(e.contains("`ca`") && e.contains("would ignore it"), "{e}");
         let e = err("mysql://h/db?ssl-ca=/etc/ca.pem&ssl-mode=preferred");
         assert!(
-            e.contains("`ssl-ca`") && e.contains("does not verify"),
+            e.contains("`ssl-ca`") && e.contains("would ignore it"),
             "{e}"
         );
         let e = err("postgres://h/db?ca=/a.pem&sslrootcert=/b.pem");
@@ -788,6 +879,35 @@ mod tests {
         let e = err("mysql://h/db?ssl-mode=allow");
         assert!(e.contains("use disabled, preferred"), "{e}");
         assert!(err("sqlite::memory:?ca=/etc/ca.pem").contains("unknown option `ca`"));
+    }
+
+    #[test]
+    fn client_certificates_checked() {
+        let client = |url: &str| {
+            SqlConfig::parse(url)
+                .unwrap_or_else(|e| panic!("{url}: {e}"))
+                .tls_files
+                .client
+        };
+        let pair = Some((PathBuf::from("/c.pem"), PathBuf::from("/k.pem")));
+        assert_eq!(client("postgres://h/db?cert=/c.pem&key=/k.pem"), pair);
+        assert_eq!(client("postgres://h/db?sslkey=/k.pem&sslcert=/c.pem"), pair);
+        assert_eq!(
+            client("mysql://h/db?ssl-cert=/c.pem&ssl-key=/k.pem&ssl-mode=required"),
+            pair
+        );
+        assert_eq!(client("postgres://h/db"), None);
+        // A client certificate does not change the mode.
+        assert_eq!(tls_of("postgres://h/db?cert=/c.pem&key=/k.pem").0, "Prefer");
+        assert!(err("postgres://h/db?cert=/c.pem").contains("needs `key`"));
+        assert!(err("mysql://h/db?ssl-key=/k.pem").contains("needs `cert`"));
+        let e = err("postgres://h/db?cert=/c.pem&key=/k.pem&sslmode=disable");
+        assert!(e.contains("would ignore it"), "{e}");
+        let e = err("mysql://h/db?cert=/c.pem&key=/k.pem&ssl-mode=DISABLED");
+        assert!(e.contains("would ignore it"), "{e}");
+        let e = err("postgres://h/db?cert=/c.pem&sslcert=/d.pem&key=/k.pem");
+        assert!(e.contains("same setting"), "{e}");
+        assert!(err("mysql://h/db?key=").contains("path of a PEM file"));
     }
 
     #[test]

@@ -712,8 +712,14 @@ impl PostgresLock {
         };
         let timeout = crate::config::timeout_of(config);
         let mut opts: PgConnectOptions = opts.clone();
-        if let Some(pem) = crate::config::read_ca(config)? {
+        let tls = crate::config::read_tls(config)?;
+        if let Some(pem) = tls.ca {
             opts = opts.ssl_root_cert_from_pem(pem);
+        }
+        if let Some((cert, key)) = tls.client {
+            opts = opts
+                .ssl_client_cert_from_pem(cert)
+                .ssl_client_key_from_pem(key);
         }
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)

@@ -1354,7 +1354,7 @@ async fn postgres_tls_is_verified_and_used() {
 
     for (file, expected) in [
         (pg.dir().join("no-such-ca.pem"), "cannot be read"),
-        (pg.dir().join("postgres.log"), "holds no PEM certificate"),
+        (pg.dir().join("postgres.log"), "holds no PEM block"),
     ] {
         let err = backend_sql::connect(&format!("{}?ca={}", pg.url(), file.display()))
             .await
@@ -1401,4 +1401,76 @@ async fn mariadb_tls_is_verified_and_used() {
     let text = refused(&format!("{base}?ssl-mode=VERIFY_IDENTITY&timeout=5s")).await;
     assert!(text.to_lowercase().contains("certificate"), "{text}");
     assert!(!text.contains(secret), "{text}");
+}
+
+/// Client certificates: a PostgreSQL account admitted only by `cert` authentication (the
+/// certificate's CN names the account) and a MariaDB account created `REQUIRE X509` work with
+/// `cert` + `key` and are refused without them, or with a certificate issued to someone else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_authenticate() {
+    let pg = kit::Postgres::start_tls()
+        .await
+        .expect("kit PostgreSQL with TLS");
+    let files = pg.tls().expect("a TLS server has its files");
+    pg.query("postgres", "CREATE ROLE certonly LOGIN SUPERUSER")
+        .await
+        .expect("create the role");
+    pg.prepend_hba("hostssl all certonly 127.0.0.1/32 cert\nhost all certonly 127.0.0.1/32 reject")
+        .await
+        .expect("cert-only rule");
+    let mine = files.issue_client("certonly").await.expect("client cert");
+    let theirs = files
+        .issue_client("someone-else")
+        .await
+        .expect("client cert");
+    let base = format!(
+        "postgres://certonly@127.0.0.1:{}/postgres?ca={}&timeout=5s",
+        pg.port(),
+        files.ca_cert().display()
+    );
+    let with =
+        |c: &kit::CertAndKey| format!("{base}&cert={}&key={}", c.cert.display(), c.key.display());
+    round_trip(&client(&with(&mine)).await).await;
+    let text = refused(&base).await;
+    assert!(text.contains("valid client certificate"), "{text}");
+    let text = refused(&with(&theirs)).await;
+    assert!(text.contains("certonly"), "names the account: {text}");
+    // A key file that holds no key is caught before connecting.
+    let err = backend_sql::connect(&format!(
+        "{base}&cert={}&key={}",
+        mine.cert.display(),
+        mine.cert.display()
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+    assert!(err.to_string().contains("client key"), "{err}");
+
+    let db = kit::MariaDb::start_tls()
+        .await
+        .expect("kit MariaDB with TLS");
+    let files = db.tls().expect("a TLS server has its files");
+    db.query(
+        "mysql",
+        "CREATE USER 'x509only'@'127.0.0.1' REQUIRE X509; \
+         GRANT ALL ON test.* TO 'x509only'@'127.0.0.1'",
+    )
+    .await
+    .expect("create the X509 account");
+    let mine = files.issue_client("x509only").await.expect("client cert");
+    let base = format!(
+        "mysql://x509only@127.0.0.1:{}/test?ssl-ca={}&timeout=5s",
+        db.port(),
+        files.ca_cert().display()
+    );
+    round_trip(
+        &client(&format!(
+            "{base}&ssl-cert={}&ssl-key={}",
+            mine.cert.display(),
+            mine.key.display()
+        ))
+        .await,
+    )
+    .await;
+    refused(&base).await;
 }
