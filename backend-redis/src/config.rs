@@ -15,7 +15,7 @@ pub const DEFAULT_PREFIX: &str = "dlock";
 pub const DEFAULT_PORT: u16 = 6379;
 
 /// Options every Redis URL accepts (besides `ca` for `rediss://`).
-const OPTIONS: &str = "prefix, ttl, drift, timeout (and ca for rediss://)";
+const OPTIONS: &str = "prefix, ttl, drift, timeout (and ca, cert, key for rediss://)";
 
 /// Which deployment a URL names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +62,8 @@ impl fmt::Debug for Secret {
 ///
 /// Options: `prefix` (key prefix, default `dlock`; no `{`, `}` or whitespace), `ttl`, `drift`,
 /// `timeout` (connect and round-trip limit, default 5 s), and for `rediss://` `ca` (a PEM file
-/// of the certificate authority to trust instead of the system's roots). The user and password
+/// of the certificate authority to trust instead of the system's roots) and `cert` + `key` (a
+/// client certificate and its private key, PEM files, for servers that authenticate clients). The user and password
 /// may be percent-encoded; a password without a user (`redis://:secret@host`) authenticates as
 /// the `default` user.
 #[derive(Clone)]
@@ -79,6 +80,8 @@ pub struct RedisConfig {
     pub prefix: String,
     /// CA certificate file for `rediss://`.
     pub ca_file: Option<PathBuf>,
+    /// Client certificate and key files for `rediss://`.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
     /// ttl, drift and timeout from the URL.
     pub defaults: ClientDefaults,
     redacted: String,
@@ -205,9 +208,11 @@ impl RedisConfig {
             db,
             prefix: DEFAULT_PREFIX.to_owned(),
             ca_file: None,
+            client_cert: None,
             defaults: ClientDefaults::default(),
             redacted,
         };
+        let (mut cert_file, mut key_file) = (None, None);
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             let value =
@@ -217,14 +222,21 @@ impl RedisConfig {
             }
             match key {
                 "prefix" => config.prefix = check_prefix(&value)?,
-                "ca" if scheme == "rediss" => {
+                "ca" | "cert" | "key" if scheme == "rediss" => {
                     if value.is_empty() {
-                        return Err(invalid("option `ca` needs a file path"));
+                        return Err(invalid(format!("option `{key}` needs a file path")));
                     }
-                    config.ca_file = Some(PathBuf::from(value));
+                    let slot = match key {
+                        "ca" => &mut config.ca_file,
+                        "cert" => &mut cert_file,
+                        _ => &mut key_file,
+                    };
+                    *slot = Some(PathBuf::from(value));
                 }
-                "ca" => {
-                    return Err(invalid("option `ca` only applies to rediss:// (TLS) URLs"));
+                "ca" | "cert" | "key" => {
+                    return Err(invalid(format!(
+                        "option `{key}` only applies to rediss:// (TLS) URLs"
+                    )));
                 }
                 _ => {
                     return Err(invalid(format!(
@@ -233,6 +245,18 @@ impl RedisConfig {
                 }
             }
         }
+        config.client_cert = match (cert_file, key_file) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (Some(_), None) => {
+                return Err(invalid(
+                    "option `cert` needs `key`, the client certificate's private key",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(invalid("option `key` needs `cert`, the client certificate"));
+            }
+        };
         Ok(config)
     }
 
@@ -413,6 +437,17 @@ mod tests {
         assert!(matches!(c.deployment, Deployment::Single { tls: true, .. }));
         assert_eq!(c.ca_file, Some(PathBuf::from("/tmp/ca.pem")));
         assert!(RedisConfig::parse("redis://h:1/0?ca=/tmp/ca.pem").is_err());
+        let c = RedisConfig::parse("rediss://h:1/0?cert=/c.pem&key=/k.pem").unwrap();
+        assert_eq!(
+            c.client_cert,
+            Some((PathBuf::from("/c.pem"), PathBuf::from("/k.pem")))
+        );
+        let e = RedisConfig::parse("rediss://h:1/0?cert=/c.pem").unwrap_err();
+        assert!(e.to_string().contains("needs `key`"), "{e}");
+        let e = RedisConfig::parse("rediss://h:1/0?key=/k.pem").unwrap_err();
+        assert!(e.to_string().contains("needs `cert`"), "{e}");
+        let e = RedisConfig::parse("redis://h:1/0?cert=/c.pem&key=/k.pem").unwrap_err();
+        assert!(e.to_string().contains("only applies to rediss://"), "{e}");
     }
 
     #[test]

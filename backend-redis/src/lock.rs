@@ -141,29 +141,44 @@ impl RedisLock {
                 let client = if *tls {
                     // redis-rs builds rustls configs with the process-wide default provider.
                     let _ = rustls::crypto::ring::default_provider().install_default();
-                    match &config.ca_file {
-                        Some(path) => {
-                            let pem = std::fs::read(path).map_err(|e| {
-                                Error::invalid_config(
-                                    BACKEND,
-                                    format!("cannot read the CA file {}: {e}", path.display()),
-                                )
-                            })?;
-                            Client::build_with_tls(
-                                info,
-                                redis::TlsCertificates {
-                                    client_tls: None,
-                                    root_cert: Some(pem),
-                                },
+                    let read = |what: &str, path: &std::path::PathBuf| {
+                        std::fs::read(path).map_err(|e| {
+                            Error::invalid_config(
+                                BACKEND,
+                                format!("cannot read the {what} file {}: {e}", path.display()),
                             )
-                            .map_err(|e| {
-                                Error::invalid_config(
-                                    BACKEND,
-                                    format!("the CA file {} is not usable: {e}", path.display()),
-                                )
-                            })?
-                        }
-                        None => Client::open(info).map_err(connect_error)?,
+                        })
+                    };
+                    let root_cert = config
+                        .ca_file
+                        .as_ref()
+                        .map(|path| read("CA", path))
+                        .transpose()?;
+                    let client_tls = match &config.client_cert {
+                        None => None,
+                        Some((cert, key)) => Some(redis::ClientTlsConfig {
+                            client_cert: read("client certificate", cert)?,
+                            client_key: read("client key", key)?,
+                        }),
+                    };
+                    if root_cert.is_none() && client_tls.is_none() {
+                        Client::open(info).map_err(connect_error)?
+                    } else {
+                        // redis-rs parses the files here; its messages say which one is bad and
+                        // never show their contents.
+                        Client::build_with_tls(
+                            info,
+                            redis::TlsCertificates {
+                                client_tls,
+                                root_cert,
+                            },
+                        )
+                        .map_err(|e| {
+                            Error::invalid_config(
+                                BACKEND,
+                                format!("the TLS files are not usable: {e}"),
+                            )
+                        })?
                     }
                 } else {
                     Client::open(info).map_err(connect_error)?

@@ -109,6 +109,50 @@ async fn tls_with_the_test_ca() {
     assert!(err.to_string().contains("CA file"), "{err}");
 }
 
+/// A server that authenticates clients by certificate (`tls-auth-clients yes`): a `cert` + `key`
+/// signed by the CA it trusts gets in, a client without one is refused, and files that are not
+/// what they should be are a config error before any connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_client_certificates() {
+    let server = RedisTls::start_with(&["--tls-auth-clients", "yes"])
+        .await
+        .expect("kit redis with TLS");
+    let mine = server
+        .tls()
+        .issue_client("dlock-client")
+        .await
+        .expect("client certificate");
+    let base = format!("{}?ca={}", server.tls_url(), server.ca_cert().display());
+    let url = format!(
+        "{base}&cert={}&key={}",
+        mine.cert.display(),
+        mine.key.display()
+    );
+    let c = backend_redis::connect(&url)
+        .await
+        .expect("client with a certificate");
+    basic_round(&c, "tls-client-cert").await;
+
+    let err = backend_redis::connect(&format!("{base}&timeout=5s"))
+        .await
+        .expect_err("the server requires a client certificate");
+    assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+
+    let err = backend_redis::connect(&format!(
+        "{base}&cert={}&key={}",
+        mine.cert.display(),
+        mine.cert.display()
+    ))
+    .await
+    .expect_err("a certificate is not a key");
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err:?}");
+    assert!(err.to_string().contains("private key"), "{err}");
+    let err = backend_redis::connect(&format!("{base}&cert=/nonexistent/c.pem&key=/k.pem"))
+        .await
+        .expect_err("a missing file");
+    assert!(err.to_string().contains("client certificate file"), "{err}");
+}
+
 /// An ACL user with a password works; a wrong password, an unknown user and a password-less
 /// connection to a protected user fail with a clear, non-retryable error that never shows the
 /// password (in `Display` or `Debug`).
