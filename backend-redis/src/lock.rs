@@ -355,7 +355,8 @@ impl DistributedLock for RedisLock {
 
     async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
         // Not used by this backend's own acquire (it queues), but honoured for callers that
-        // loop over `try_acquire` themselves: wake on the next release notification.
+        // loop over `try_acquire` themselves: wake on the next release notification. Releases
+        // publish only when someone is queued, so without a queue this sleeps until `until`.
         let keys = Keys::new(&self.inner.prefix, name);
         let channel = keys.channel();
         let watcher = format!("*{}", lockcore::OwnerId::random());
