@@ -47,6 +47,9 @@ pub struct RedisStats {
     /// Pipelines sent for renewals (one per batch on a single server; one per hash slot in a
     /// Cluster, sent concurrently).
     pub renewal_pipelines: u64,
+    /// Wake-up messages this client's subscriber received. A release wakes only the head
+    /// waiter's client, so a client whose waiters are not at the head receives none.
+    pub wakeups: u64,
 }
 
 #[derive(Default)]
@@ -62,6 +65,11 @@ pub(crate) struct Inner {
     pub(crate) store: Store,
     pub(crate) hub: Arc<Hub>,
     pub(crate) prefix: String,
+    /// This client's id (16 hex digits): queue entries carry it after the owner id.
+    pub(crate) client: String,
+    /// The prefix of every client's wake-up channel (`<prefix>:wake:`); a client's channel is
+    /// this followed by its id.
+    pub(crate) wakes: String,
     defaults: ClientDefaults,
     fencing: Fencing,
     redacted: String,
@@ -213,11 +221,15 @@ impl RedisLock {
                 )
             }
         };
+        let client = format!("{:016x}", rand::random::<u64>());
+        let wakes = format!("{}:wake:", config.prefix);
         Ok(RedisLock {
             inner: Arc::new(Inner {
                 store,
-                hub: Arc::new(Hub::new(timeout)),
+                hub: Arc::new(Hub::new(format!("{wakes}{client}"), timeout)),
                 prefix: config.prefix.clone(),
+                client,
+                wakes,
                 defaults: config.defaults.clone(),
                 fencing,
                 redacted,
@@ -235,6 +247,7 @@ impl RedisLock {
             renewal_errors: c.renewal_errors.load(Ordering::Relaxed),
             renewal_batches: c.renewal_batches.load(Ordering::Relaxed),
             renewal_pipelines: c.renewal_pipelines.load(Ordering::Relaxed),
+            wakeups: self.inner.hub.received(),
         }
     }
 
@@ -353,28 +366,6 @@ impl DistributedLock for RedisLock {
         self.inner.acquire_wait(name, opts, deadline).await
     }
 
-    async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
-        // Not used by this backend's own acquire (it queues), but honoured for callers that
-        // loop over `try_acquire` themselves: wake on the next release notification. Releases
-        // publish only when someone is queued, so without a queue this sleeps until `until`.
-        let keys = Keys::new(&self.inner.prefix, name);
-        let channel = keys.channel();
-        let watcher = format!("*{}", lockcore::OwnerId::random());
-        let (registration, subscribed) = self.inner.hub.register(&channel, &watcher);
-        if !subscribed {
-            self.inner
-                .hub
-                .ensure_subscribed(&self.inner.store, &channel)
-                .await
-                .map_err(|e| backend_error("subscribe", Some(name), e))?;
-        }
-        tokio::select! {
-            _ = registration.notified() => {}
-            _ = tokio::time::sleep_until(until.into()) => {}
-        }
-        Ok(())
-    }
-
     async fn release(&self, lease: &Lease) -> Result<Released> {
         let keys = Keys::new(&self.inner.prefix, lease.name());
         let call = keys
@@ -383,8 +374,8 @@ impl DistributedLock for RedisLock {
                 &[Key::Lock, Key::Fence, Key::Queue, Key::Alive],
             )
             .owner_arg(lease.owner())
-            .arg(lease.token().0);
-        let call = keys.arg(call, Key::Channel);
+            .arg(lease.token().0)
+            .arg(self.inner.wakes.as_str());
         let value = self
             .inner
             .store

@@ -73,16 +73,16 @@ impl Drop for Abandon<'_> {
 
 impl Inner {
     fn acquire_call(&self, keys: &Keys, owner: OwnerId, opts: &AcquireOptions, mode: &str) -> Call {
-        let call = keys
-            .call(
-                &scripts::ACQUIRE,
-                &[Key::Lock, Key::Fence, Key::Queue, Key::Alive, Key::Seq],
-            )
-            .owner_arg(owner)
-            .arg(millis(opts.ttl_value()))
-            .arg(mode)
-            .arg(millis(ALIVE));
-        keys.arg(call, Key::Channel)
+        keys.call(
+            &scripts::ACQUIRE,
+            &[Key::Lock, Key::Fence, Key::Queue, Key::Alive, Key::Seq],
+        )
+        .owner_arg(owner)
+        .arg(millis(opts.ttl_value()))
+        .arg(mode)
+        .arg(millis(ALIVE))
+        .arg(self.client.as_str())
+        .arg(self.wakes.as_str())
     }
 
     async fn attempt(
@@ -166,9 +166,8 @@ impl Inner {
         let owner = OwnerId::random();
         let waiter = owner.to_string();
         let keys = Keys::new(&self.prefix, name);
-        let channel = keys.channel();
         // Registered before the first request, so a wake-up that names us is never dropped.
-        let (registration, mut subscribed) = self.hub.register(&channel, &waiter);
+        let (registration, mut subscribed) = self.hub.register(&waiter);
         let mut guard = Abandon {
             inner: self,
             name,
@@ -187,7 +186,7 @@ impl Inner {
             if !subscribed {
                 // Subscribe, then check again at once: a release between the attempt above and
                 // the subscription is caught by that second attempt.
-                match self.hub.ensure_subscribed(&self.store, &channel).await {
+                match self.hub.ensure_subscribed(&self.store).await {
                     Ok(()) => {
                         subscribed = true;
                         continue;
@@ -216,7 +215,7 @@ impl Inner {
                 _ = registration.notified() => {}
                 _ = tokio::time::sleep_until(wake.into()) => {}
             }
-            subscribed = self.hub.is_subscribed(&channel);
+            subscribed = self.hub.is_subscribed();
         }
     }
 
@@ -225,8 +224,9 @@ impl Inner {
         let keys = Keys::new(&self.prefix, name);
         let call = keys
             .call(&scripts::CANCEL, &[Key::Lock, Key::Queue, Key::Alive])
-            .owner_arg(owner);
-        let call = keys.arg(call, Key::Channel);
+            .owner_arg(owner)
+            .arg(self.client.as_str())
+            .arg(self.wakes.as_str());
         let value = self
             .store
             .eval(&call)

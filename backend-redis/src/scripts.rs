@@ -2,7 +2,8 @@
 //!
 //! Every script runs atomically on the server that owns the lock's hash slot. The same scripts
 //! run unchanged on a single server and in a Cluster: all keys of one lock carry the hash tag
-//! `{<prefix>:<escaped name>}`, so they live in one slot, and the release channel carries it too.
+//! `{<prefix>:<escaped name>}`, so they live in one slot. Wake-ups go to the channel of the
+//! head waiter's client (see [`crate::waiters`]); channels are not keys and belong to no slot.
 //! The shared helpers of `lua/common.lua` are pasted at each script's `--@common` line.
 
 use std::sync::LazyLock;
@@ -113,9 +114,6 @@ pub(crate) enum Key {
     Alive,
     /// Arrival ticket counter.
     Seq,
-    /// Pub/sub channel for release notifications (the payload names the head waiter); not a
-    /// key, but it carries the same hash tag so a sharded deployment keeps it with the lock.
-    Channel,
 }
 
 impl Key {
@@ -126,12 +124,11 @@ impl Key {
             Key::Queue => ":queue",
             Key::Alive => ":alive",
             Key::Seq => ":seq",
-            Key::Channel => ":released",
         }
     }
 }
 
-/// The keys and channel of one lock name.
+/// The keys of one lock name.
 pub(crate) struct Keys {
     base: String,
 }
@@ -148,17 +145,13 @@ impl Keys {
         Keys { base }
     }
 
-    /// One key (or the channel) as a string.
+    /// One key as a string.
+    #[cfg(test)]
     pub(crate) fn get(&self, key: Key) -> String {
         let mut out = String::with_capacity(self.base.len() + 10);
         out.push_str(&self.base);
         out.push_str(key.suffix());
         out
-    }
-
-    /// Pub/sub channel for release notifications.
-    pub(crate) fn channel(&self) -> String {
-        self.get(Key::Channel)
     }
 
     /// A call of `lua` on these keys, in this order (`KEYS[1]`, ...); add arguments with
@@ -173,11 +166,6 @@ impl Keys {
             call.cmd.arg(key.as_str());
         }
         call
-    }
-
-    /// Appends a key's name (for example the channel) to `call` as an argument.
-    pub(crate) fn arg(&self, call: Call, key: Key) -> Call {
-        call.arg(self.get(key).as_str())
     }
 }
 
@@ -337,7 +325,7 @@ mod tests {
         let name = LockName::new("a/{b}:c").unwrap();
         let keys = Keys::new("dlock", &name);
         let slot = crate::cluster::slot(keys.get(Key::Lock).as_bytes());
-        for k in [Key::Fence, Key::Queue, Key::Alive, Key::Seq, Key::Channel] {
+        for k in [Key::Fence, Key::Queue, Key::Alive, Key::Seq] {
             let k = keys.get(k);
             assert_eq!(crate::cluster::slot(k.as_bytes()), slot, "{k}");
         }
@@ -362,8 +350,8 @@ mod tests {
         let call = keys
             .call(&RELEASE, &[Key::Lock, Key::Queue])
             .owner_arg(owner)
-            .arg(77u64);
-        let call = keys.arg(call, Key::Channel);
+            .arg(77u64)
+            .arg("p:wake:");
         assert_eq!(
             words(&call),
             [
@@ -374,7 +362,7 @@ mod tests {
                 "{p:n}:queue".to_owned(),
                 owner.to_string(),
                 "77".to_owned(),
-                "{p:n}:released".to_owned(),
+                "p:wake:".to_owned(),
             ]
         );
         assert_eq!(call.first_key(), b"{p:n}:lock");

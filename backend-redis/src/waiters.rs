@@ -1,26 +1,24 @@
-//! One subscriber connection per client, multiplexed over every lock name the client waits on.
+//! One subscriber connection per client, listening on the client's own wake-up channel.
 //!
-//! Each waiting acquire registers its owner id under the lock's release channel and gets its
-//! own [`Notify`]. A background task reads the subscriber connection and dispatches each
-//! message: the payload names the waiter at the head of the queue, so only that waiter is woken
-//! (an empty payload wakes every local waiter of the channel). `Notify::notify_one` stores a
+//! Each waiting acquire registers its owner id with the hub and gets its own [`Notify`]. Queue
+//! entries in Redis carry the waiter's client id, and a release (or a departure) publishes the
+//! head waiter's owner id on that client's channel only: one message per hand-over, to the one
+//! client that can use it, however many clients wait on the name. A background task reads the
+//! subscriber connection and wakes the waiter the payload names. `Notify::notify_one` stores a
 //! permit, so a message that arrives while the waiter is busy re-checking is not lost.
 //!
-//! Channels stay subscribed while anyone waits on them and for a while after ([`LINGER`]), so a
-//! client that keeps contending for a name pays the `SUBSCRIBE` round trip once. All
-//! (un)subscriptions go through one async lock in order, so an `UNSUBSCRIBE` of an idle channel
-//! can never overtake a new waiter's `SUBSCRIBE`.
-//!
-//! When the subscriber connection breaks, every local waiter is woken to re-check (and to
-//! re-subscribe on a new connection); waiters also re-check on a bounded fallback timer, so a
-//! lost message costs a short delay, not a hang. A connection can also die without breaking (a
-//! firewall or NAT drops it while idle): the dispatcher sends `PING` on it every [`CHECK`] and
-//! treats a ping unanswered within the client's `timeout` as a broken connection. The pings also
-//! keep an idle subscriber from looking idle to such middleboxes.
+//! The channel is subscribed once per subscriber connection, on the first wait; the connection
+//! stays for the client's life. When it breaks, every local waiter is woken to re-check (and the
+//! next wait subscribes on a new connection); waiters also re-check on a bounded fallback timer,
+//! so a lost message costs a short delay, not a hang. A connection can also die without breaking
+//! (a firewall or NAT drops it while idle): the dispatcher sends `PING` on it every [`CHECK`]
+//! and treats a ping unanswered within the client's `timeout` as a broken connection. The pings
+//! also keep an idle subscriber from looking idle to such middleboxes.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::RedisResult;
@@ -29,40 +27,35 @@ use tokio::sync::Notify;
 
 use crate::store::Store;
 
-/// How long an unused channel stays subscribed.
-pub(crate) const LINGER: Duration = Duration::from_secs(10);
-
-/// How often the dispatcher sweeps idle channels and pings the subscriber connection.
+/// How often the dispatcher pings the subscriber connection.
 pub(crate) const CHECK: Duration = Duration::from_secs(5);
-
-#[derive(Default)]
-struct Channel {
-    waiters: HashMap<String, Arc<Notify>>,
-    /// The subscriber generation this channel is confirmed subscribed on.
-    subscribed: Option<u64>,
-    idle_since: Option<Instant>,
-}
 
 #[derive(Default)]
 struct State {
     sink: Option<(u64, PubSubSink)>,
     generation: u64,
-    channels: HashMap<String, Channel>,
+    /// The subscriber generation the channel is confirmed subscribed on.
+    subscribed: Option<u64>,
+    /// Waiting acquires by owner id.
+    waiters: HashMap<String, Arc<Notify>>,
 }
 
 /// The client's subscriber and its dispatch table.
 pub(crate) struct Hub {
     state: Mutex<State>,
-    /// Serialises connecting, subscribing and unsubscribing.
+    /// Serialises connecting and subscribing.
     ops: tokio::sync::Mutex<()>,
     /// How long a ping of the subscriber connection may take (the client's `timeout`).
     ping_timeout: Duration,
+    /// This client's wake-up channel.
+    channel: String,
+    /// Wake-ups received.
+    received: AtomicU64,
 }
 
 /// A waiter's entry in the hub; removed on drop.
 pub(crate) struct Registration {
     hub: Arc<Hub>,
-    channel: String,
     waiter: String,
     notify: Arc<Notify>,
 }
@@ -76,23 +69,20 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut state = self.hub.state();
-        if let Some(ch) = state.channels.get_mut(&self.channel) {
-            ch.waiters.remove(&self.waiter);
-            if ch.waiters.is_empty() {
-                ch.idle_since = Some(Instant::now());
-            }
-        }
+        self.hub.state().waiters.remove(&self.waiter);
     }
 }
 
 impl Hub {
-    /// An empty hub whose subscriber pings must be answered within `ping_timeout`.
-    pub(crate) fn new(ping_timeout: Duration) -> Self {
+    /// An empty hub for wake-ups on `channel`, whose subscriber pings must be answered within
+    /// `ping_timeout`.
+    pub(crate) fn new(channel: String, ping_timeout: Duration) -> Self {
         Hub {
             state: Mutex::default(),
             ops: tokio::sync::Mutex::default(),
             ping_timeout,
+            channel,
+            received: AtomicU64::new(0),
         }
     }
 
@@ -100,21 +90,22 @@ impl Hub {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Adds `waiter` under `channel` (no I/O). Returns the registration and whether the channel
-    /// is already confirmed subscribed on the live subscriber connection: if so, any release
-    /// published after this call reaches the waiter.
-    pub(crate) fn register(self: &Arc<Self>, channel: &str, waiter: &str) -> (Registration, bool) {
+    /// Wake-up messages this client received.
+    pub(crate) fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    /// Adds `waiter` (no I/O). Returns the registration and whether the channel is already
+    /// confirmed subscribed on the live subscriber connection: if so, any wake-up published
+    /// after this call reaches the waiter.
+    pub(crate) fn register(self: &Arc<Self>, waiter: &str) -> (Registration, bool) {
         let notify = Arc::new(Notify::new());
         let mut state = self.state();
-        let live = state.sink.as_ref().map(|(g, _)| *g);
-        let ch = state.channels.entry(channel.to_owned()).or_default();
-        ch.waiters.insert(waiter.to_owned(), notify.clone());
-        ch.idle_since = None;
-        let subscribed = live.is_some() && ch.subscribed == live;
+        state.waiters.insert(waiter.to_owned(), notify.clone());
+        let subscribed = Self::live_and_subscribed(&state);
         (
             Registration {
                 hub: self.clone(),
-                channel: channel.to_owned(),
                 waiter: waiter.to_owned(),
                 notify,
             },
@@ -122,18 +113,19 @@ impl Hub {
         )
     }
 
-    /// Makes sure `channel` is subscribed on a live subscriber connection (connecting one if
+    fn live_and_subscribed(state: &State) -> bool {
+        let live = state.sink.as_ref().map(|(g, _)| *g);
+        live.is_some() && state.subscribed == live
+    }
+
+    /// Makes sure the channel is subscribed on a live subscriber connection (connecting one if
     /// needed) and returns once the server confirmed it.
-    pub(crate) async fn ensure_subscribed(
-        self: &Arc<Self>,
-        store: &Store,
-        channel: &str,
-    ) -> RedisResult<()> {
-        if self.is_subscribed(channel) {
+    pub(crate) async fn ensure_subscribed(self: &Arc<Self>, store: &Store) -> RedisResult<()> {
+        if self.is_subscribed() {
             return Ok(());
         }
         let _ops = self.ops.lock().await;
-        if self.is_subscribed(channel) {
+        if self.is_subscribed() {
             return Ok(());
         }
         let live = self.state().sink.clone();
@@ -141,15 +133,11 @@ impl Hub {
             Some(s) => s,
             None => self.connect(store).await?,
         };
-        match sink.subscribe(channel).await {
+        match sink.subscribe(self.channel.as_str()).await {
             Ok(()) => {
                 let mut state = self.state();
                 if state.sink.as_ref().is_some_and(|(g, _)| *g == generation) {
-                    state
-                        .channels
-                        .entry(channel.to_owned())
-                        .or_default()
-                        .subscribed = Some(generation);
+                    state.subscribed = Some(generation);
                 }
                 Ok(())
             }
@@ -160,10 +148,8 @@ impl Hub {
         }
     }
 
-    pub(crate) fn is_subscribed(&self, channel: &str) -> bool {
-        let state = self.state();
-        let live = state.sink.as_ref().map(|(g, _)| *g);
-        live.is_some() && state.channels.get(channel).and_then(|c| c.subscribed) == live
+    pub(crate) fn is_subscribed(&self) -> bool {
+        Self::live_and_subscribed(&self.state())
     }
 
     /// Opens a subscriber connection and starts its dispatcher. Called under `ops`.
@@ -174,40 +160,34 @@ impl Hub {
             state.generation += 1;
             let generation = state.generation;
             state.sink = Some((generation, sink.clone()));
-            for ch in state.channels.values_mut() {
-                ch.subscribed = None;
-            }
+            state.subscribed = None;
             generation
         };
         tokio::spawn(dispatch(Arc::downgrade(self), generation, stream));
         Ok((generation, sink))
     }
 
-    /// Wakes the waiter a message names (every waiter of the channel for an empty payload),
-    /// and every watcher (ids starting with `*`, from `wait_for_release`).
-    fn deliver(&self, channel: &str, payload: &[u8]) {
+    /// Wakes the waiter a message names.
+    fn deliver(&self, payload: &[u8]) {
+        self.received.fetch_add(1, Ordering::Relaxed);
         let state = self.state();
-        let Some(ch) = state.channels.get(channel) else {
-            return;
-        };
-        for (id, n) in &ch.waiters {
-            if payload.is_empty() || id.starts_with('*') || id.as_bytes() == payload {
-                n.notify_one();
-            }
+        let waiter = std::str::from_utf8(payload)
+            .ok()
+            .and_then(|id| state.waiters.get(id));
+        if let Some(n) = waiter {
+            n.notify_one();
         }
     }
 
     /// The subscriber connection `generation` is gone: forget it and wake every waiter so each
-    /// re-checks and re-subscribes.
+    /// re-checks and subscribes again.
     fn lost(&self, generation: u64) {
         let mut state = self.state();
         if state.sink.as_ref().is_some_and(|(g, _)| *g == generation) {
             state.sink = None;
-            for ch in state.channels.values_mut() {
-                ch.subscribed = None;
-                for n in ch.waiters.values() {
-                    n.notify_one();
-                }
+            state.subscribed = None;
+            for n in state.waiters.values() {
+                n.notify_one();
             }
         }
     }
@@ -235,40 +215,6 @@ impl Hub {
             }
         }
     }
-
-    /// Unsubscribes channels nobody has waited on for [`LINGER`].
-    async fn sweep(&self, generation: u64) {
-        let _ops = self.ops.lock().await;
-        let (sink, idle) = {
-            let mut state = self.state();
-            let Some((g, sink)) = state.sink.clone() else {
-                return;
-            };
-            if g != generation {
-                return;
-            }
-            let now = Instant::now();
-            let idle: Vec<String> = state
-                .channels
-                .iter()
-                .filter(|(_, c)| {
-                    c.waiters.is_empty() && c.idle_since.is_some_and(|t| now - t >= LINGER)
-                })
-                .map(|(name, _)| name.clone())
-                .collect();
-            for name in &idle {
-                state.channels.remove(name);
-            }
-            (sink, idle)
-        };
-        if !idle.is_empty() {
-            let mut sink = sink;
-            if let Err(e) = sink.unsubscribe(idle.as_slice()).await {
-                tracing::debug!(error = %e, "redis subscriber: unsubscribe failed");
-                self.lost(generation);
-            }
-        }
-    }
 }
 
 /// Marks the subscriber connection lost when its dispatcher ends for any reason, including its
@@ -293,7 +239,7 @@ async fn dispatch(hub: Weak<Hub>, generation: u64, mut stream: PubSubStream) {
             msg = stream.next() => {
                 let Some(hub) = hub.upgrade() else { return };
                 match msg {
-                    Some(msg) => hub.deliver(msg.get_channel_name(), msg.get_payload_bytes()),
+                    Some(msg) => hub.deliver(msg.get_payload_bytes()),
                     None => {
                         tracing::debug!("redis subscriber connection closed");
                         return;
@@ -311,7 +257,6 @@ async fn dispatch(hub: Weak<Hub>, generation: u64, mut stream: PubSubStream) {
                 if !hub.ping(generation).await {
                     return;
                 }
-                hub.sweep(generation).await;
             }
         }
     }

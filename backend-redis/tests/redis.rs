@@ -359,7 +359,8 @@ async fn dead_waiter_does_not_block_the_queue() {
         }
         other => panic!("TIME: {other:?}"),
     };
-    let ghost = "0".repeat(32);
+    // A queue entry is the owner id followed by the client id.
+    let ghost = "0".repeat(48);
     ok(redis, &["ZADD", &queue, "0", &ghost]).await;
     ok(
         redis,
@@ -422,6 +423,78 @@ async fn scripts_reload_after_flush() {
     basic_round(&c, "after-flush").await;
     let info = c.inspect(&LockName::new(&name).unwrap()).await.unwrap();
     assert!(info.is_some_and(|i| !i.is_held()));
+}
+
+/// A release wakes the head waiter's client only: with B and C queued behind A, A's release
+/// sends one message, to B; C hears nothing until B releases and C is the head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_only_the_head_waiters_client() {
+    let redis = shared().await;
+    let prefix = format!("wake{:08x}", rand::random::<u32>());
+    let url = format!("{}?prefix={prefix}", redis.url());
+    let config = RedisConfig::parse(&url).unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(Arc::new(RedisLock::connect(&config).await.expect("client")));
+    }
+    let (a, b, c) = (&clients[0], &clients[1], &clients[2]);
+    let dyn_of = |l: &Arc<RedisLock>| -> Arc<dyn DistributedLock> { l.clone() };
+    let name = unique("wake-head");
+    let lock_name = LockName::new(&name).unwrap();
+    let ga = dyn_of(a)
+        .lock(&name, &opts(30 * SEC))
+        .await
+        .expect("a holds");
+    let wait = |who: &Arc<RedisLock>| {
+        let (who, name) = (dyn_of(who), name.clone());
+        tokio::spawn(async move {
+            who.lock(&name, &opts(30 * SEC).wait(Wait::For(60 * SEC)))
+                .await
+        })
+    };
+    // Queued and subscribed, in this order, before anything is released.
+    let queued = |n: usize, channels: usize| {
+        let (a, lock_name, pattern) = (a.clone(), lock_name.clone(), format!("{prefix}:wake:*"));
+        async move {
+            within(30 * SEC, "waiters queued and subscribed", async {
+                loop {
+                    let waiters = a.inspect(&lock_name).await.unwrap().and_then(|i| i.waiters);
+                    let subscribed = match redis.command(&["PUBSUB", "CHANNELS", &pattern]).await {
+                        Ok(RedisReply::Array(Some(items))) => items.len(),
+                        other => panic!("PUBSUB CHANNELS: {other:?}"),
+                    };
+                    if waiters == Some(n) && subscribed == channels {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+        }
+    };
+    let b_task = wait(b);
+    queued(1, 1).await;
+    let c_task = wait(c);
+    queued(2, 2).await;
+
+    ga.release().await.expect("a releases");
+    let gb = within(30 * SEC, "b takes over", b_task)
+        .await
+        .expect("task")
+        .expect("b acquires");
+    assert_eq!(b.stats().wakeups, 1, "the head's client is told once");
+    assert_eq!(c.stats().wakeups, 0, "a waiter behind the head is not told");
+    assert!(!c_task.is_finished());
+
+    gb.release().await.expect("b releases");
+    let gc = within(30 * SEC, "c takes over", c_task)
+        .await
+        .expect("task")
+        .expect("c acquires");
+    assert_eq!(c.stats().wakeups, 1);
+    assert_eq!(b.stats().wakeups, 1, "b no longer waits");
+    assert_eq!(a.stats().wakeups, 0, "a never waited");
+    gc.release().await.expect("c releases");
 }
 
 /// Many leases with keep-alive on one client are renewed in pipelines, not one round trip per

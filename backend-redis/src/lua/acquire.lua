@@ -1,5 +1,5 @@
 -- ACQUIRE: KEYS lock, fence, queue, alive, seq
---          ARGV owner, ttl_ms, mode ('try' | 'wait'), alive_ms, channel
+--          ARGV owner, ttl_ms, mode ('try' | 'wait'), alive_ms, client id, wakes (channel prefix)
 -- Returns {1, token, owner} when granted, else {0, pttl_of_holder, owner, rank_in_queue}.
 --
 -- 'try':  grant only if the lock is free and nobody (alive) is queued: never jumps the queue.
@@ -16,7 +16,8 @@ if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
 end
 --@common
 local lock, fence, queue, alive, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local owner, ttl, mode, alive_ms, channel = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local owner, ttl, mode, alive_ms, wakes = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[6]
+local entry = owner .. ARGV[5]
 local now = now_ms()
 local pruned = prune(queue, alive, now)
 local held = redis.call('EXISTS', lock) == 1
@@ -25,24 +26,24 @@ if mode == 'try' then
     return {1, grant(lock, fence, owner, ttl), owner}
   end
   if pruned > 0 then
-    wake_head(lock, queue, channel)
+    wake_head(lock, queue, wakes)
   end
   return {0, redis.call('PTTL', lock), owner, -1}
 end
-local rank = redis.call('ZRANK', queue, owner)
+local rank = redis.call('ZRANK', queue, entry)
 if not held and (rank == 0 or (not rank and redis.call('ZCARD', queue) == 0)) then
   if rank then
-    redis.call('ZREM', queue, owner)
-    redis.call('ZREM', alive, owner)
+    redis.call('ZREM', queue, entry)
+    redis.call('ZREM', alive, entry)
   end
   return {1, grant(lock, fence, owner, ttl), owner}
 end
 if not rank then
-  redis.call('ZADD', queue, redis.call('INCR', seq), owner)
+  redis.call('ZADD', queue, redis.call('INCR', seq), entry)
   rank = redis.call('ZCARD', queue) - 1
 end
-redis.call('ZADD', alive, now + alive_ms, owner)
+redis.call('ZADD', alive, now + alive_ms, entry)
 if pruned > 0 then
-  wake_head(lock, queue, channel)
+  wake_head(lock, queue, wakes)
 end
 return {0, redis.call('PTTL', lock), owner, rank}

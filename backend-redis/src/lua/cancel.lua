@@ -1,17 +1,18 @@
--- CANCEL: KEYS lock, queue, alive; ARGV owner, channel
+-- CANCEL: KEYS lock, queue, alive; ARGV owner, client id, wakes (channel prefix)
 -- Undoes an acquire whose caller went away: leaves the queue, and deletes the lock if it was
 -- granted to this owner meanwhile. Then wakes the next head if the lock is free.
 -- Returns 1 if a lock granted to the owner was deleted, else 0.
 --@common
 local owner = ARGV[1]
-local removed = redis.call('ZREM', KEYS[2], owner)
-redis.call('ZREM', KEYS[3], owner)
+local entry = owner .. ARGV[2]
+local removed = redis.call('ZREM', KEYS[2], entry)
+redis.call('ZREM', KEYS[3], entry)
 local released = 0
 if redis.call('GET', KEYS[1]) == owner then
   redis.call('DEL', KEYS[1])
   released = 1
 end
 if removed == 1 or released == 1 then
-  wake_head(KEYS[1], KEYS[2], ARGV[2])
+  wake_head(KEYS[1], KEYS[2], ARGV[3])
 end
 return released

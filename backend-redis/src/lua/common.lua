@@ -3,8 +3,8 @@
 -- Keys of one lock (all carry the same `{prefix:name}` hash tag, so they share a Cluster slot):
 --   lock   the holder's owner id (unique per acquisition), with PX = the lease ttl
 --   fence  the fencing counter (INCR on every grant; never deleted)
---   queue  ZSET of waiting owner ids, scored by arrival ticket (FIFO order)
---   alive  ZSET of the same owner ids, scored by the server time (ms) until which each is alive
+--   queue  ZSET of waiting entries (owner id + client id), scored by arrival ticket (FIFO order)
+--   alive  ZSET of the same entries, scored by the server time (ms) until which each is alive
 --   seq    the arrival ticket counter
 
 -- The server's clock in milliseconds (scripts replicate by effects, so TIME is allowed).
@@ -23,12 +23,16 @@ local function prune(queue, alive, now)
   return #dead
 end
 
+-- Queue entries (the members of queue and alive) are the waiter's owner id (32 hex digits)
+-- followed by the id of its client. Each client listens on its own channel, `wakes` followed by
+-- its id, so a wake-up reaches the head waiter's client only.
+--
 -- If the lock is free and someone waits, tells the head waiter (the payload is its owner id).
-local function wake_head(lock, queue, channel)
+local function wake_head(lock, queue, wakes)
   if redis.call('EXISTS', lock) == 0 then
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
     if head then
-      redis.call('PUBLISH', channel, head)
+      redis.call('PUBLISH', wakes .. string.sub(head, 33), string.sub(head, 1, 32))
     end
   end
 end

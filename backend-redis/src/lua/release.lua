@@ -1,4 +1,4 @@
--- RELEASE: KEYS lock, fence, queue, alive; ARGV owner, token, channel
+-- RELEASE: KEYS lock, fence, queue, alive; ARGV owner, token, wakes (channel prefix)
 -- Deletes the lock only if it is this lease's: the lock key holds its owner id and the fence its
 -- token (tokens are drawn only by a grant, so while a lock is held the fence is its holder's
 -- token). Then wakes the head waiter, if any.
