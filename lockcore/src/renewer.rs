@@ -99,6 +99,12 @@ impl Entry {
         (ttl >= MIN_TTL).then_some(ttl)
     }
 
+    /// How long before its lease's end a renewal is abandoned: an eighth of the renewal
+    /// interval, at least 1 ms and at most 250 ms.
+    fn margin(&self) -> Duration {
+        (self.every / 8).clamp(Duration::from_millis(1), Duration::from_millis(250))
+    }
+
     /// When this entry needs attention: its renewal, or the end of its lease. No locking.
     fn wake_at(&self) -> Instant {
         self.next.min(self.valid_until)
@@ -182,6 +188,9 @@ async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
             continue;
         }
         match e.next_ttl(&lease, now) {
+            // Too late for an answer to arrive before the lease ends: wait for the end, keeping
+            // the reason the last attempt left.
+            Some(_) if lease.valid_until() <= now + e.margin() => e.next = lease.valid_until(),
             Some(ttl) => batch.push((i, lease, ttl)),
             None => {
                 shared.set_fallback(LostReason::RenewalLimit);
@@ -191,9 +200,15 @@ async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
         }
     }
     if !batch.is_empty() {
+        // Give up on the batch a margin before the first of its leases ends, so a renewal that
+        // never answers is marked `ConnectionLost` before `lost()` sees the lease run out
+        // (giving up at the very end raced with it and could report `Expired`).
         let deadline = batch
             .iter()
-            .map(|(_, l, _)| l.valid_until())
+            .map(|(i, l, _)| {
+                let end = l.valid_until();
+                end.checked_sub(entries[*i].margin()).unwrap_or(end)
+            })
             .min()
             .unwrap_or(now);
         let requests: Vec<(Lease, Duration)> =
@@ -256,6 +271,7 @@ async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
                     if let Some(shared) = entries[*i].shared.upgrade() {
                         shared.set_fallback(LostReason::ConnectionLost);
                     }
+                    // Try again at once if there is time left, else wait for the lease's end.
                     entries[*i].next = Instant::now();
                 }
             }

@@ -15,6 +15,8 @@ struct Faulty {
     inner: MemoryLock,
     hang_acquire: AtomicBool,
     fail_extend: AtomicBool,
+    /// Renewals never answer (a store that is gone without refusing connections).
+    hang_extend: AtomicBool,
     batches: AtomicUsize,
     renewed: AtomicUsize,
     /// The next this many acquire attempts fail with a store error.
@@ -52,6 +54,7 @@ impl Faulty {
             inner: MemoryLock::new(ns).with_defaults(defaults),
             hang_acquire: AtomicBool::new(false),
             fail_extend: AtomicBool::new(false),
+            hang_extend: AtomicBool::new(false),
             batches: AtomicUsize::new(0),
             renewed: AtomicUsize::new(0),
             fail_acquires: AtomicUsize::new(0),
@@ -99,6 +102,9 @@ impl DistributedLock for Faulty {
         self.inner.release(lease).await
     }
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        if self.hang_extend.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         if self.fail_extend.load(Ordering::SeqCst) {
             return Err(Error::backend(
                 "faulty",
@@ -191,6 +197,31 @@ async fn failing_renewals_report_connection_lost_when_the_lease_runs_out() {
         Instant::now() >= g.lease().valid_until(),
         "lost() fired before the lease could have run out"
     );
+}
+
+/// A renewal that never answers (the store vanished without refusing connections) ends in
+/// `ConnectionLost`, not `Expired`, every time: the renewer gives up on it before the lease's end,
+/// so its verdict is in before `lost()` looks at the lease running out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_renewals_report_connection_lost_when_the_lease_runs_out() {
+    let f = Faulty::new("renew-hangs");
+    let locks: Arc<dyn DistributedLock> = f.clone();
+    let opts = AcquireOptions::new()
+        .ttl(Duration::from_millis(120))
+        .keep_alive(KeepAlive::renew());
+    for round in 0..25 {
+        f.hang_extend.store(false, Ordering::SeqCst);
+        let g = locks
+            .lock(&format!("x{round}"), &opts)
+            .await
+            .expect("acquire");
+        f.hang_extend.store(true, Ordering::SeqCst);
+        let reason = tokio::time::timeout(Duration::from_secs(30), g.lost())
+            .await
+            .expect("lost() fires");
+        assert_eq!(reason, LostReason::ConnectionLost, "round {round}");
+        assert!(Instant::now() >= g.lease().valid_until());
+    }
 }
 
 #[tokio::test]
