@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::{
-    AcquireOptions, Capabilities, ClientDefaults, Lease, LockInfo, LockName, Released, Result,
+    AcquireOptions, Capabilities, ClientDefaults, Error, Lease, LockInfo, LockName, LostReason,
+    Released, Result,
 };
 
 /// What a backend implements. Object-safe: `Arc<dyn DistributedLock>` is what `dlock::connect`
@@ -73,6 +74,50 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// One attempt at a shared (read) hold on `name`: `Ok(None)` when a writer holds it or is
+    /// queued for it (readers never jump a waiting writer, so writers do not starve). Only for
+    /// backends whose capabilities say [`NativePrimitives::read_write`](crate::NativePrimitives);
+    /// on those, the exclusive lock of a name ([`try_acquire`](Self::try_acquire)) is its write
+    /// lock. The lease is released and extended like any other.
+    ///
+    /// # Cancel safety
+    /// As [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) by default; store failures.
+    async fn try_acquire_shared(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        let _ = (name, opts);
+        Err(crate::Error::Unsupported {
+            operation: "read lock",
+            backend: self.capabilities().backend,
+        })
+    }
+
+    /// Waits for a shared (read) hold until `deadline` (`Ok(None)`); `None` means no deadline.
+    /// Readers queue with writers in arrival order: a reader waits for the writers ahead of it.
+    ///
+    /// # Cancel safety
+    /// As [`acquire_wait`](Self::acquire_wait).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) by default; store failures.
+    async fn acquire_shared_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        let _ = (name, opts, deadline);
+        Err(crate::Error::Unsupported {
+            operation: "read lock",
+            backend: self.capabilities().backend,
+        })
+    }
+
     /// Owner-checked release: frees the lock only if `lease` is still the current holder.
     /// Idempotent: a second call returns [`Released::NotHeld`].
     ///
@@ -94,6 +139,20 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// [`Error::LockLost`](crate::Error::LockLost) if the lease expired or was taken; store failures.
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease>;
+
+    /// Why `lease` is gone, given the [`Error::LockLost`] that
+    /// [`extend`](Self::extend) returned for it; guards report it from `lost()`. The default
+    /// says [`LostReason::Taken`] while the lease was still valid and [`LostReason::Expired`]
+    /// after; a session-based backend says [`LostReason::SessionExpired`] when the session that
+    /// held the lock ended. No I/O.
+    fn lost_reason(&self, lease: &Lease, error: &Error) -> LostReason {
+        let _ = error;
+        if lease.is_valid() {
+            LostReason::Taken
+        } else {
+            LostReason::Expired
+        }
+    }
 
     /// Extends many leases at once (keep-alive calls this with every lease that is due). The
     /// default extends them one after another; network backends override it to send one
@@ -121,8 +180,35 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// Store failures.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
 
+    /// Deletes every trace of `name` in the store, its fencing counter included, unless someone
+    /// holds it or waits for it (`Ok(false)` then; `Ok(true)` when nothing of it is left).
+    ///
+    /// Only for names that will never be used again: a later acquisition of `name` starts the
+    /// fencing counter afresh, below tokens handed out before, which breaks fencing for anyone
+    /// still writing with those. `dlock check` uses it on the run-unique names of its cases.
+    ///
+    /// # Cancel safety
+    /// Each step either happened or not; a dropped call leaves a name that is still usable.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) by default; store failures.
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        let _ = name;
+        Err(crate::Error::Unsupported {
+            operation: "forget",
+            backend: self.capabilities().backend,
+        })
+    }
+
     /// The backend's minimal raw commands, for `dlock bench` to report ratios against.
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        None
+    }
+
+    /// The minimal raw commands that also hand out a fencing token, where those of
+    /// [`raw_floor`](Self::raw_floor) do not (Redis: one script doing `SET NX PX` + `INCR`).
+    /// `dlock bench` judges a fenced lock against this floor, which gives the same guarantee.
+    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
         None
     }
 }

@@ -21,7 +21,10 @@ pub enum Fencing {
 pub enum Expiry {
     /// The lease ends at its ttl unless renewed.
     Ttl,
-    /// The lock lives as long as the client's session (ZooKeeper); the ttl only paces renewals.
+    /// The lock lives as long as the client's session (ZooKeeper): the store ends it when the
+    /// session expires, not at a ttl of its own. The ttl paces renewals, and a backend may also
+    /// end an unrenewed lease at its ttl from the client side (the ZooKeeper backend deletes
+    /// its node then); leases are never trusted longer than the session timeout.
     Session,
 }
 

@@ -8,6 +8,7 @@ use std::time::Instant;
 use async_trait::async_trait;
 use tracing::Instrument;
 
+use crate::rw::Access;
 use crate::{
     AcquireOptions, DistributedLock, Error, FencingToken, LockGuard, LockName, MultiGuard, Owner,
     Result, Wait,
@@ -29,6 +30,17 @@ pub async fn acquire(
     name: &LockName,
     opts: &AcquireOptions,
 ) -> Result<Option<LockGuard>> {
+    acquire_as(backend, name, opts, Access::Exclusive).await
+}
+
+/// [`acquire`] for exclusive or shared access (shared needs a read-write backend; the caller
+/// checks the capability).
+pub(crate) async fn acquire_as(
+    backend: &Arc<dyn DistributedLock>,
+    name: &LockName,
+    opts: &AcquireOptions,
+    access: Access,
+) -> Result<Option<LockGuard>> {
     let opts = opts.clone().with_defaults(&backend.defaults());
     opts.validate()?;
     let capabilities = backend.capabilities();
@@ -42,19 +54,34 @@ pub async fn acquire(
             // A backend whose requests carry their own timeout is not wrapped in a second timer:
             // on a multi-threaded runtime registering one can wake the parked timer thread,
             // which costs more than the request's own bookkeeping.
-            Wait::No if capabilities.bounded_requests => backend.try_acquire(name, &opts).await?,
+            Wait::No if capabilities.bounded_requests => {
+                try_once(backend.as_ref(), name, &opts, access).await?
+            }
             Wait::No => {
-                match tokio::time::timeout(round_trip, backend.try_acquire(name, &opts)).await {
+                match tokio::time::timeout(
+                    round_trip,
+                    try_once(backend.as_ref(), name, &opts, access),
+                )
+                .await
+                {
                     Ok(r) => r?,
                     Err(_) => return Err(no_answer(backend_name, name, round_trip)),
                 }
             }
             Wait::For(d) => {
-                wait_through_outages(backend.as_ref(), name, &opts, Some(started + d), round_trip)
-                    .await?
+                wait_through_outages(
+                    backend.as_ref(),
+                    name,
+                    &opts,
+                    Some(started + d),
+                    round_trip,
+                    access,
+                )
+                .await?
             }
             Wait::Forever => {
-                wait_through_outages(backend.as_ref(), name, &opts, None, round_trip).await?
+                wait_through_outages(backend.as_ref(), name, &opts, None, round_trip, access)
+                    .await?
             }
         };
         match lease {
@@ -92,13 +119,19 @@ async fn wait_through_outages(
     opts: &AcquireOptions,
     deadline: Option<Instant>,
     round_trip: std::time::Duration,
+    access: Access,
 ) -> Result<Option<crate::Lease>> {
     let mut backoff = crate::wait::Backoff::new(
         std::time::Duration::from_millis(50),
         std::time::Duration::from_secs(2),
     );
     loop {
-        let attempt = backend.acquire_wait(name, opts, deadline);
+        let attempt = async {
+            match access {
+                Access::Exclusive => backend.acquire_wait(name, opts, deadline).await,
+                Access::Shared => backend.acquire_shared_wait(name, opts, deadline).await,
+            }
+        };
         let outcome = match deadline {
             // Backstop: a store that stops answering must not stretch a bounded wait.
             Some(d) => match tokio::time::timeout_at((d + round_trip).into(), attempt).await {
@@ -120,6 +153,18 @@ async fn wait_through_outages(
             }
             other => return other,
         }
+    }
+}
+
+async fn try_once(
+    backend: &dyn DistributedLock,
+    name: &LockName,
+    opts: &AcquireOptions,
+    access: Access,
+) -> Result<Option<crate::Lease>> {
+    match access {
+        Access::Exclusive => backend.try_acquire(name, opts).await,
+        Access::Shared => backend.try_acquire_shared(name, opts).await,
     }
 }
 

@@ -292,11 +292,7 @@ impl LockGuard {
             }
             Err(e) => {
                 if matches!(e, Error::LockLost { .. }) {
-                    let reason = if lease.is_valid() {
-                        LostReason::Taken
-                    } else {
-                        LostReason::Expired
-                    };
+                    let reason = self.backend.lost_reason(&lease, &e);
                     self.watch.shared.set_lost(reason);
                 }
                 Err(e)

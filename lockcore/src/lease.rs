@@ -181,6 +181,10 @@ pub struct LockInfo {
     pub remaining: Option<Duration>,
     /// Clients queued for the lock, where the backend queues.
     pub waiters: Option<usize>,
+    /// What each part of the store sees, where a lock spans several (Redlock: one line per
+    /// node); empty otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<String>,
 }
 
 impl LockInfo {
@@ -198,7 +202,14 @@ impl LockInfo {
             token,
             remaining,
             waiters,
+            details: Vec::new(),
         }
+    }
+
+    /// The same report with per-part views (see [`LockInfo::details`]).
+    pub fn with_details(mut self, details: Vec<String>) -> Self {
+        self.details = details;
+        self
     }
 
     /// Whether someone holds the lock.

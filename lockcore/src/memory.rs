@@ -1,6 +1,6 @@
 //! The in-memory reference backend (`memory://namespace`): process-local, strict fencing, FIFO
-//! waiters woken by [`Notify`], TTL expiry. It is the contract's executable specification and the
-//! conformance suite's own test subject.
+//! waiters woken by [`Notify`], TTL expiry, read-write locks. It is the contract's executable
+//! specification and the conformance suite's own test subject.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::{
-    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
+    Access, AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
     Fencing, FencingToken, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result,
     WaitMechanism,
 };
@@ -26,15 +26,70 @@ struct Holder {
 
 #[derive(Default)]
 struct Entry {
+    /// The exclusive (write) holder.
     holder: Option<Holder>,
-    /// Last token handed out; entries are never removed, so the fence never resets.
+    /// Shared (read) holders; their leases may have run out (see `live_readers`).
+    readers: Vec<Holder>,
+    /// Last token handed out; entries are never removed (but by `forget`), so the fence never
+    /// resets.
     fence: u64,
-    queue: VecDeque<(u64, Arc<Notify>)>,
+    queue: VecDeque<(u64, Access, Arc<Notify>)>,
 }
 
 impl Entry {
     fn live_holder(&self, now: Instant) -> Option<&Holder> {
         self.holder.as_ref().filter(|h| h.expires > now)
+    }
+
+    /// Drops readers whose leases ran out; whether any reader is left.
+    fn live_readers(&mut self, now: Instant) -> bool {
+        self.readers.retain(|r| r.expires > now);
+        !self.readers.is_empty()
+    }
+
+    /// Whether `access` may be granted now to a request that is not behind anyone in the
+    /// queue.
+    fn admits(&mut self, access: Access, now: Instant) -> bool {
+        let writer = self.live_holder(now).is_some();
+        match access {
+            Access::Exclusive => !writer && !self.live_readers(now),
+            Access::Shared => !writer,
+        }
+    }
+
+    /// When the earliest current hold that blocks `access` runs out.
+    fn blocked_until(&self, access: Access, now: Instant) -> Option<Instant> {
+        let writer = self.live_holder(now).map(|h| h.expires);
+        let readers = match access {
+            Access::Exclusive => self
+                .readers
+                .iter()
+                .filter(|r| r.expires > now)
+                .map(|r| r.expires)
+                .min(),
+            Access::Shared => None,
+        };
+        match (writer, readers) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn grant_as(
+        &mut self,
+        access: Access,
+        name: &LockName,
+        opts: &AcquireOptions,
+        started: Instant,
+        now: Instant,
+    ) -> Lease {
+        let lease = self.grant(name, opts, started, now);
+        if access == Access::Shared
+            && let Some(h) = self.holder.take()
+        {
+            self.readers.push(h);
+        }
+        lease
     }
 
     fn grant(
@@ -63,7 +118,7 @@ impl Entry {
     }
 
     fn wake_head(&self) {
-        if let Some((_, n)) = self.queue.front() {
+        if let Some((_, _, n)) = self.queue.front() {
             n.notify_one();
         }
     }
@@ -98,7 +153,11 @@ pub struct MemoryLock {
 impl std::fmt::Debug for MemoryLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryLock")
-            .field("namespace", &self.namespace)
+            // A namespace is any text after `memory://`: hide what reads as a password in it.
+            .field(
+                "namespace",
+                &&crate::redact_url(&format!("memory://{}", self.namespace))["memory://".len()..],
+            )
             .finish()
     }
 }
@@ -152,65 +211,26 @@ impl MemoryLock {
         self.defaults = defaults;
         self
     }
-}
 
-/// Removes a waiter's queue entry if its acquire future ends without the lock.
-struct QueueCleanup<'a> {
-    ns: &'a Namespace,
-    name: &'a LockName,
-    id: u64,
-    armed: bool,
-}
-
-impl Drop for QueueCleanup<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let mut entries = self.ns.entries();
-        if let Some(e) = entries.get_mut(self.name) {
-            let was_head = e.queue.front().is_some_and(|(id, _)| *id == self.id);
-            e.queue.retain(|(id, _)| *id != self.id);
-            if was_head {
-                e.wake_head();
-            }
-        }
-    }
-}
-
-#[async_trait]
-impl DistributedLock for MemoryLock {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::new(
-            BACKEND,
-            Fencing::Strict,
-            Expiry::Ttl,
-            Fairness::Fifo,
-            WaitMechanism::Notify,
-        )
-        .shared_across_processes(false)
-    }
-
-    fn defaults(&self) -> ClientDefaults {
-        self.defaults.clone()
-    }
-
-    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+    /// One attempt: granted when nobody is queued and the current holds admit `access`.
+    fn try_as(&self, name: &LockName, opts: &AcquireOptions, access: Access) -> Option<Lease> {
         let started = Instant::now();
         let mut entries = self.ns.entries();
         let e = entries.entry(name.clone()).or_default();
         let now = Instant::now();
-        if e.live_holder(now).is_some() || !e.queue.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(e.grant(name, opts, started, now)))
+        (e.queue.is_empty() && e.admits(access, now))
+            .then(|| e.grant_as(access, name, opts, started, now))
     }
 
-    async fn acquire_wait(
+    /// Queues for `access` and waits to reach the head of the queue with the holds admitting
+    /// it. A reader granted at the head wakes the next entry, so consecutive readers get in
+    /// together; a writer in the queue holds back every reader behind it.
+    async fn wait_as(
         &self,
         name: &LockName,
         opts: &AcquireOptions,
         deadline: Option<Instant>,
+        access: Access,
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
         let id = self.ns.next_waiter.fetch_add(1, Ordering::Relaxed);
@@ -219,10 +239,10 @@ impl DistributedLock for MemoryLock {
             let mut entries = self.ns.entries();
             let e = entries.entry(name.clone()).or_default();
             let now = Instant::now();
-            if e.live_holder(now).is_none() && e.queue.is_empty() {
-                return Ok(Some(e.grant(name, opts, started, now)));
+            if e.queue.is_empty() && e.admits(access, now) {
+                return Ok(Some(e.grant_as(access, name, opts, started, now)));
             }
-            e.queue.push_back((id, notify.clone()));
+            e.queue.push_back((id, access, notify.clone()));
         }
         let mut cleanup = QueueCleanup {
             ns: &self.ns,
@@ -235,16 +255,22 @@ impl DistributedLock for MemoryLock {
                 let mut entries = self.ns.entries();
                 let e = entries.entry(name.clone()).or_default();
                 let now = Instant::now();
-                let at_head = e.queue.front().is_some_and(|(qid, _)| *qid == id);
-                match e.live_holder(now) {
-                    None if at_head => {
-                        e.queue.pop_front();
-                        cleanup.armed = false;
-                        return Ok(Some(e.grant(name, opts, started, now)));
+                let at_head = e.queue.front().is_some_and(|(qid, _, _)| *qid == id);
+                if at_head && e.admits(access, now) {
+                    e.queue.pop_front();
+                    cleanup.armed = false;
+                    let lease = e.grant_as(access, name, opts, started, now);
+                    if access == Access::Shared {
+                        e.wake_head();
                     }
-                    // Head of the queue but held: wake at the holder's expiry at the latest.
-                    Some(h) if at_head => Some(h.expires),
-                    _ => None,
+                    return Ok(Some(lease));
+                }
+                // Head of the queue but blocked: wake when the blocking holds run out at the
+                // latest.
+                if at_head {
+                    e.blocked_until(access, now)
+                } else {
+                    None
                 }
             };
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -265,6 +291,79 @@ impl DistributedLock for MemoryLock {
             }
         }
     }
+}
+
+/// Removes a waiter's queue entry if its acquire future ends without the lock.
+struct QueueCleanup<'a> {
+    ns: &'a Namespace,
+    name: &'a LockName,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for QueueCleanup<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut entries = self.ns.entries();
+        if let Some(e) = entries.get_mut(self.name) {
+            let was_head = e.queue.front().is_some_and(|(id, _, _)| *id == self.id);
+            e.queue.retain(|(id, _, _)| *id != self.id);
+            if was_head {
+                e.wake_head();
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for MemoryLock {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            BACKEND,
+            Fencing::Strict,
+            Expiry::Ttl,
+            Fairness::Fifo,
+            WaitMechanism::Notify,
+        )
+        .native(false, true, false)
+        .shared_across_processes(false)
+    }
+
+    fn defaults(&self) -> ClientDefaults {
+        self.defaults.clone()
+    }
+
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        Ok(self.try_as(name, opts, Access::Exclusive))
+    }
+
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.wait_as(name, opts, deadline, Access::Exclusive).await
+    }
+
+    async fn try_acquire_shared(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        Ok(self.try_as(name, opts, Access::Shared))
+    }
+
+    async fn acquire_shared_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.wait_as(name, opts, deadline, Access::Shared).await
+    }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
         let mut entries = self.ns.entries();
@@ -272,14 +371,19 @@ impl DistributedLock for MemoryLock {
             return Ok(Released::NotHeld);
         };
         let now = Instant::now();
-        match e.live_holder(now) {
-            Some(h) if h.owner == lease.owner() && h.token == lease.token().0 => {
-                e.holder = None;
-                e.wake_head();
-                Ok(Released::Released)
-            }
-            _ => Ok(Released::NotHeld),
+        let is_it = |h: &Holder| h.owner == lease.owner() && h.token == lease.token().0;
+        if e.live_holder(now).is_some_and(is_it) {
+            e.holder = None;
+            e.wake_head();
+            return Ok(Released::Released);
         }
+        e.live_readers(now);
+        if let Some(at) = e.readers.iter().position(is_it) {
+            e.readers.remove(at);
+            e.wake_head();
+            return Ok(Released::Released);
+        }
+        Ok(Released::NotHeld)
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
@@ -287,10 +391,18 @@ impl DistributedLock for MemoryLock {
         let started = Instant::now();
         let mut entries = self.ns.entries();
         let now = Instant::now();
-        let holder = entries
-            .get_mut(lease.name())
-            .and_then(|e| e.holder.as_mut())
-            .filter(|h| h.expires > now && h.owner == lease.owner() && h.token == lease.token().0);
+        let is_it = |h: &&mut Holder| {
+            h.expires > now && h.owner == lease.owner() && h.token == lease.token().0
+        };
+        let holder = entries.get_mut(lease.name()).and_then(|e| {
+            let Entry {
+                holder, readers, ..
+            } = e;
+            holder
+                .as_mut()
+                .filter(is_it)
+                .or_else(|| readers.iter_mut().find(is_it))
+        });
         match holder {
             Some(h) => {
                 h.expires = now + ttl;
@@ -301,18 +413,33 @@ impl DistributedLock for MemoryLock {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        let entries = self.ns.entries();
+        let mut entries = self.ns.entries();
         let now = Instant::now();
-        Ok(entries.get(name).map(|e| {
-            let holder = e.live_holder(now);
+        Ok(entries.get_mut(name).map(|e| {
+            e.live_readers(now);
+            let holder = e.live_holder(now).or(e.readers.first());
             LockInfo::new(
                 name,
                 holder.map(|h| h.owner.to_string()),
-                (e.fence > 0).then_some(FencingToken(e.fence)),
+                holder
+                    .map(|h| FencingToken(h.token))
+                    .or((e.fence > 0).then_some(FencingToken(e.fence))),
                 holder.map(|h| h.expires.saturating_duration_since(now)),
                 Some(e.queue.len()),
             )
         }))
+    }
+
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        let mut entries = self.ns.entries();
+        let now = Instant::now();
+        let busy = entries.get_mut(name).is_some_and(|e| {
+            e.live_holder(now).is_some() || e.live_readers(now) || !e.queue.is_empty()
+        });
+        if !busy {
+            entries.remove(name);
+        }
+        Ok(!busy)
     }
 
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {

@@ -249,13 +249,8 @@ async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
                                 LostReason::Expired
                             });
                         }
-                        Err(Error::LockLost { .. }) => {
-                            let reason = if lease.is_valid() {
-                                LostReason::Taken
-                            } else {
-                                LostReason::Expired
-                            };
-                            shared.set_lost(reason);
+                        Err(err @ Error::LockLost { .. }) => {
+                            shared.set_lost(backend.lost_reason(lease, &err));
                             done.push(*i);
                         }
                         Err(err) => {
