@@ -149,6 +149,35 @@ impl<DB: Database> Core<DB> {
         }
     }
 
+    /// Opens one connection straight from `opts`, outside the pool, and closes it again, so that
+    /// a client that cannot use the server says why at once (connection refused, a bad password,
+    /// a TLS failure). Through the pool the same failure only shows after `timeout`, as "pool
+    /// timed out while waiting for an open connection".
+    pub(crate) async fn probe<O>(&self, opts: &O) -> Result<()>
+    where
+        O: sqlx::ConnectOptions<Connection = DB::Connection>,
+    {
+        use sqlx::Connection as _;
+        match tokio::time::timeout(self.timeout, opts.connect()).await {
+            Err(_) => Err(self.timed_out("connect", None)),
+            Ok(Err(error)) => {
+                let retryable =
+                    !matches!((self.classify)(&error), Class::Fail { retryable: false });
+                Err(Error::backend(
+                    self.backend,
+                    "connect",
+                    None,
+                    retryable,
+                    error,
+                ))
+            }
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                Ok(())
+            }
+        }
+    }
+
     fn timed_out(&self, operation: &'static str, name: Option<&LockName>) -> Error {
         Error::backend(
             self.backend,
@@ -286,39 +315,7 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
     }
 }
 
-/// Spawns `fut` on the current tokio runtime, or logs that the ttl will have to end the lock.
-pub(crate) fn spawn_cleanup(
-    backend: &'static str,
-    name: &LockName,
-    fut: impl Future<Output = Result<bool>> + Send + 'static,
-) {
-    let name_for_log = name.clone();
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            rt.spawn(async move {
-                match fut.await {
-                    Ok(released) => tracing::debug!(
-                        backend,
-                        lock = %name_for_log,
-                        released,
-                        "cleanup after an interrupted acquire"
-                    ),
-                    Err(e) => tracing::warn!(
-                        backend,
-                        lock = %name_for_log,
-                        error = %e,
-                        "cleanup after an interrupted acquire failed; the row frees at its ttl"
-                    ),
-                }
-            });
-        }
-        Err(_) => tracing::warn!(
-            backend,
-            lock = %name,
-            "acquire interrupted outside a tokio runtime; the row frees at its ttl"
-        ),
-    }
-}
+pub(crate) use lockcore::spawn_cleanup;
 
 /// A ttl in whole microseconds (rounded up), for PostgreSQL and MySQL intervals.
 pub(crate) fn micros(d: Duration) -> i64 {

@@ -132,30 +132,8 @@ impl SqlConfig {
     }
 }
 
-/// `url` with the password of its user-info part replaced by `***`. Works on malformed URLs too
-/// (it never needs to parse them), so it is safe for error messages and logs.
-pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
-    let start = scheme_end + 3;
-    let rest = &url[start..];
-    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..auth_end];
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &authority[..at];
-    let Some(colon) = userinfo.find(':') else {
-        return url.to_owned();
-    };
-    format!(
-        "{}{}:***{}",
-        &url[..start],
-        &userinfo[..colon],
-        &url[start + at..]
-    )
-}
+/// The workspace's one redaction rule (see [`lockcore::redact_url`]).
+pub use lockcore::redact_url;
 
 /// Checks a table name against `[A-Za-z_][A-Za-z0-9_]{0,62}`, so it can be quoted into SQL.
 ///

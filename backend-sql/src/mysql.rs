@@ -42,6 +42,8 @@ struct Statements {
     release_owner: SqlStr,
     extend: SqlStr,
     inspect: SqlStr,
+    forget: SqlStr,
+    forget_queue: SqlStr,
 }
 
 impl Statements {
@@ -161,6 +163,17 @@ impl Statements {
                  WHERE name = ? AND owner = ? AND fence = ? AND expires_at > NOW(6)"
             )),
             // Binds: name.
+            // Binds: name. Deletes the row of a name nobody holds or waits for (its fence too:
+            // `forget` is only for names that are never used again).
+            forget: sql(format!(
+                "DELETE FROM {t} WHERE name = ? AND (owner IS NULL OR expires_at <= NOW(6)) \
+                 AND NOT EXISTS (SELECT 1 FROM {w} AS w WHERE w.name = {t}.name \
+                 AND w.expires_at > NOW(6))"
+            )),
+            // Binds: name. The name's waiter rows whose liveness ran out.
+            forget_queue: sql(format!(
+                "DELETE FROM {w} WHERE name = ? AND expires_at <= NOW(6)"
+            )),
             inspect: sql(format!(
                 "SELECT l.owner, l.fence, \
                  IF(l.owner IS NOT NULL AND l.expires_at > NOW(6), \
@@ -349,7 +362,7 @@ impl MySqlLock {
             .acquire_timeout(timeout)
             .idle_timeout(Duration::from_secs(60))
             .test_before_acquire(false)
-            .connect_lazy_with(opts);
+            .connect_lazy_with(opts.clone());
         let lock = MySqlLock {
             inner: Arc::new(Inner {
                 core: Core {
@@ -365,6 +378,7 @@ impl MySqlLock {
             }),
         };
         let inner = &lock.inner;
+        inner.core.probe(&opts).await?;
         for statement in [&inner.sql.create, &inner.sql.create_queue] {
             inner
                 .core
@@ -609,6 +623,23 @@ impl DistributedLock for MySqlLock {
                 Some(usize::try_from(waiters).unwrap_or(0)),
             )
         }))
+    }
+
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        let inner = &self.inner;
+        for statement in [&inner.sql.forget_queue, &inner.sql.forget] {
+            inner
+                .core
+                .run("forget", Some(name), |mut c| {
+                    let q = sqlx::query(statement.clone()).bind(name.as_str().as_bytes());
+                    async move {
+                        let r = q.execute(c.conn()).await;
+                        (c, r)
+                    }
+                })
+                .await?;
+        }
+        Ok(self.inspect(name).await?.is_none())
     }
 
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {

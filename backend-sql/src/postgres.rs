@@ -50,6 +50,8 @@ struct Statements {
     extend: SqlStr,
     extend_many: SqlStr,
     inspect: SqlStr,
+    forget: SqlStr,
+    forget_queue: SqlStr,
 }
 
 impl Statements {
@@ -210,6 +212,17 @@ impl Statements {
                  RETURNING l.owner"
             )),
             // $1 name. Remaining time as the database's clock sees it; live waiters.
+            // Binds: name. Deletes the row of a name nobody holds or waits for (its fence too:
+            // `forget` is only for names that are never used again).
+            forget: sql(format!(
+                "DELETE FROM {t} WHERE name = $1 AND (owner IS NULL OR expires_at <= clock_timestamp()) \
+                 AND NOT EXISTS (SELECT 1 FROM {w} AS w WHERE w.name = {t}.name \
+                 AND w.expires_at > clock_timestamp())"
+            )),
+            // Binds: name. The name's waiter rows whose liveness ran out.
+            forget_queue: sql(format!(
+                "DELETE FROM {w} WHERE name = $1 AND expires_at <= clock_timestamp()"
+            )),
             inspect: sql(format!(
                 "SELECT l.owner, l.fence, \
                  CASE WHEN l.owner IS NOT NULL AND l.expires_at > c.now \
@@ -751,6 +764,7 @@ impl PostgresLock {
                 waiters,
             }),
         };
+        lock.inner.core.probe(&lock.inner.listen_opts).await?;
         lock.create_table().await?;
         Ok(lock)
     }
@@ -1064,6 +1078,23 @@ impl DistributedLock for PostgresLock {
                     Some(usize::try_from(waiters).unwrap_or(0)),
                 )
             }))
+    }
+
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        let inner = &self.inner;
+        for statement in [&inner.sql.forget_queue, &inner.sql.forget] {
+            inner
+                .core
+                .run("forget", Some(name), |mut c| {
+                    let q = sqlx::query(statement.clone()).bind(name.as_str());
+                    async move {
+                        let r = q.execute(c.conn()).await;
+                        (c, r)
+                    }
+                })
+                .await?;
+        }
+        Ok(self.inspect(name).await?.is_none())
     }
 
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {

@@ -49,6 +49,8 @@ struct Statements {
     release_owner: SqlStr,
     extend: SqlStr,
     inspect: SqlStr,
+    forget: SqlStr,
+    forget_queue: SqlStr,
 }
 
 impl Statements {
@@ -148,6 +150,17 @@ impl Statements {
                  WHERE name = ?1 AND owner = ?2 AND fence = ?3 AND expires_at > {NOW_MS}"
             )),
             // ?1 name. Remaining time in µs by the database's clock; live waiters.
+            // Binds: name. Deletes the row of a name nobody holds or waits for (its fence too:
+            // `forget` is only for names that are never used again).
+            forget: sql(format!(
+                "DELETE FROM {t} WHERE name = ?1 AND (owner IS NULL OR expires_at <= {NOW_MS}) \
+                 AND NOT EXISTS (SELECT 1 FROM {w} AS w WHERE w.name = {t}.name \
+                 AND w.expires_at > {NOW_MS})"
+            )),
+            // Binds: name. The name's waiter rows whose liveness ran out.
+            forget_queue: sql(format!(
+                "DELETE FROM {w} WHERE name = ?1 AND expires_at <= {NOW_MS}"
+            )),
             inspect: sql(format!(
                 "SELECT l.owner, l.fence, \
                  CASE WHEN l.owner IS NOT NULL AND l.expires_at > c.now \
@@ -645,6 +658,23 @@ impl DistributedLock for SqliteLock {
                 Some(usize::try_from(waiters).unwrap_or(0)),
             )
         }))
+    }
+
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        let inner = &self.inner;
+        for statement in [&inner.sql.forget_queue, &inner.sql.forget] {
+            inner
+                .core
+                .run("forget", Some(name), |mut c| {
+                    let q = sqlx::query(statement.clone()).bind(name.as_str());
+                    async move {
+                        let r = q.execute(c.conn()).await;
+                        (c, r)
+                    }
+                })
+                .await?;
+        }
+        Ok(self.inspect(name).await?.is_none())
     }
 
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {

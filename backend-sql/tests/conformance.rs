@@ -1,58 +1,105 @@
-//! The shared conformance suite against SQLite (a temp file), PostgreSQL and MariaDB (the kit's
-//! shared servers, one database per test binary). Every factory call makes a new client with its
-//! own pool on the same store.
+//! The shared suite (every case and fault scenario of `conformance_tests::registry`) against
+//! SQLite (a temp file), PostgreSQL and MariaDB (the kit's shared servers, one database per
+//! test binary; fault scenarios start private servers). Every client has its own pool on the
+//! same store. This is where each dialect declares, once, how it fares in every fault scenario.
 
-use std::sync::{Arc, OnceLock};
+use std::process::ExitCode;
+use std::sync::OnceLock;
 
-use lockcore::DistributedLock;
-use tokio::sync::OnceCell;
+use conformance_tests::kit::{KitError, KitErrorKind, MariaDb, Postgres};
+use conformance_tests::{Expect, Persistence, Spawned, Target};
 
-fn sqlite_url() -> &'static str {
+const ALWAYS_DURABLE: Expect = Expect::NotApplicable(
+    "committed rows survive a crash on every SQL server (the kit's servers too: `fsync=off` \
+     loses nothing a kill -9 can take); there is no setting without persistence to test",
+);
+
+fn sqlite_url() -> String {
     static URL: OnceLock<(tempfile::TempDir, String)> = OnceLock::new();
-    &URL.get_or_init(|| {
+    URL.get_or_init(|| {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite://{}/locks.db", dir.path().display());
         (dir, url)
     })
     .1
+    .clone()
 }
 
-async fn make_sqlite() -> Arc<dyn DistributedLock> {
-    backend_sql::connect(sqlite_url())
-        .await
-        .expect("sqlite client")
+fn no_volatile_server() -> KitError {
+    KitError::new(
+        KitErrorKind::InvalidArgument,
+        "SQL servers always persist committed rows",
+    )
 }
 
-async fn make_postgres() -> Arc<dyn DistributedLock> {
-    static URL: OnceCell<String> = OnceCell::const_new();
-    let url = URL
-        .get_or_init(|| async {
-            let pg = conformance_tests::kit::Postgres::shared()
-                .await
-                .expect("kit PostgreSQL");
+/// The declarations shared by PostgreSQL and MariaDB.
+fn server_faults(target: Target) -> Target {
+    target
+        .fault("server_killed_and_restarted", Expect::Safe)
+        .fault(
+            "server_killed_and_restarted_without_persistence",
+            ALWAYS_DURABLE,
+        )
+        .fault("server_paused_past_ttl", Expect::Safe)
+        .fault("holder_replies_blackholed_past_ttl", Expect::Safe)
+        .fault("holder_requests_blackholed_past_ttl", Expect::Safe)
+        .fault("store_connections_killed", Expect::Safe)
+        .fault("holder_process_killed", Expect::Safe)
+        .fault("client_paused_past_ttl", Expect::Safe)
+}
+
+fn main() -> ExitCode {
+    let connect = |url: String| async move { backend_sql::connect(&url).await };
+    let sqlite = Target::lazy("sqlite", || async { sqlite_url() }, connect)
+        .fault("client_paused_past_ttl", Expect::Safe)
+        .fault("holder_process_killed", Expect::Safe)
+        .without_server("embedded store: there is no server to kill, pause or cut off");
+    let postgres = Target::lazy(
+        "postgres",
+        || async {
+            let pg = Postgres::shared().await.expect("kit PostgreSQL");
             pg.create_database("backend_sql_conformance")
                 .await
                 .expect("create database")
+        },
+        connect,
+    )
+    .spawn_with(|persistence| async move {
+        if persistence == Persistence::None {
+            return Err(no_volatile_server());
+        }
+        let pg = Postgres::start().await?;
+        let url = pg.fresh_database("faults").await?;
+        Ok(Spawned {
+            server: Box::new(pg),
+            url,
+            keep: None,
         })
-        .await;
-    backend_sql::connect(url).await.expect("postgres client")
-}
-
-async fn make_mariadb() -> Arc<dyn DistributedLock> {
-    static URL: OnceCell<String> = OnceCell::const_new();
-    let url = URL
-        .get_or_init(|| async {
-            let db = conformance_tests::kit::MariaDb::shared()
-                .await
-                .expect("kit MariaDB");
+    });
+    let mariadb = Target::lazy(
+        "mariadb",
+        || async {
+            let db = MariaDb::shared().await.expect("kit MariaDB");
             db.create_database("backend_sql_conformance")
                 .await
                 .expect("create database")
+        },
+        connect,
+    )
+    .spawn_with(|persistence| async move {
+        if persistence == Persistence::None {
+            return Err(no_volatile_server());
+        }
+        let db = MariaDb::start().await?;
+        let url = db.fresh_database("faults").await?;
+        Ok(Spawned {
+            server: Box::new(db),
+            url,
+            keep: None,
         })
-        .await;
-    backend_sql::connect(url).await.expect("mariadb client")
+    });
+    conformance_tests::harness::main(
+        vec![sqlite, server_faults(postgres), server_faults(mariadb)],
+        env!("CARGO_TARGET_TMPDIR"),
+    )
 }
-
-conformance_tests::suite!(sqlite, make_sqlite, [ttl, fifo]);
-conformance_tests::suite!(postgres, make_postgres, [ttl, fifo]);
-conformance_tests::suite!(mariadb, make_mariadb, [ttl, fifo]);

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use lockcore::{
-    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Lease, LockInfo, LockName,
-    RawFloor, Released, Result, async_trait,
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Lease, LockInfo,
+    LockName, LostReason, RawFloor, Released, Result, async_trait,
 };
 
 /// Counts every trait call that would reach the store.
@@ -60,6 +60,26 @@ impl DistributedLock for CountingLock {
     async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
         self.hit();
         self.inner.wait_for_release(name, until).await
+    }
+    async fn try_acquire_shared(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.hit();
+        self.inner.try_acquire_shared(name, opts).await
+    }
+    async fn acquire_shared_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.hit();
+        self.inner.acquire_shared_wait(name, opts, deadline).await
+    }
+    fn lost_reason(&self, lease: &Lease, error: &Error) -> LostReason {
+        self.inner.lost_reason(lease, error)
     }
     async fn release(&self, lease: &Lease) -> Result<Released> {
         self.hit();

@@ -1,214 +1,131 @@
-//! The shared dlock conformance suite.
+//! The shared dlock conformance suite, as a library.
 //!
-//! * [`cases`]: one `pub async fn` per case, each asserting something a broken backend would fail.
-//! * [`suite!`]: expands to one `#[test]` per case for a backend factory, so every failure names
-//!   its case and backend. Cases that need a capability are grouped (`ttl`, `fifo`); a backend
-//!   lists the groups its capabilities claim, and a generated test checks that the list matches
-//!   `capabilities()`, so no backend can skip a case silently. Each instantiation also writes its
-//!   row of the case × backend table (see [`table`]).
+//! * [`registry`]: the one list of conformance cases ([`cases`]) and fault scenarios
+//!   ([`faults`]), each with the capabilities it needs.
+//! * [`Target`]: a store to run them against (a label, how to connect, optionally how to start
+//!   private servers that fault scenarios may break, and one declaration per scenario:
+//!   [`Expect`]).
+//! * [`runner`]: turns each entry into a [`Report`] (passed, failed with its message, not
+//!   applicable with the reason), with its duration; `dlock check` uses it on a user's store.
+//! * [`harness`]: the `cargo test` main of every backend crate's `tests/conformance.rs`, one
+//!   named test per case × target.
+//! * [`table`]: the case × backend table, from reports.
 //! * [`history`], [`fenced`]: the safety tooling (recorder, checker, fenced resource).
 //! * [`kit`]: real servers as child processes and a fault-injecting TCP proxy.
 //!
-//! In a backend crate's `tests/conformance.rs`:
+//! A backend crate's `tests/conformance.rs` (with `harness = false` in its `Cargo.toml`):
 //!
 //! ```text
-//! async fn make() -> std::sync::Arc<dyn lockcore::DistributedLock> { /* a new client */ }
-//! conformance_tests::suite!(memory, make, [ttl, fifo]);
+//! fn main() -> std::process::ExitCode {
+//!     let memory = Target::new("memory", "conformance", |url| async move {
+//!         Ok(Arc::new(MemoryLock::new(&url)) as Arc<dyn DistributedLock>)
+//!     });
+//!     conformance_tests::harness::main(vec![memory], env!("CARGO_TARGET_TMPDIR"))
+//! }
 //! ```
 
 pub mod cases;
 mod counting;
+pub mod faults;
 pub mod fenced;
+pub mod harness;
 pub mod history;
 pub mod kit;
+pub mod mutants;
+pub mod registry;
+pub mod runner;
 pub mod table;
+mod target;
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 pub use counting::CountingLock;
 pub use fenced::{FencedResource, StaleWrite};
 pub use history::{History, Hold, HoldId, Violation, check};
 use lockcore::DistributedLock;
+pub use registry::{Case, Kind, Needs, registry};
+pub use runner::{CASE_TIMEOUT, Outcome, Report, run_all, run_case};
+pub use target::{Connect, Expect, Persistence, Spawn, Spawned, Target};
 
 /// A boxed, sendable future.
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Makes a new, independent client of the backend under test (same store every time).
-pub type Factory = fn() -> BoxFuture<Arc<dyn DistributedLock>>;
-
-/// What a case gets: independent clients and names unique to this run of this case.
-#[derive(Clone)]
+/// What a case gets: independent clients of the target's store and names unique to this run of
+/// this case.
+#[derive(Clone, Debug)]
 pub struct Ctx {
-    /// Backend label from the `suite!` invocation.
-    pub backend: &'static str,
-    /// Case name.
-    pub case: &'static str,
-    factory: Factory,
+    target: Target,
+    case: &'static str,
     run: String,
 }
 
 impl Ctx {
-    /// A context for running `case` against `backend`.
-    pub fn new(backend: &'static str, case: &'static str, factory: Factory) -> Self {
+    /// A context for running `case` against `target`.
+    pub fn new(target: Target, case: &'static str) -> Self {
         Ctx {
-            backend,
+            target,
             case,
-            factory,
             run: format!("{:08x}", rand::random::<u32>()),
         }
     }
 
-    /// A new independent client.
+    /// The target's label.
+    pub fn backend(&self) -> &str {
+        self.target.label()
+    }
+
+    /// The case's name.
+    pub fn case(&self) -> &'static str {
+        self.case
+    }
+
+    /// The target (for fault scenarios: its spawner and declarations).
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// How the target declared this fault scenario.
+    pub fn expect(&self) -> Option<Expect> {
+        self.target.expectation(self.case)
+    }
+
+    /// A new independent client of the target's store.
+    ///
+    /// # Panics
+    /// When the client cannot connect (the case fails with the error).
     pub async fn client(&self) -> Arc<dyn DistributedLock> {
-        (self.factory)().await
+        let url = self.target.url().await;
+        self.connect(&url).await
     }
 
-    /// A lock name unique to this case and run.
+    /// A new client of the store at `url` (a server a fault scenario started).
+    ///
+    /// # Panics
+    /// When the client cannot connect (the case fails with the error).
+    pub async fn connect(&self, url: &str) -> Arc<dyn DistributedLock> {
+        self.target
+            .connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect a client: {e}"))
+    }
+
+    /// Records a name the case made itself (from [`Ctx::name`]), so that the target's name
+    /// recorder sees it too.
+    pub fn note_name(&self, name: &str) {
+        self.target.note_name(name);
+    }
+
+    /// A lock name unique to this case and run, under the target's prefix.
     pub fn name(&self, label: &str) -> String {
-        format!("dlock-ct/{}/{}/{label}", self.case, self.run)
-    }
-}
-
-/// How long a single case may run before it fails instead of hanging.
-pub const CASE_TIMEOUT: Duration = Duration::from_secs(180);
-
-/// Runs one case on a fresh multi-threaded runtime; panics (fails the test) on timeout. The
-/// outcome (`pass` or `fail`) is written to `<dir>/dlock-conformance/<backend>/<case>` for the
-/// case × backend table.
-pub fn run_case(
-    backend: &'static str,
-    case: &'static str,
-    factory: Factory,
-    body: fn(Ctx) -> BoxFuture<()>,
-    dir: &str,
-) {
-    struct Outcome {
-        path: std::path::PathBuf,
-        passed: bool,
-    }
-    impl Drop for Outcome {
-        fn drop(&mut self) {
-            if let Some(parent) = self.path.parent() {
-                let _ = std::fs::create_dir_all(parent);
-            }
-            let _ = std::fs::write(&self.path, if self.passed { "pass" } else { "fail" });
-        }
-    }
-    let mut outcome = Outcome {
-        path: std::path::Path::new(dir)
-            .join("dlock-conformance")
-            .join(backend)
-            .join(case),
-        passed: false,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let ctx = Ctx::new(backend, case, factory);
-    let finished = rt.block_on(async move { tokio::time::timeout(CASE_TIMEOUT, body(ctx)).await });
-    rt.shutdown_timeout(Duration::from_secs(2));
-    if finished.is_err() {
-        panic!("case {case} on {backend} did not finish within {CASE_TIMEOUT:?}");
-    }
-    outcome.passed = true;
-}
-
-/// Instantiates every applicable case for one backend as `#[test]` functions in a module named
-/// after the backend.
-///
-/// `suite!(label, factory_fn, [groups...])`: `factory_fn` is an `async fn() -> Arc<dyn
-/// DistributedLock>` returning a new client each call; groups are `ttl` (leases expire at their
-/// ttl: [`lockcore::Expiry::Ttl`]) and `fifo` ([`lockcore::Fairness::Fifo`]).
-#[macro_export]
-macro_rules! suite {
-    ($backend:ident, $factory:path) => {
-        $crate::suite!($backend, $factory, []);
-    };
-    ($backend:ident, $factory:path, [$($group:ident),* $(,)?]) => {
-        #[allow(non_snake_case)]
-        mod $backend {
-            #[allow(unused_imports)]
-            use super::*;
-
-            fn __factory() -> $crate::BoxFuture<::std::sync::Arc<dyn ::lockcore::DistributedLock>> {
-                ::std::boxed::Box::pin($factory())
-            }
-
-            $crate::__cases!(
-                basic_exclusivity,
-                mutual_exclusion_50_tasks,
-                try_acquire_race,
-                owner_only_release,
-                idempotent_release,
-                extend_keeps_contender_out,
-                fencing_tokens_increase,
-                reentrant_balance,
-                multi_lock_all_or_nothing,
-                multi_lock_no_deadlock,
-                wait_for_timeout_leaves_no_trace,
-                dropped_acquire_leaves_nothing,
-                dropping_guard_releases,
-                keep_alive_holds_past_ttl,
-                lost_fires_taken,
-                with_lock_returns_and_releases,
-                bad_names_rejected_before_io,
-                bad_options_rejected_before_io,
-                unusual_names_usable_and_distinct,
-                history_is_safe_under_contention
-            );
-            $( $crate::__group!($group); )*
-
-            #[test]
-            fn capabilities_match_declared_groups() {
-                $crate::table::check_and_record(
-                    stringify!($backend),
-                    __factory,
-                    &[$(stringify!($group)),*],
-                    env!("CARGO_TARGET_TMPDIR"),
-                );
-            }
-        }
-    };
-}
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __cases {
-    ($($case:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $case() {
-                $crate::run_case(
-                    module_path!().rsplit("::").next().unwrap_or("backend"),
-                    stringify!($case),
-                    __factory,
-                    |ctx| ::std::boxed::Box::pin($crate::cases::$case(ctx)),
-                    env!("CARGO_TARGET_TMPDIR"),
-                );
-            }
-        )*
-    };
-}
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __group {
-    (ttl) => {
-        $crate::__cases!(
-            ttl_expiry_frees_lock,
-            extend_after_expiry_is_lock_lost,
-            fencing_tokens_increase_across_expiry,
-            lost_fires_expired,
-            keep_alive_renewal_cap_ends_lease,
-            with_lock_stops_work_when_lost
+        let name = format!(
+            "{}/{}/{}/{label}",
+            self.target.name_prefix(),
+            self.case,
+            self.run
         );
-    };
-    (fifo) => {
-        $crate::__cases!(fifo_waiters_served_in_order);
-    };
+        self.target.note_name(&name);
+        name
+    }
 }

@@ -1,83 +1,209 @@
-//! The case × backend table: which cases each backend runs, and why others are excluded.
+//! The case × backend table, rendered from [`Report`]s (never from a list kept by hand): the
+//! rows are the registry's entries in order, the columns the targets that reported.
 
+use std::fmt::Write as _;
 use std::path::Path;
 
-use lockcore::{Expiry, Fairness};
+use crate::registry::registry;
+use crate::runner::{Outcome, Report};
 
-use crate::Factory;
-
-/// Every case and the capability group it belongs to (`core` runs on every backend).
-pub const CASES: &[(&str, &str)] = &[
-    ("basic_exclusivity", "core"),
-    ("mutual_exclusion_50_tasks", "core"),
-    ("try_acquire_race", "core"),
-    ("owner_only_release", "core"),
-    ("idempotent_release", "core"),
-    ("extend_keeps_contender_out", "core"),
-    ("fencing_tokens_increase", "core"),
-    ("reentrant_balance", "core"),
-    ("multi_lock_all_or_nothing", "core"),
-    ("multi_lock_no_deadlock", "core"),
-    ("wait_for_timeout_leaves_no_trace", "core"),
-    ("dropped_acquire_leaves_nothing", "core"),
-    ("dropping_guard_releases", "core"),
-    ("keep_alive_holds_past_ttl", "core"),
-    ("lost_fires_taken", "core"),
-    ("with_lock_returns_and_releases", "core"),
-    ("bad_names_rejected_before_io", "core"),
-    ("bad_options_rejected_before_io", "core"),
-    ("unusual_names_usable_and_distinct", "core"),
-    ("history_is_safe_under_contention", "core"),
-    ("ttl_expiry_frees_lock", "ttl"),
-    ("extend_after_expiry_is_lock_lost", "ttl"),
-    ("fencing_tokens_increase_across_expiry", "ttl"),
-    ("lost_fires_expired", "ttl"),
-    ("keep_alive_renewal_cap_ends_lease", "ttl"),
-    ("with_lock_stops_work_when_lost", "ttl"),
-    ("fifo_waiters_served_in_order", "fifo"),
-];
-
-/// The groups a backend's capabilities call for.
-pub fn groups_for(caps: &lockcore::Capabilities) -> Vec<&'static str> {
-    let mut g = Vec::new();
-    if caps.expiry == Expiry::Ttl {
-        g.push("ttl");
+/// Every report saved under `<dir>/dlock-conformance/*.json` (by [`crate::harness::main`]).
+///
+/// # Errors
+/// A file that cannot be read or parsed (named in the message).
+pub fn load(dir: &Path) -> Result<Vec<Report>, String> {
+    let dir = dir.join("dlock-conformance");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    paths.sort();
+    let mut reports = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let mut some: Vec<Report> = serde_json::from_str(&text)
+            .map_err(|e| format!("cannot parse {}: {e}", path.display()))?;
+        reports.append(&mut some);
     }
-    if caps.fairness == Fairness::Fifo {
-        g.push("fifo");
-    }
-    g
+    Ok(reports)
 }
 
-/// Asserts that the declared groups are exactly those the capabilities call for, then writes
-/// this backend's plan (which cases run, which are excluded and why) to
-/// `<dir>/dlock-conformance/<backend>.tsv` and prints it. Each case writes its own outcome next
-/// to it (see [`crate::run_case`]); `scripts/test` joins the two into the case × backend table.
-pub fn check_and_record(backend: &'static str, factory: Factory, declared: &[&str], dir: &str) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let caps = rt.block_on(async { factory().await.capabilities() });
-    let mut want = groups_for(&caps);
-    let mut got: Vec<&str> = declared.to_vec();
-    want.sort_unstable();
-    got.sort_unstable();
-    assert_eq!(
-        got, want,
-        "{backend}: suite! declares groups {got:?} but its capabilities ({caps}) call for {want:?}"
-    );
-    let mut rows = String::new();
-    for (case, group) in CASES {
-        let status = if *group == "core" || declared.contains(group) {
-            "run".to_owned()
-        } else {
-            format!("n/a ({group})")
-        };
-        rows.push_str(&format!("{backend}\t{case}\t{status}\n"));
+fn targets_of(reports: &[Report]) -> Vec<&str> {
+    let mut targets: Vec<&str> = Vec::new();
+    for r in reports {
+        if !targets.contains(&r.target.as_str()) {
+            targets.push(&r.target);
+        }
     }
-    let out = Path::new(dir).join("dlock-conformance");
-    std::fs::create_dir_all(&out).expect("create table dir");
-    std::fs::write(out.join(format!("{backend}.tsv")), &rows).expect("write table row");
-    eprintln!("conformance table for {backend} ({caps}):\n{rows}");
+    targets
+}
+
+/// The case × target table with `pass` / `FAIL` / `n/a` / `-` (not run) cells, followed by
+/// each failure's message and each reason for `n/a`.
+pub fn matrix(reports: &[Report]) -> String {
+    let targets = targets_of(reports);
+    let cases: Vec<&str> = registry()
+        .iter()
+        .map(|c| c.name)
+        .filter(|name| reports.iter().any(|r| r.case == *name))
+        .collect();
+    let width = cases.iter().map(|c| c.len()).max().unwrap_or(4).max(4);
+    let cols: Vec<usize> = targets.iter().map(|t| t.len().max(4)).collect();
+    let mut out = String::new();
+    let _ = write!(out, "{:width$}", "case");
+    for (t, w) in targets.iter().zip(&cols) {
+        let _ = write!(out, "  {t:w$}");
+    }
+    out.push('\n');
+    for case in &cases {
+        let _ = write!(out, "{case:width$}");
+        for (t, w) in targets.iter().zip(&cols) {
+            let cell = reports
+                .iter()
+                .find(|r| r.case == *case && r.target == *t)
+                .map_or("-", |r| r.outcome.short());
+            let _ = write!(out, "  {cell:w$}");
+        }
+        out.push('\n');
+    }
+    let (passed, failed, na) = counts(reports);
+    let _ = writeln!(
+        out,
+        "{passed} passed, {failed} failed, {na} not applicable, over {} target(s)",
+        targets.len()
+    );
+    for r in reports {
+        match &r.outcome {
+            Outcome::Failed { message } => {
+                let _ = writeln!(
+                    out,
+                    "FAIL {}::{}: {}",
+                    r.target,
+                    r.case,
+                    first_line(message)
+                );
+            }
+            Outcome::NotApplicable { reason } => {
+                let _ = writeln!(out, "n/a  {}::{}: {reason}", r.target, r.case);
+            }
+            Outcome::Passed => {}
+        }
+    }
+    out
+}
+
+/// One target's reports as rows: case, outcome, seconds, and the message or reason.
+pub fn single(reports: &[Report]) -> String {
+    let width = reports
+        .iter()
+        .map(|r| r.case.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut out = String::new();
+    for r in reports {
+        let detail = match &r.outcome {
+            Outcome::Passed => String::new(),
+            Outcome::Failed { message } => first_line(message).to_owned(),
+            Outcome::NotApplicable { reason } => reason.clone(),
+        };
+        let _ = writeln!(
+            out,
+            "{:width$}  {:4}  {:>7.2}s  {detail}",
+            r.case,
+            r.outcome.short(),
+            r.seconds
+        );
+    }
+    let (passed, failed, na) = counts(reports);
+    let _ = writeln!(out, "{passed} passed, {failed} failed, {na} not applicable");
+    out
+}
+
+/// (passed, failed, not applicable).
+pub fn counts(reports: &[Report]) -> (usize, usize, usize) {
+    let count = |f: fn(&Outcome) -> bool| reports.iter().filter(|r| f(&r.outcome)).count();
+    (
+        count(|o| matches!(o, Outcome::Passed)),
+        count(|o| matches!(o, Outcome::Failed { .. })),
+        count(|o| matches!(o, Outcome::NotApplicable { .. })),
+    )
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(target: &str, case: &str, outcome: Outcome) -> Report {
+        Report {
+            target: target.into(),
+            case: case.into(),
+            kind: "case".into(),
+            outcome,
+            seconds: 0.5,
+        }
+    }
+
+    #[test]
+    fn matrix_shows_every_outcome_and_what_did_not_run() {
+        let reports = vec![
+            report("a", "basic_exclusivity", Outcome::Passed),
+            report(
+                "b",
+                "basic_exclusivity",
+                Outcome::Failed {
+                    message: "b acquired a held lock\nmore".into(),
+                },
+            ),
+            report(
+                "a",
+                "fifo_waiters_served_in_order",
+                Outcome::NotApplicable {
+                    reason: "needs FIFO fairness".into(),
+                },
+            ),
+        ];
+        let text = matrix(&reports);
+        let row = |case: &str| {
+            text.lines()
+                .find(|l| l.starts_with(case))
+                .unwrap_or_else(|| panic!("no row for {case} in\n{text}"))
+                .split_whitespace()
+                .skip(1)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(row("basic_exclusivity"), ["pass", "FAIL"]);
+        assert_eq!(row("fifo_waiters_served_in_order"), ["n/a", "-"]);
+        assert!(text.contains("1 passed, 1 failed, 1 not applicable, over 2 target(s)"));
+        assert!(text.contains("FAIL b::basic_exclusivity: b acquired a held lock\n"));
+        assert!(text.contains("n/a  a::fifo_waiters_served_in_order: needs FIFO fairness"));
+    }
+
+    #[test]
+    fn reports_round_trip_through_json_and_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let reports = vec![
+            report("m", "basic_exclusivity", Outcome::Passed),
+            report(
+                "m",
+                "ttl_expiry_frees_lock",
+                Outcome::NotApplicable { reason: "x".into() },
+            ),
+        ];
+        std::fs::create_dir_all(dir.path().join("dlock-conformance")).unwrap();
+        std::fs::write(
+            dir.path().join("dlock-conformance/m.json"),
+            serde_json::to_string(&reports).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(load(dir.path()).unwrap(), reports);
+        assert!(single(&reports).contains("1 passed, 0 failed, 1 not applicable"));
+    }
 }

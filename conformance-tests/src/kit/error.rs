@@ -31,7 +31,8 @@ pub struct KitError {
 }
 
 impl KitError {
-    pub(crate) fn new(kind: KitErrorKind, message: impl Into<String>) -> Self {
+    /// An error of `kind` with `message` (for servers and spawners written outside the kit).
+    pub fn new(kind: KitErrorKind, message: impl Into<String>) -> Self {
         Self {
             kind,
             message: message.into(),

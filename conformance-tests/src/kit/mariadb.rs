@@ -1,19 +1,16 @@
 //! A private MariaDB server: `mariadb-install-db` + `mariadbd`.
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
 use super::error::{KitError, KitResult};
-use super::process::{
-    Proc, Workdir, boot, find_any_binary, probe_command, run_command, running_as_root,
-};
+use super::process::{find_any_binary, probe_command, run_command, running_as_root};
+use super::server::{Launch, Server, server_lifecycle};
 use super::tls::TlsFiles;
-use super::{first_boot, loopback, unique_name, valid_database_name};
+use super::{unique_name, valid_database_name};
 
 const SERVER_PACKAGE: &str = "mariadb-server";
 const CLIENT_PACKAGE: &str = "mariadb-client";
@@ -27,14 +24,11 @@ const CLIENT_PACKAGE: &str = "mariadb-client";
 /// process loses nothing the OS already has).
 #[derive(Debug)]
 pub struct MariaDb {
-    proc: Proc,
-    port: AtomicU16,
+    server: Server,
     mariadbd: PathBuf,
     client: PathBuf,
     admin: PathBuf,
-    lifecycle: tokio::sync::Mutex<()>,
     tls: Option<TlsFiles>,
-    dir: Workdir,
 }
 
 impl MariaDb {
@@ -64,16 +58,12 @@ impl MariaDb {
         let install = find_any_binary(&["mariadb-install-db", "mysql_install_db"], SERVER_PACKAGE)?;
         let client = find_any_binary(&["mariadb", "mysql"], CLIENT_PACKAGE)?;
         let admin = find_any_binary(&["mariadb-admin", "mysqladmin"], CLIENT_PACKAGE)?;
-        let dir = Workdir::new("mariadb")?;
         let db = MariaDb {
-            proc: Proc::new("mariadbd", dir.path().join("mariadb.log")),
-            port: AtomicU16::new(0),
+            server: Server::new("mariadb", "mariadbd", "mariadb.log", 0)?,
             mariadbd,
             client,
             admin,
-            lifecycle: tokio::sync::Mutex::new(()),
             tls,
-            dir,
         };
         let mut cmd = Command::new(install);
         cmd.arg("--no-defaults")
@@ -81,13 +71,13 @@ impl MariaDb {
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
             .arg("--skip-name-resolve")
             // Concurrent bootstraps sharing /tmp trip over each other's temp tables.
-            .env("TMPDIR", db.dir.path())
-            .current_dir(db.dir.path());
+            .env("TMPDIR", db.dir())
+            .current_dir(db.dir());
         if running_as_root() {
             cmd.arg("--user=root");
         }
         run_command("mariadb-install-db", cmd).await?;
-        first_boot(&db.port, || db.boot(false)).await?;
+        db.server.first_boot(&db).await?;
         db.query("mysql", "CREATE DATABASE IF NOT EXISTS `test`")
             .await?;
         Ok(db)
@@ -118,11 +108,6 @@ impl MariaDb {
         format!("mysql://root@127.0.0.1:{}/{name}", self.port())
     }
 
-    /// The TCP port (the same across restarts).
-    pub fn port(&self) -> u16 {
-        self.port.load(Ordering::SeqCst)
-    }
-
     /// The CA that signed the server's certificate, for a server from [`MariaDb::start_tls`].
     pub fn ca_cert(&self) -> Option<PathBuf> {
         self.tls.as_ref().map(TlsFiles::ca_cert)
@@ -133,41 +118,7 @@ impl MariaDb {
         self.tls.as_ref()
     }
 
-    /// `127.0.0.1:{port}`.
-    pub fn addr(&self) -> SocketAddr {
-        loopback(self.port())
-    }
-
-    /// The temp dir holding `data/`, the socket and `mariadb.log`.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// SIGKILLs the server (a crash); connections fail at once.
-    pub fn kill9(&self) {
-        self.proc.kill9();
-    }
-
-    /// SIGSTOPs the server: connections hang, nothing is refused.
-    pub fn pause(&self) {
-        self.proc.signal_tree(libc::SIGSTOP);
-    }
-
-    /// SIGCONTs the server after [`MariaDb::pause`].
-    pub fn resume(&self) {
-        self.proc.signal_tree(libc::SIGCONT);
-    }
-
-    /// Starts the server again on the same port and data dir (InnoDB recovery runs) and waits
-    /// until it answers. Kills it first if it is running.
-    ///
-    /// # Errors
-    /// A server that does not answer within 60 s.
-    pub async fn restart(&self) -> KitResult<()> {
-        let _lifecycle = self.lifecycle.lock().await;
-        self.proc.kill9();
-        self.boot(true).await
-    }
+    server_lifecycle!("server");
 
     /// Creates database `name` if it does not exist and returns its URL.
     ///
@@ -214,19 +165,21 @@ impl MariaDb {
     }
 
     fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.dir().join("data")
     }
+}
 
-    fn spawn_server(&self) -> KitResult<()> {
-        let dir = self.dir.path();
+impl Launch for MariaDb {
+    fn command(&self, server: &Server) -> KitResult<Command> {
+        let dir = server.dir();
         let mut cmd = Command::new(&self.mariadbd);
         // --no-defaults must come first.
         cmd.arg("--no-defaults")
-            .arg(format!("--datadir={}", self.data_dir().display()))
+            .arg(format!("--datadir={}", dir.join("data").display()))
             .arg(format!("--socket={}", dir.join("mysqld.sock").display()))
             .arg(format!("--pid-file={}", dir.join("mariadbd.pid").display()))
             .arg(format!("--tmpdir={}", dir.display()))
-            .arg(format!("--port={}", self.port()))
+            .arg(format!("--port={}", server.port()))
             .args(["--bind-address=127.0.0.1", "--skip-name-resolve"])
             .args([
                 "--character-set-server=utf8mb4",
@@ -246,24 +199,13 @@ impl MariaDb {
         if running_as_root() {
             cmd.arg("--user=root");
         }
-        self.proc.spawn(cmd)
+        Ok(cmd)
     }
 
-    async fn boot(&self, retry_on_exit: bool) -> KitResult<()> {
-        boot(
-            &self.proc,
-            self.port(),
-            retry_on_exit,
-            || self.spawn_server(),
-            || self.is_ready(),
-        )
-        .await
-    }
-
-    async fn is_ready(&self) -> bool {
+    async fn ready(&self, server: &Server) -> bool {
         let mut cmd = Command::new(&self.admin);
         cmd.args(["--no-defaults", "--protocol=tcp", "-h", "127.0.0.1"])
-            .arg(format!("-P{}", self.port()))
+            .arg(format!("-P{}", server.port()))
             .args(["-uroot", "--connect-timeout=2", "ping"]);
         probe_command(cmd, Duration::from_secs(5)).await
     }

@@ -39,6 +39,7 @@
 //! # }
 //! ```
 
+mod control;
 mod error;
 mod mariadb;
 mod postgres;
@@ -47,16 +48,19 @@ mod proxy;
 mod redis;
 mod redis_cluster;
 mod redis_tls;
+mod server;
 mod tls;
 mod zookeeper;
 
+pub use control::ServerControl;
 pub use error::{KitError, KitErrorKind, KitResult};
 pub use mariadb::MariaDb;
 pub use postgres::Postgres;
 pub use proxy::{Fault, Proxy};
-pub use redis::{Redis, RedisReply, read_redis_reply, redis_command, redis_encode};
+pub use redis::{Redis, RedisReply, RedisSet, read_redis_reply, redis_command, redis_encode};
 pub use redis_cluster::RedisCluster;
 pub use redis_tls::RedisTls;
+pub use server::Server;
 pub use tls::{CertAndKey, TlsFiles};
 pub use zookeeper::{ZkEnsemble, ZkNode, ZooKeeper, zk_four_letter};
 

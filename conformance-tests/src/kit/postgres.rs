@@ -1,19 +1,16 @@
 //! A private PostgreSQL server: `initdb` + `postgres` as the `postgres` OS user.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::process::{
-    Proc, Workdir, boot, find_binary, probe_command, run_command, running_as_root, system_user,
-};
+use super::process::{find_binary, probe_command, run_command, running_as_root, system_user};
+use super::server::{Launch, Server, server_lifecycle};
 use super::tls::TlsFiles;
-use super::{first_boot, loopback, unique_name, valid_database_name};
+use super::{unique_name, valid_database_name};
 
 const PACKAGE: &str = "postgresql";
 
@@ -27,13 +24,10 @@ const PACKAGE: &str = "postgresql";
 /// process exits.
 #[derive(Debug)]
 pub struct Postgres {
-    proc: Proc,
-    port: AtomicU16,
+    server: Server,
     bindir: PathBuf,
     setpriv: Option<PathBuf>,
-    lifecycle: tokio::sync::Mutex<()>,
     tls: Option<TlsFiles>,
-    dir: Workdir,
 }
 
 impl Postgres {
@@ -70,7 +64,8 @@ impl Postgres {
         } else {
             None
         };
-        let dir = Workdir::new("postgres")?;
+        let server = Server::new("postgres", "postgres", "postgres.log", 0)?;
+        let dir = server.dir();
         let owner = if running_as_root() {
             let (uid, gid) = system_user("postgres").ok_or_else(|| {
                 KitError::new(
@@ -78,7 +73,7 @@ impl Postgres {
                     "system user `postgres` not found: install it with `apt-get install postgresql` or run scripts/install-deps",
                 )
             })?;
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+            std::os::unix::fs::chown(dir, Some(uid), Some(gid))
                 .map_err(|e| KitError::io("cannot chown the postgres temp dir", e))?;
             Some((uid, gid))
         } else {
@@ -92,7 +87,7 @@ impl Postgres {
                 (files.server_key(), "server.key"),
                 (files.ca_cert(), "ca.crt"),
             ] {
-                let to = dir.path().join(to);
+                let to = dir.join(to);
                 std::fs::copy(&from, &to)
                     .map_err(|e| KitError::io("cannot copy the server certificate", e))?;
                 std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
@@ -104,13 +99,10 @@ impl Postgres {
             }
         }
         let pg = Postgres {
-            proc: Proc::new("postgres", dir.path().join("postgres.log")),
-            port: AtomicU16::new(0),
+            server,
             bindir,
             setpriv,
-            lifecycle: tokio::sync::Mutex::new(()),
             tls,
-            dir,
         };
         let mut initdb = pg.as_postgres(&pg.bindir.join("initdb"));
         initdb
@@ -118,9 +110,9 @@ impl Postgres {
             .arg(pg.data_dir())
             .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale"])
             .args(["--no-sync", "--no-instructions"])
-            .current_dir(pg.dir.path());
+            .current_dir(pg.dir());
         run_command("initdb", initdb).await?;
-        first_boot(&pg.port, || pg.boot(false)).await?;
+        pg.server.first_boot(&pg).await?;
         Ok(pg)
     }
 
@@ -142,11 +134,6 @@ impl Postgres {
     /// `postgres://postgres@127.0.0.1:{port}/postgres`.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port())
-    }
-
-    /// The TCP port (the same across restarts).
-    pub fn port(&self) -> u16 {
-        self.port.load(Ordering::SeqCst)
     }
 
     /// The CA that signed the server's certificate, for a server from [`Postgres::start_tls`].
@@ -180,44 +167,7 @@ impl Postgres {
         Ok(())
     }
 
-    /// `127.0.0.1:{port}`.
-    pub fn addr(&self) -> SocketAddr {
-        loopback(self.port())
-    }
-
-    /// The temp dir holding the cluster (`data/`), the socket and `postgres.log`.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// SIGKILLs the postmaster and all its backends (a crash); connections fail at once.
-    pub fn kill9(&self) {
-        self.proc.kill9();
-    }
-
-    /// SIGSTOPs the postmaster and all its backends: connections hang, nothing is refused.
-    pub fn pause(&self) {
-        self.proc.signal_tree(libc::SIGSTOP);
-    }
-
-    /// SIGCONTs everything [`Postgres::pause`] stopped.
-    pub fn resume(&self) {
-        self.proc.signal_tree(libc::SIGCONT);
-    }
-
-    /// Starts the server again on the same port and data dir (crash recovery runs) and waits
-    /// until it answers. Kills it first if it is running.
-    ///
-    /// # Errors
-    /// A server that does not answer within 60 s.
-    pub async fn restart(&self) -> KitResult<()> {
-        let _lifecycle = self.lifecycle.lock().await;
-        self.proc.kill9();
-        // Our postmaster and its backends are dead and reaped; a stale lock file could otherwise
-        // name a pid that was reused meanwhile.
-        let _ = std::fs::remove_file(self.data_dir().join("postmaster.pid"));
-        self.boot(true).await
-    }
+    server_lifecycle!("server");
 
     /// Creates database `name` if it does not exist and returns its URL.
     ///
@@ -274,7 +224,7 @@ impl Postgres {
     }
 
     fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.dir().join("data")
     }
 
     fn as_postgres(&self, program: &Path) -> Command {
@@ -290,21 +240,24 @@ impl Postgres {
             None => Command::new(program),
         }
     }
+}
 
-    fn spawn_server(&self) -> KitResult<()> {
+impl Launch for Postgres {
+    fn command(&self, server: &Server) -> KitResult<Command> {
+        let dir = server.dir();
         let mut cmd = self.as_postgres(&self.bindir.join("postgres"));
         cmd.arg("-D")
-            .arg(self.data_dir())
+            .arg(dir.join("data"))
             .arg("-k")
-            .arg(self.dir.path())
+            .arg(dir)
             .arg("-p")
-            .arg(self.port().to_string())
+            .arg(server.port().to_string())
             .args(["-c", "listen_addresses=127.0.0.1"])
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
             .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB"])
-            .current_dir(self.dir.path());
+            .current_dir(dir);
         if self.tls.is_some() {
-            let file = |name: &str| self.dir.path().join(name).display().to_string();
+            let file = |name: &str| dir.join(name).display().to_string();
             cmd.args(["-c", "ssl=on"])
                 .arg("-c")
                 .arg(format!("ssl_cert_file={}", file("server.crt")))
@@ -313,21 +266,10 @@ impl Postgres {
                 .arg("-c")
                 .arg(format!("ssl_ca_file={}", file("ca.crt")));
         }
-        self.proc.spawn(cmd)
+        Ok(cmd)
     }
 
-    async fn boot(&self, retry_on_exit: bool) -> KitResult<()> {
-        boot(
-            &self.proc,
-            self.port(),
-            retry_on_exit,
-            || self.spawn_server(),
-            || self.is_ready(),
-        )
-        .await
-    }
-
-    async fn is_ready(&self) -> bool {
+    async fn ready(&self, server: &Server) -> bool {
         let mut cmd = Command::new(self.bindir.join("pg_isready"));
         cmd.args([
             "-h",
@@ -340,8 +282,14 @@ impl Postgres {
             "2",
         ])
         .arg("-p")
-        .arg(self.port().to_string());
+        .arg(server.port().to_string());
         probe_command(cmd, Duration::from_secs(5)).await
+    }
+
+    /// Our postmaster and its backends are dead and reaped; a stale lock file could otherwise
+    /// name a pid that was reused meanwhile.
+    fn before_restart(&self, server: &Server) {
+        let _ = std::fs::remove_file(server.dir().join("data/postmaster.pid"));
     }
 }
 

@@ -1,9 +1,8 @@
 //! A private `redis-server`, plus a tiny RESP client for tests that poke at it directly.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -11,8 +10,8 @@ use tokio::net::TcpStream;
 use tokio::sync::OnceCell;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::process::{Proc, Workdir, boot, find_binary};
-use super::{first_boot, loopback};
+use super::process::find_binary;
+use super::server::{Launch, Server, server_lifecycle};
 
 /// A `redis-server` of the kit's own on a free port, `dir` = its temp dir.
 ///
@@ -21,12 +20,9 @@ use super::{first_boot, loopback};
 /// [`Redis::restart`] reuses them, so an AOF survives a kill -9 when enabled.
 #[derive(Debug)]
 pub struct Redis {
-    proc: Proc,
-    port: AtomicU16,
+    server: Server,
     binary: PathBuf,
     extra_args: Vec<String>,
-    lifecycle: tokio::sync::Mutex<()>,
-    dir: Workdir,
 }
 
 impl Redis {
@@ -43,17 +39,12 @@ impl Redis {
     /// # Errors
     /// As [`Redis::start`].
     pub async fn start_with(extra_args: &[&str]) -> KitResult<Redis> {
-        let binary = find_binary("redis-server", "redis-server")?;
-        let dir = Workdir::new("redis")?;
         let redis = Redis {
-            proc: Proc::new("redis-server", dir.path().join("redis.log")),
-            port: AtomicU16::new(0),
-            binary,
+            binary: find_binary("redis-server", "redis-server")?,
+            server: Server::new("redis", "redis-server", "redis.log", 0)?,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
-            lifecycle: tokio::sync::Mutex::new(()),
-            dir,
         };
-        first_boot(&redis.port, || redis.boot(false)).await?;
+        redis.server.first_boot(&redis).await?;
         Ok(redis)
     }
 
@@ -76,46 +67,7 @@ impl Redis {
         format!("redis://127.0.0.1:{}", self.port())
     }
 
-    /// The TCP port (the same across restarts).
-    pub fn port(&self) -> u16 {
-        self.port.load(Ordering::SeqCst)
-    }
-
-    /// `127.0.0.1:{port}`.
-    pub fn addr(&self) -> SocketAddr {
-        loopback(self.port())
-    }
-
-    /// The server's `dir` (AOF/RDB files, `redis.log`).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// SIGKILLs the server; without persistence every key is gone.
-    pub fn kill9(&self) {
-        self.proc.kill9();
-    }
-
-    /// SIGSTOPs the server: connections hang, nothing is refused.
-    pub fn pause(&self) {
-        self.proc.signal_tree(libc::SIGSTOP);
-    }
-
-    /// SIGCONTs the server after [`Redis::pause`].
-    pub fn resume(&self) {
-        self.proc.signal_tree(libc::SIGCONT);
-    }
-
-    /// Starts the server again with the same port, dir and arguments (so an AOF is reloaded)
-    /// and waits until PING answers PONG (not LOADING). Kills it first if it is running.
-    ///
-    /// # Errors
-    /// A server that does not answer within 60 s.
-    pub async fn restart(&self) -> KitResult<()> {
-        let _lifecycle = self.lifecycle.lock().await;
-        self.proc.kill9();
-        self.boot(true).await
-    }
+    server_lifecycle!("server");
 
     /// Sends one command on a new connection and returns the reply (10 s timeout).
     ///
@@ -124,14 +76,76 @@ impl Redis {
     pub async fn command(&self, args: &[&str]) -> KitResult<RedisReply> {
         redis_command(self.addr(), args).await
     }
+}
 
-    fn spawn_server(&self) -> KitResult<()> {
+/// Several independent Redis servers (Redlock's masters), controlled together: as a
+/// [`super::ServerControl`] a kill, pause, resume or restart reaches every one of them.
+#[derive(Debug)]
+pub struct RedisSet {
+    nodes: Vec<Redis>,
+}
+
+impl RedisSet {
+    /// Starts `n` servers, each with `extra_args` (see [`Redis::start_with`]).
+    ///
+    /// # Errors
+    /// As [`Redis::start_with`]; servers already started are killed.
+    pub async fn start(n: usize, extra_args: &[&str]) -> KitResult<RedisSet> {
+        let mut nodes = Vec::with_capacity(n);
+        for _ in 0..n {
+            nodes.push(Redis::start_with(extra_args).await?);
+        }
+        Ok(RedisSet { nodes })
+    }
+
+    /// A set shared by every test of this test binary (started on first use), one per size.
+    ///
+    /// # Errors
+    /// As [`RedisSet::start`]; later calls see the same error.
+    pub async fn shared(n: usize) -> KitResult<&'static RedisSet> {
+        type Cell = &'static OnceCell<KitResult<RedisSet>>;
+        static SHARED: std::sync::Mutex<Vec<(usize, Cell)>> = std::sync::Mutex::new(Vec::new());
+        let cell = {
+            let mut cells = SHARED.lock().unwrap_or_else(|p| p.into_inner());
+            match cells.iter().find(|(size, _)| *size == n) {
+                Some((_, cell)) => *cell,
+                None => {
+                    let cell: Cell = Box::leak(Box::new(OnceCell::new()));
+                    cells.push((n, cell));
+                    cell
+                }
+            }
+        };
+        cell.get_or_init(|| Self::start(n, &[]))
+            .await
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The servers.
+    pub fn nodes(&self) -> &[Redis] {
+        &self.nodes
+    }
+
+    /// `redlock://127.0.0.1:p1,127.0.0.1:p2,...`.
+    pub fn redlock_url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redlock://{}", hosts.join(","))
+    }
+}
+
+impl Launch for Redis {
+    fn command(&self, server: &Server) -> KitResult<Command> {
         let mut cmd = Command::new(&self.binary);
         cmd.arg("--port")
-            .arg(self.port().to_string())
+            .arg(server.port().to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
-            .arg(self.dir.path())
+            .arg(server.dir())
             .args([
                 "--daemonize",
                 "no",
@@ -141,24 +155,15 @@ impl Redis {
                 "yes",
             ])
             .args(&self.extra_args)
-            .current_dir(self.dir.path());
-        self.proc.spawn(cmd)
+            .current_dir(server.dir());
+        Ok(cmd)
     }
 
-    async fn boot(&self, retry_on_exit: bool) -> KitResult<()> {
-        boot(
-            &self.proc,
-            self.port(),
-            retry_on_exit,
-            || self.spawn_server(),
-            || async {
-                matches!(
-                    redis_command_within(self.addr(), &["PING"], Duration::from_secs(2)).await,
-                    Ok(RedisReply::Status(s)) if s == "PONG"
-                )
-            },
+    async fn ready(&self, server: &Server) -> bool {
+        matches!(
+            redis_command_within(server.addr(), &["PING"], Duration::from_secs(2)).await,
+            Ok(RedisReply::Status(s)) if s == "PONG"
         )
-        .await
     }
 }
 

@@ -11,7 +11,6 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,8 +19,9 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::process::{Proc, STARTUP_TIMEOUT, Workdir, boot, find_binary};
-use super::{first_boot, free_port, loopback};
+use super::process::{STARTUP_TIMEOUT, find_binary};
+use super::server::{Launch, Server, server_lifecycle};
+use super::{free_port, loopback};
 
 const ZK_JAR: &str = "/usr/share/java/zookeeper.jar";
 const SLF4J_SIMPLE: &str = "/usr/share/java/slf4j-simple.jar";
@@ -72,16 +72,13 @@ struct Member {
 /// One ZooKeeper server process: standalone, or a member of a [`ZkEnsemble`].
 #[derive(Debug)]
 pub struct ZkNode {
-    proc: Proc,
+    server: Server,
     /// `myid`, 1-based.
     id: usize,
-    port: AtomicU16,
     /// Every member of the ensemble (this one included); empty for standalone.
     members: Vec<Member>,
     java: PathBuf,
     classpath: String,
-    lifecycle: tokio::sync::Mutex<()>,
-    dir: Workdir,
 }
 
 impl ZkNode {
@@ -95,39 +92,30 @@ impl ZkNode {
             classpath.push(':');
             classpath.push_str(SLF4J_SIMPLE);
         }
-        let dir = Workdir::new("zookeeper")?;
-        let data = dir.path().join("data");
+        let port = members.get(id.wrapping_sub(1)).map_or(0, |m| m.client);
+        let server = Server::new(
+            "zookeeper",
+            format!("zookeeper node {id}"),
+            "zookeeper.log",
+            port,
+        )?;
+        let data = server.dir().join("data");
         std::fs::create_dir_all(&data)
             .map_err(|e| KitError::io("cannot create the zookeeper data dir", e))?;
         if !members.is_empty() {
             std::fs::write(data.join("myid"), format!("{id}\n"))
                 .map_err(|e| KitError::io("cannot write myid", e))?;
         }
-        let port = members.get(id.wrapping_sub(1)).map_or(0, |m| m.client);
         Ok(ZkNode {
-            proc: Proc::new(
-                format!("zookeeper node {id}"),
-                dir.path().join("zookeeper.log"),
-            ),
+            server,
             id,
-            port: AtomicU16::new(port),
             members,
             java,
             classpath,
-            lifecycle: tokio::sync::Mutex::new(()),
-            dir,
         })
     }
 
-    /// The client port (the same across restarts).
-    pub fn port(&self) -> u16 {
-        self.port.load(Ordering::SeqCst)
-    }
-
-    /// `127.0.0.1:{port}`.
-    pub fn addr(&self) -> SocketAddr {
-        loopback(self.port())
-    }
+    server_lifecycle!("node");
 
     /// `127.0.0.1:{port}`: this node alone.
     pub fn connect_string(&self) -> String {
@@ -137,38 +125,6 @@ impl ZkNode {
     /// `myid` of this node (1-based).
     pub fn id(&self) -> usize {
         self.id
-    }
-
-    /// The node's temp dir (`zoo.cfg`, `data/`, `zookeeper.log`).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// SIGKILLs the node's JVM.
-    pub fn kill9(&self) {
-        self.proc.kill9();
-    }
-
-    /// SIGSTOPs the node: connections hang, peers time it out.
-    pub fn pause(&self) {
-        self.proc.signal_tree(libc::SIGSTOP);
-    }
-
-    /// SIGCONTs the node after [`ZkNode::pause`].
-    pub fn resume(&self) {
-        self.proc.signal_tree(libc::SIGCONT);
-    }
-
-    /// Starts the node again with the same ports, config and data dir (kills it first if it is
-    /// running). Waits until it serves (standalone, leader or follower); an ensemble member
-    /// whose running peers are too few for a quorum is only waited for until it answers `ruok`.
-    ///
-    /// # Errors
-    /// A node that does not answer within 60 s.
-    pub async fn restart(&self) -> KitResult<()> {
-        let _lifecycle = self.lifecycle.lock().await;
-        self.proc.kill9();
-        self.boot(true).await
     }
 
     /// `leader`, `follower` or `standalone` from `srvr`; None while not serving (or down).
@@ -182,7 +138,7 @@ impl ZkNode {
     }
 
     fn write_config(&self) -> KitResult<PathBuf> {
-        let data = self.dir.path().join("data");
+        let data = self.dir().join("data");
         let mut cfg = String::new();
         let _ = writeln!(cfg, "tickTime=500");
         let _ = writeln!(cfg, "initLimit=20");
@@ -210,12 +166,14 @@ impl ZkNode {
                 m.election
             );
         }
-        let path = self.dir.path().join("zoo.cfg");
+        let path = self.dir().join("zoo.cfg");
         std::fs::write(&path, cfg).map_err(|e| KitError::io("cannot write zoo.cfg", e))?;
         Ok(path)
     }
+}
 
-    fn spawn_server(&self) -> KitResult<()> {
+impl Launch for ZkNode {
+    fn command(&self, server: &Server) -> KitResult<Command> {
         let cfg = self.write_config()?;
         let mut cmd = Command::new(&self.java);
         cmd.args([
@@ -225,7 +183,7 @@ impl ZkNode {
             "-XX:TieredStopAtLevel=1",
         ])
         .args(["-XX:-UsePerfData", "-Djava.net.preferIPv4Stack=true"])
-        .arg(format!("-Djava.io.tmpdir={}", self.dir.path().display()))
+        .arg(format!("-Djava.io.tmpdir={}", server.dir().display()))
         .args([
             "-Dzookeeper.cnxTimeout=2000",
             "-Dzookeeper.jmx.log4j.disable=true",
@@ -238,23 +196,12 @@ impl ZkNode {
         .arg(&self.classpath)
         .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
         .arg(cfg)
-        .current_dir(self.dir.path());
-        self.proc.spawn(cmd)
-    }
-
-    async fn boot(&self, retry_on_exit: bool) -> KitResult<()> {
-        boot(
-            &self.proc,
-            self.port(),
-            retry_on_exit,
-            || self.spawn_server(),
-            || self.is_ready(),
-        )
-        .await
+        .current_dir(server.dir());
+        Ok(cmd)
     }
 
     /// Serving; or, for an ensemble member without enough running peers for a quorum, alive.
-    async fn is_ready(&self) -> bool {
+    async fn ready(&self, _server: &Server) -> bool {
         if !self.ruok().await {
             return false;
         }
@@ -288,7 +235,7 @@ impl ZooKeeper {
     /// standalone` from `srvr` within 60 s (with the log tail).
     pub async fn start() -> KitResult<ZooKeeper> {
         let node = ZkNode::new(1, Vec::new())?;
-        first_boot(&node.port, || node.boot(false)).await?;
+        node.server.first_boot(&node).await?;
         Ok(ZooKeeper { node })
     }
 
@@ -401,7 +348,7 @@ impl ZkEnsemble {
             .map(|id| ZkNode::new(id, members.clone()))
             .collect::<KitResult<Vec<_>>>()?;
         for node in &nodes {
-            node.spawn_server()?;
+            node.server.spawn(node)?;
         }
         let ensemble = ZkEnsemble { nodes };
         ensemble.wait_for_leader(true).await?;
@@ -479,7 +426,7 @@ impl ZkEnsemble {
             let mut leaders = Vec::new();
             let mut serving = 0;
             for (i, node) in self.nodes.iter().enumerate() {
-                if all && let Some(status) = node.proc.exited() {
+                if all && let Some(status) = node.server.exited() {
                     return Err(self.error(
                         KitErrorKind::ServerExited,
                         &format!("zookeeper node {} exited ({status})", i + 1),
@@ -516,7 +463,12 @@ impl ZkEnsemble {
     fn error(&self, kind: KitErrorKind, what: &str) -> KitError {
         let mut message = format!("{what} in ensemble {}", self.connect_string());
         for node in &self.nodes {
-            let _ = write!(message, "\n--- node {}: {}", node.id, node.proc.log_tail());
+            let _ = write!(
+                message,
+                "\n--- node {}: {}",
+                node.id,
+                node.server.log_tail()
+            );
         }
         KitError::new(kind, message)
     }

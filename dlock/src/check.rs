@@ -1,0 +1,180 @@
+//! `dlock check`: the shared conformance suite against any store, as data.
+//!
+//! [`run`] takes a [`Target`] (for a URL: [`target_for_url`]) and runs every registry case the
+//! store's capabilities admit, one after another, under a name prefix unique to the run; the
+//! result ([`CheckRun`]) carries one [`Report`] per case, serialisable as JSON, so a report over
+//! many stores (`dlock compare`) can reuse it. Fault scenarios need a server dlock started and
+//! may break, so on a user's store they are reported as not applicable ("needs --spawn").
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use conformance_tests::runner::run_case;
+use conformance_tests::{Case, Outcome, Target, registry};
+use lockcore::{DistributedLock, LockName};
+use serde::Serialize;
+
+pub use conformance_tests::Report;
+
+/// What to run and how.
+#[derive(Clone, Debug)]
+pub struct CheckOptions {
+    /// Only entries whose name this matches (all when `None`).
+    pub cases: Option<regex::Regex>,
+    /// How long one case may run before it fails.
+    pub case_timeout: Duration,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        CheckOptions {
+            cases: None,
+            case_timeout: conformance_tests::CASE_TIMEOUT,
+        }
+    }
+}
+
+/// A whole run: which store, its capabilities, and every case's report.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckRun {
+    /// The target's label (for a URL: the backend's name).
+    pub target: String,
+    /// The store's capabilities, as `Capabilities`' `Display` says them.
+    pub capabilities: String,
+    /// The lock-name prefix every case's names were under.
+    pub prefix: String,
+    /// One report per selected case, in registry order.
+    pub cases: Vec<Report>,
+    /// Cases passed.
+    pub passed: usize,
+    /// Cases failed.
+    pub failed: usize,
+    /// Cases not applicable to this store.
+    pub not_applicable: usize,
+    /// Lock names of this run still held when it ended (they were waited for up to 60 s;
+    /// anything listed here outlived that).
+    pub left_held: Vec<String>,
+    /// Names of this run removed from the store afterwards, fence counters included.
+    pub forgotten: usize,
+}
+
+impl CheckRun {
+    /// Whether every case passed or was not applicable, and nothing was left held.
+    pub fn ok(&self) -> bool {
+        self.failed == 0 && self.left_held.is_empty()
+    }
+}
+
+/// A target for the store at `url`, connected with [`crate::connect`], named after the
+/// backend, with every lock name under `dlock-check/<random>/` (no bare names).
+pub fn target_for_url(url: &str, label: &str) -> Target {
+    Target::new(label, url, |url| async move { crate::connect(&url).await })
+        .prefix(format!("dlock-check/{:08x}", rand::random::<u32>()))
+        .record_names()
+        .bare_names(false)
+}
+
+/// The registry entries `options` selects.
+pub fn selected(options: &CheckOptions) -> Vec<&'static Case> {
+    registry()
+        .iter()
+        .filter(|c| options.cases.as_ref().is_none_or(|re| re.is_match(c.name)))
+        .collect()
+}
+
+/// Runs the selected cases against `target` with a `client` already connected to it (its
+/// capabilities head the run), calling `progress(done, total, report)` after each case.
+///
+/// # Cancel safety
+/// Dropping the future aborts the running case; its cleanup guards release what it held.
+pub async fn run(
+    target: &Target,
+    client: &Arc<dyn DistributedLock>,
+    options: &CheckOptions,
+    mut progress: impl FnMut(usize, usize, &Report),
+) -> CheckRun {
+    let cases = selected(options);
+    let mut reports = Vec::with_capacity(cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let report = run_case(target, case, options.case_timeout).await;
+        progress(i + 1, cases.len(), &report);
+        reports.push(report);
+    }
+    let (left_held, forgotten) = clean_up(target, client).await;
+    let (passed, failed, not_applicable) = conformance_tests::table::counts(&reports);
+    CheckRun {
+        target: target.label().to_owned(),
+        capabilities: client.capabilities().to_string(),
+        prefix: target.name_prefix().to_owned(),
+        cases: reports,
+        passed,
+        failed,
+        not_applicable,
+        left_held,
+        forgotten,
+    }
+}
+
+/// Removes what the run left in the store: waits (up to 60 s) for leases that cases let run
+/// out on purpose, then [`forget`](lockcore::DistributedLock::forget)s every name of the run,
+/// fence counter included (the names are unique to the run, so no one relies on their tokens).
+/// Returns the names still held at the end, and how many names were removed.
+async fn clean_up(target: &Target, client: &Arc<dyn DistributedLock>) -> (Vec<String>, usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // Only names under the run's own prefix: nothing else is the run's to delete.
+    let prefix = format!("{}/", target.name_prefix());
+    let mut left: Vec<String> = target
+        .recorded_names()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    let mut forgotten = 0;
+    loop {
+        let mut still = Vec::new();
+        for name in left {
+            let Ok(lock_name) = LockName::new(&name) else {
+                continue;
+            };
+            match client.forget(&lock_name).await {
+                Ok(true) => forgotten += 1,
+                Ok(false) => still.push(name),
+                // Not supported, or the store failed: at least say whether it is held.
+                Err(_) => {
+                    if let Ok(Some(info)) = client.inspect(&lock_name).await
+                        && info.is_held()
+                    {
+                        still.push(name);
+                    }
+                }
+            }
+        }
+        if still.is_empty() || Instant::now() >= deadline {
+            return (still, forgotten);
+        }
+        left = still;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The run as a table: one row per case (outcome, seconds, message or reason), then totals.
+pub fn render(run: &CheckRun) -> String {
+    let mut out = conformance_tests::table::single(&run.cases);
+    if run.forgotten > 0 {
+        out.push_str(&format!(
+            "removed the run's {} lock name(s) from the store, fence counters included\n",
+            run.forgotten
+        ));
+    }
+    if !run.left_held.is_empty() {
+        out.push_str(&format!(
+            "still held after the run: {}\n",
+            run.left_held.join(", ")
+        ));
+    }
+    out
+}
+
+/// Whether a report is a failure (for callers that colour or count).
+pub fn is_failure(report: &Report) -> bool {
+    matches!(report.outcome, Outcome::Failed { .. })
+}
