@@ -15,7 +15,7 @@ pub const DEFAULT_PREFIX: &str = "dlock";
 pub const DEFAULT_PORT: u16 = 6379;
 
 /// Options every Redis URL accepts (besides `ca` for `rediss://`).
-const OPTIONS: &str = "prefix, ttl, drift, timeout (and ca, cert, key for rediss://)";
+const OPTIONS: &str = "prefix, ttl, drift, timeout (node_timeout for redlock://; ca, cert, key for rediss:// and redlocks://)";
 
 /// Which deployment a URL names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,6 +33,14 @@ pub enum Deployment {
     Cluster {
         /// Seed nodes as `(host, port)`.
         nodes: Vec<(String, u16)>,
+    },
+    /// Redlock over an odd number (at least 3) of independent masters
+    /// (`redlock://h1:p1,h2:p2,h3:p3`, or with TLS to every node `redlocks://`).
+    Redlock {
+        /// The masters as `(host, port)`, in URL order.
+        nodes: Vec<(String, u16)>,
+        /// Whether to speak TLS to every node (`redlocks://`).
+        tls: bool,
     },
 }
 
@@ -59,9 +67,15 @@ impl fmt::Debug for Secret {
 /// * `redis://[user:password@]host[:port][/db][?options]`
 /// * `rediss://[user:password@]host[:port][/db][?ca=/path/to/ca.pem&options]` (TLS)
 /// * `redis+cluster://[user:password@]host1:port1,host2:port2[?options]`
+/// * `tair://[user:password@]host[:port][/db][?options]` (the Tair-style expireLock/expireUnlock
+///   emulation on one server)
+/// * `redlock://[user:password@]h1:p1,h2:p2,h3:p3[/db][?node_timeout=..&options]` (Redlock over
+///   an odd number, at least 3, of independent masters; `redlocks://` speaks TLS to every node)
 ///
 /// Options: `prefix` (key prefix, default `dlock`; no `{`, `}` or whitespace), `ttl`, `drift`,
-/// `timeout` (connect and round-trip limit, default 5 s), and for `rediss://` `ca` (a PEM file
+/// `timeout` (connect and round-trip limit, default 5 s), for Redlock `node_timeout` (how long
+/// one node may take to answer one request, default ttl/100 but at least 10 ms), and for
+/// `rediss://` and `redlocks://` `ca` (a PEM file
 /// of the certificate authority to trust instead of the system's roots) and `cert` + `key` (a
 /// client certificate and its private key, PEM files, for servers that authenticate clients). The user and password
 /// may be percent-encoded; a password without a user (`redis://:secret@host`) authenticates as
@@ -84,6 +98,10 @@ pub struct RedisConfig {
     pub client_cert: Option<(PathBuf, PathBuf)>,
     /// ttl, drift and timeout from the URL.
     pub defaults: ClientDefaults,
+    /// Redlock only: the per-node request limit (`None`: ttl/100, at least 50 ms).
+    pub node_timeout: Option<std::time::Duration>,
+    /// `tair://`: the Tair-style expireLock/expireUnlock emulation on this single server.
+    pub tair: bool,
     redacted: String,
 }
 
@@ -113,7 +131,7 @@ impl RedisConfig {
         let redacted = redact_url(url);
         let (scheme, rest) = url.split_once("://").ok_or_else(|| {
             invalid(format!(
-                "`{redacted}` is not a Redis URL; expected redis://host:port, rediss://host:port or redis+cluster://h1:p1,h2:p2"
+                "`{redacted}` is not a Redis URL; expected redis://host:port, rediss://host:port, redis+cluster://h1:p1,h2:p2 or redlock://h1:p1,h2:p2,h3:p3"
             ))
         })?;
         let scheme = scheme.to_ascii_lowercase();
@@ -162,7 +180,9 @@ impl RedisConfig {
                 "`{redacted}` has no host; expected e.g. {scheme}://127.0.0.1:6379"
             )));
         }
-        let deployment = if scheme == "redis+cluster" {
+        let redlock = scheme == "redlock" || scheme == "redlocks";
+        let tair = scheme == "tair";
+        let deployment = if scheme == "redis+cluster" || redlock {
             let mut nodes = Vec::new();
             for node in hosts.split(',') {
                 if node.is_empty() {
@@ -172,7 +192,15 @@ impl RedisConfig {
                 }
                 nodes.push(parse_host_port(node, &redacted)?);
             }
-            Deployment::Cluster { nodes }
+            if redlock {
+                check_redlock_nodes(&nodes, &redacted)?;
+                Deployment::Redlock {
+                    nodes,
+                    tls: scheme == "redlocks",
+                }
+            } else {
+                Deployment::Cluster { nodes }
+            }
         } else {
             if hosts.contains(',') {
                 return Err(invalid(format!(
@@ -210,6 +238,8 @@ impl RedisConfig {
             ca_file: None,
             client_cert: None,
             defaults: ClientDefaults::default(),
+            node_timeout: None,
+            tair,
             redacted,
         };
         let (mut cert_file, mut key_file) = (None, None);
@@ -222,7 +252,21 @@ impl RedisConfig {
             }
             match key {
                 "prefix" => config.prefix = check_prefix(&value)?,
-                "ca" | "cert" | "key" if scheme == "rediss" => {
+                "node_timeout" if redlock => {
+                    let limit = lockcore::parse_duration("node_timeout", &value)?;
+                    if limit.is_zero() || limit > std::time::Duration::from_secs(60) {
+                        return Err(invalid(format!(
+                            "option `node_timeout={value}` must be above 0 and at most 60s"
+                        )));
+                    }
+                    config.node_timeout = Some(limit);
+                }
+                "node_timeout" => {
+                    return Err(invalid(
+                        "option `node_timeout` only applies to redlock:// URLs",
+                    ));
+                }
+                "ca" | "cert" | "key" if scheme == "rediss" || scheme == "redlocks" => {
                     if value.is_empty() {
                         return Err(invalid(format!("option `{key}` needs a file path")));
                     }
@@ -235,7 +279,7 @@ impl RedisConfig {
                 }
                 "ca" | "cert" | "key" => {
                     return Err(invalid(format!(
-                        "option `{key}` only applies to rediss:// (TLS) URLs"
+                        "option `{key}` only applies to rediss:// and redlocks:// (TLS) URLs"
                     )));
                 }
                 _ => {
@@ -264,6 +308,33 @@ impl RedisConfig {
     pub fn redacted_url(&self) -> &str {
         &self.redacted
     }
+}
+
+/// Redlock needs a majority of independent masters: an odd number, at least three, each named
+/// once (the same server twice would count one vote twice).
+fn check_redlock_nodes(nodes: &[(String, u16)], redacted: &str) -> Result<()> {
+    let n = nodes.len();
+    if n < 3 {
+        return Err(invalid(format!(
+            "`{redacted}` names {n} node(s); Redlock needs at least 3 independent masters (a majority of 1 or 2 survives no failure)"
+        )));
+    }
+    if n.is_multiple_of(2) {
+        return Err(invalid(format!(
+            "`{redacted}` names {n} nodes; Redlock needs an odd number: {n} nodes need a majority of {} and survive no more failures than {} nodes do",
+            n / 2 + 1,
+            n - 1
+        )));
+    }
+    for (i, node) in nodes.iter().enumerate() {
+        if nodes[..i].contains(node) {
+            return Err(invalid(format!(
+                "`{redacted}` names {}:{} twice; each Redlock node must be a different master",
+                node.0, node.1
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn check_prefix(prefix: &str) -> Result<String> {
@@ -342,30 +413,6 @@ fn percent_decode(text: &str) -> std::result::Result<String, String> {
     String::from_utf8(out).map_err(|_| "percent-encoding does not decode to UTF-8".to_owned())
 }
 
-/// `url` with the password (the text between `user:` and the last `@` of the authority)
-/// replaced by `***`. Works on malformed URLs too, so errors can quote them safely.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        // No authority to find: hide everything if it might hold credentials.
-        return if url.contains('@') {
-            "***".to_owned()
-        } else {
-            url.to_owned()
-        };
-    };
-    match userinfo_end(rest) {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let user = match userinfo.split_once(':') {
-                Some((u, _)) => format!("{u}:***"),
-                None => userinfo.to_owned(),
-            };
-            format!("{scheme}://{user}{}", &rest[at..])
-        }
-        None => url.to_owned(),
-    }
-}
-
 /// Where the `user:password` part of `rest` (the URL after `://`) ends: the last `@` before the
 /// first `/`; or, when the text before that `/` looks like `user:pass` and has no `@`, the last
 /// `@` before the query (a password with an unencoded `/`). Passwords may contain `?`, `#` and
@@ -386,6 +433,9 @@ fn userinfo_end(rest: &str) -> Option<usize> {
         None => None,
     }
 }
+
+/// The workspace's one redaction rule (see [`lockcore::redact_url`]).
+pub use lockcore::redact_url;
 
 #[cfg(test)]
 mod tests {
@@ -469,6 +519,37 @@ mod tests {
     }
 
     #[test]
+    fn redlock_nodes_and_options() {
+        let c = RedisConfig::parse("redlock://u:p@a:1,b:2,c:3/2?node_timeout=20ms&ttl=5s").unwrap();
+        assert_eq!(
+            c.deployment,
+            Deployment::Redlock {
+                nodes: vec![("a".into(), 1), ("b".into(), 2), ("c".into(), 3)],
+                tls: false
+            }
+        );
+        assert_eq!(c.db, 2);
+        assert_eq!(c.node_timeout, Some(std::time::Duration::from_millis(20)));
+        let c = RedisConfig::parse("redlocks://a:1,b:2,c:3,d:4,e:5?ca=/ca.pem").unwrap();
+        assert!(
+            matches!(c.deployment, Deployment::Redlock { tls: true, ref nodes } if nodes.len() == 5)
+        );
+        for (url, needle) in [
+            ("redlock://a:1", "at least 3"),
+            ("redlock://a:1,b:2", "at least 3"),
+            ("redlock://a:1,b:2,c:3,d:4", "odd number"),
+            ("redlock://a:1,b:2,a:1", "twice"),
+            ("redlock://a:1,b:2,c:3?node_timeout=0s", "node_timeout"),
+            ("redlock://a:1,b:2,c:3?node_timeout=soon", "node_timeout"),
+            ("redis://a:1?node_timeout=5ms", "only applies to redlock"),
+            ("redlock://a:1,b:2,c:3?ca=/x", "only applies to rediss"),
+        ] {
+            let err = RedisConfig::parse(url).unwrap_err();
+            assert!(err.to_string().contains(needle), "{url}: {err}");
+        }
+    }
+
+    #[test]
     fn bad_input_is_clear_and_never_shows_the_password() {
         for (url, needle) in [
             ("redis://", "no host"),
@@ -489,7 +570,7 @@ mod tests {
             assert!(matches!(err, Error::InvalidConfig { .. }), "{url}: {err:?}");
         }
         assert!(matches!(
-            RedisConfig::parse("tair://h:1"),
+            RedisConfig::parse("memcached://h:1"),
             Err(Error::UnsupportedScheme { .. })
         ));
     }

@@ -4,9 +4,11 @@ mod cluster;
 pub mod config;
 mod lock;
 mod queue;
+pub mod redlock;
 mod scripts;
 mod single;
 mod store;
+pub mod tair;
 mod waiters;
 
 use std::sync::Arc;
@@ -17,15 +19,24 @@ pub use config::{DEFAULT_PREFIX, Deployment, RedisConfig, Secret, redact_url};
 pub use lock::{
     ASSUMPTION_CLUSTER, ASSUMPTION_NO_PERSISTENCE, ASSUMPTION_UNKNOWN, RedisLock, RedisStats,
 };
+pub use redlock::RedlockLock;
+pub use tair::TairLock;
 
 /// The backend name in capabilities and error messages.
 pub const BACKEND: &str = "redis";
 
 /// URL schemes this crate serves.
-pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster"];
+pub const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "redlock",
+    "redlocks",
+    "tair",
+];
 
-/// Connects to the Redis server or Cluster named by `url` (see [`RedisConfig`] for the forms
-/// and options).
+/// Connects to the Redis server, Redis Cluster or Redlock masters named by `url` (see
+/// [`RedisConfig`] for the forms and options).
 ///
 /// # Cancel safety
 /// Dropping the future closes what was opened; nothing is held yet.
@@ -37,5 +48,11 @@ pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster"];
 /// No message contains the password.
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
     let config = RedisConfig::parse(url)?;
+    if matches!(config.deployment, Deployment::Redlock { .. }) {
+        return Ok(Arc::new(RedlockLock::connect(&config).await?));
+    }
+    if config.tair {
+        return Ok(Arc::new(TairLock::connect(&config).await?));
+    }
     Ok(Arc::new(RedisLock::connect(&config).await?))
 }

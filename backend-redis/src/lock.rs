@@ -80,7 +80,7 @@ pub(crate) struct Inner {
 /// subscriber).
 #[derive(Clone)]
 pub struct RedisLock {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl fmt::Debug for RedisLock {
@@ -119,6 +119,74 @@ fn connection_info(
     Ok(addr.into_connection_info()?.set_redis_settings(settings))
 }
 
+/// A connect failure as a backend error naming the (redacted) URL.
+pub(crate) fn connect_error(redacted: &str, e: redis::RedisError) -> Error {
+    let retryable = crate::store::is_retryable(&e);
+    Error::backend(
+        BACKEND,
+        "connect",
+        None,
+        retryable,
+        format!("cannot connect to {redacted}: {e}"),
+    )
+}
+
+/// The one place a connection to one server is built: address, TLS (CA, client certificate),
+/// ACL user and password, database, and the `timeout` that bounds connecting and every round
+/// trip. No I/O: the connection opens on first use. Single Redis and every Redlock node use it.
+pub(crate) fn open_single(
+    config: &RedisConfig,
+    host: &str,
+    port: u16,
+    tls: bool,
+) -> Result<Single> {
+    let redacted = config.redacted_url();
+    let info = connection_info(config, host, port, tls).map_err(|e| connect_error(redacted, e))?;
+    let client = if tls {
+        // redis-rs builds rustls configs with the process-wide default provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let read = |what: &str, path: &std::path::PathBuf| {
+            std::fs::read(path).map_err(|e| {
+                Error::invalid_config(
+                    BACKEND,
+                    format!("cannot read the {what} file {}: {e}", path.display()),
+                )
+            })
+        };
+        let root_cert = config
+            .ca_file
+            .as_ref()
+            .map(|path| read("CA", path))
+            .transpose()?;
+        let client_tls = match &config.client_cert {
+            None => None,
+            Some((cert, key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("client certificate", cert)?,
+                client_key: read("client key", key)?,
+            }),
+        };
+        if root_cert.is_none() && client_tls.is_none() {
+            Client::open(info).map_err(|e| connect_error(redacted, e))?
+        } else {
+            // redis-rs parses the files here; its messages say which one is bad and never
+            // show their contents.
+            Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls,
+                    root_cert,
+                },
+            )
+            .map_err(|e| {
+                Error::invalid_config(BACKEND, format!("the TLS files are not usable: {e}"))
+            })?
+        }
+    } else {
+        Client::open(info).map_err(|e| connect_error(redacted, e))?
+    };
+    Ok(Single::new(client, config.defaults.timeout))
+}
+
 impl RedisLock {
     /// Connects per `config`, checks that the server answers (and accepts the credentials), and
     /// reads its persistence settings to decide the fencing guarantee.
@@ -133,66 +201,13 @@ impl RedisLock {
     pub async fn connect(config: &RedisConfig) -> Result<RedisLock> {
         let timeout = config.defaults.timeout;
         let redacted = config.redacted_url().to_owned();
-        let connect_error = |e: redis::RedisError| {
-            let retryable = crate::store::is_retryable(&e);
-            Error::backend(
-                BACKEND,
-                "connect",
-                None,
-                retryable,
-                format!("cannot connect to {redacted}: {e}"),
-            )
-        };
         let (store, fencing) = match &config.deployment {
             Deployment::Single { host, port, tls } => {
-                let info = connection_info(config, host, *port, *tls).map_err(connect_error)?;
-                let client = if *tls {
-                    // redis-rs builds rustls configs with the process-wide default provider.
-                    let _ = rustls::crypto::ring::default_provider().install_default();
-                    let read = |what: &str, path: &std::path::PathBuf| {
-                        std::fs::read(path).map_err(|e| {
-                            Error::invalid_config(
-                                BACKEND,
-                                format!("cannot read the {what} file {}: {e}", path.display()),
-                            )
-                        })
-                    };
-                    let root_cert = config
-                        .ca_file
-                        .as_ref()
-                        .map(|path| read("CA", path))
-                        .transpose()?;
-                    let client_tls = match &config.client_cert {
-                        None => None,
-                        Some((cert, key)) => Some(redis::ClientTlsConfig {
-                            client_cert: read("client certificate", cert)?,
-                            client_key: read("client key", key)?,
-                        }),
-                    };
-                    if root_cert.is_none() && client_tls.is_none() {
-                        Client::open(info).map_err(connect_error)?
-                    } else {
-                        // redis-rs parses the files here; its messages say which one is bad and
-                        // never show their contents.
-                        Client::build_with_tls(
-                            info,
-                            redis::TlsCertificates {
-                                client_tls,
-                                root_cert,
-                            },
-                        )
-                        .map_err(|e| {
-                            Error::invalid_config(
-                                BACKEND,
-                                format!("the TLS files are not usable: {e}"),
-                            )
-                        })?
-                    }
-                } else {
-                    Client::open(info).map_err(connect_error)?
-                };
-                let single = Single::new(client, timeout);
-                single.connection().await.map_err(connect_error)?;
+                let single = open_single(config, host, *port, *tls)?;
+                single
+                    .connection()
+                    .await
+                    .map_err(|e| connect_error(&redacted, e))?;
                 let store = Store::Single(Box::new(single));
                 let fencing = detect_fencing(&store).await;
                 (store, fencing)
@@ -202,17 +217,17 @@ impl RedisLock {
                     .iter()
                     .map(|(h, p)| connection_info(config, h, *p, false))
                     .collect::<redis::RedisResult<Vec<_>>>()
-                    .map_err(connect_error)?;
+                    .map_err(|e| connect_error(&redacted, e))?;
                 let cluster = Cluster::connect(infos, timeout)
                     .await
-                    .map_err(connect_error)?;
+                    .map_err(|e| connect_error(&redacted, e))?;
                 tracing::debug!(nodes = %cluster.describe(), "redis: connected to the cluster");
                 let store = Store::Cluster(cluster);
                 // A first round trip, so bad credentials or a cluster that is down fail here.
                 store
                     .query(&redis::cmd("PING"))
                     .await
-                    .map_err(connect_error)?;
+                    .map_err(|e| connect_error(&redacted, e))?;
                 (
                     store,
                     Fencing::Conditional {
@@ -220,13 +235,35 @@ impl RedisLock {
                     },
                 )
             }
+            Deployment::Redlock { .. } => {
+                return Err(Error::invalid_config(
+                    BACKEND,
+                    format!(
+                        "`{redacted}` is a Redlock URL: connect it with backend_redis::connect or RedlockLock::connect"
+                    ),
+                ));
+            }
         };
+        Ok(Self::from_store(config, store, fencing, redacted))
+    }
+
+    /// A client over `store`, already connected, with the fencing guarantee it was found to
+    /// give; `redacted` names it in messages.
+    pub(crate) fn from_store(
+        config: &RedisConfig,
+        store: Store,
+        fencing: Fencing,
+        redacted: String,
+    ) -> RedisLock {
         let client = format!("{:016x}", rand::random::<u64>());
         let wakes = format!("{}:wake:", config.prefix);
-        Ok(RedisLock {
+        RedisLock {
             inner: Arc::new(Inner {
                 store,
-                hub: Arc::new(Hub::new(format!("{wakes}{client}"), timeout)),
+                hub: Arc::new(Hub::new(
+                    format!("{wakes}{client}"),
+                    config.defaults.timeout,
+                )),
                 prefix: config.prefix.clone(),
                 client,
                 wakes,
@@ -235,7 +272,7 @@ impl RedisLock {
                 redacted,
                 counters: Counters::default(),
             }),
-        })
+        }
     }
 
     /// This client's counters.
@@ -255,10 +292,67 @@ impl RedisLock {
     pub fn prefix(&self) -> &str {
         &self.inner.prefix
     }
+
+    /// One pair of the plain floor: `SET NX PX`, then the compare-and-delete script.
+    pub(crate) async fn plain_floor_pair(&self, name: &LockName) -> Result<()> {
+        let (key, value) = self.floor_acquire(name, false).await?;
+        self.floor_delete(name, &key, &value).await
+    }
+
+    /// One pair of the fenced floor: the minimal fenced acquire (`SET NX PX` + `INCR` of a
+    /// fence counter in one script), then the floor's compare-and-delete.
+    pub(crate) async fn fenced_floor_pair(&self, name: &LockName) -> Result<()> {
+        let (key, value) = self.floor_acquire(name, true).await?;
+        self.floor_delete(name, &key, &value).await
+    }
+
+    /// The floor's acquire, plain (`SET NX PX`) or fenced (one script: `SET NX PX` + `INCR`);
+    /// returns the key and the value to delete it with.
+    pub(crate) async fn floor_acquire(
+        &self,
+        name: &LockName,
+        fenced: bool,
+    ) -> Result<(String, String)> {
+        let base = format!("{{{}:floor:{}}}", self.inner.prefix, name.escaped());
+        let key = format!("{base}:lock");
+        let value = lockcore::OwnerId::random().to_string();
+        let taken = if fenced {
+            let take = Call::on(&scripts::FLOOR_FENCED, &[&key, &format!("{base}:fence")])
+                .arg(value.as_str())
+                .arg(10_000);
+            let reply = self.inner.store.eval(&take).await;
+            reply.map(|r| r != Value::Int(0))
+        } else {
+            let mut set = redis::cmd("SET");
+            set.arg(&key).arg(&value).arg("NX").arg("PX").arg(10_000);
+            self.inner.store.query(&set).await.map(|r| r != Value::Nil)
+        };
+        match taken.map_err(|e| backend_error("floor acquire", Some(name), e))? {
+            true => Ok((key, value)),
+            false => Err(Error::backend(
+                BACKEND,
+                "floor acquire",
+                Some(name),
+                true,
+                "the floor key was held",
+            )),
+        }
+    }
+
+    /// The floor's compare-and-delete.
+    pub(crate) async fn floor_delete(&self, name: &LockName, key: &str, value: &str) -> Result<()> {
+        let del = Call::on(&scripts::FLOOR_DELETE, &[key]).arg(value);
+        self.inner
+            .store
+            .eval(&del)
+            .await
+            .map_err(|e| backend_error("floor delete", Some(name), e))?;
+        Ok(())
+    }
 }
 
 /// `Strict` only for a server that fsyncs every write to its AOF and never evicts keys.
-async fn detect_fencing(store: &Store) -> Fencing {
+pub(crate) async fn detect_fencing(store: &Store) -> Fencing {
     let mut values = Vec::new();
     for param in ["appendonly", "appendfsync", "maxmemory", "maxmemory-policy"] {
         let mut cmd = redis::cmd("CONFIG");
@@ -299,7 +393,19 @@ fn config_value(v: &Value) -> Option<String> {
 }
 
 impl Inner {
-    fn extend_call(&self, lease: &Lease, ttl: Duration) -> Call {
+    /// The owner- and token-checked release of `lease`, waking the head waiter.
+    pub(crate) fn release_call(&self, lease: &Lease) -> Call {
+        Keys::new(&self.prefix, lease.name())
+            .call(
+                &scripts::RELEASE,
+                &[Key::Lock, Key::Fence, Key::Queue, Key::Alive],
+            )
+            .owner_arg(lease.owner())
+            .arg(lease.token().0)
+            .arg(self.wakes.as_str())
+    }
+
+    pub(crate) fn extend_call(&self, lease: &Lease, ttl: Duration) -> Call {
         Keys::new(&self.prefix, lease.name())
             .call(&scripts::EXTEND, &[Key::Lock, Key::Fence])
             .owner_arg(lease.owner())
@@ -367,19 +473,10 @@ impl DistributedLock for RedisLock {
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
-        let keys = Keys::new(&self.inner.prefix, lease.name());
-        let call = keys
-            .call(
-                &scripts::RELEASE,
-                &[Key::Lock, Key::Fence, Key::Queue, Key::Alive],
-            )
-            .owner_arg(lease.owner())
-            .arg(lease.token().0)
-            .arg(self.inner.wakes.as_str());
         let value = self
             .inner
             .store
-            .eval(&call)
+            .eval(&self.inner.release_call(lease))
             .await
             .map_err(|e| backend_error("release", Some(lease.name()), e))?;
         match scripts::parse_flag(&value) {
@@ -402,19 +499,11 @@ impl DistributedLock for RedisLock {
 
     async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
         let inner = &self.inner;
-        let mut out: Vec<Option<Result<Lease>>> = Vec::with_capacity(leases.len());
-        let mut calls = Vec::with_capacity(leases.len());
-        let mut sent = Vec::with_capacity(leases.len());
-        for (i, (lease, ttl)) in leases.iter().enumerate() {
-            match lockcore::check_ttl(*ttl) {
-                Ok(()) => {
-                    calls.push(inner.extend_call(lease, *ttl));
-                    sent.push(i);
-                    out.push(None);
-                }
-                Err(e) => out.push(Some(Err(e))),
-            }
-        }
+        let (mut out, sent) = crate::queue::checked_batch(leases);
+        let calls: Vec<Call> = sent
+            .iter()
+            .map(|&i| inner.extend_call(&leases[i].0, leases[i].1))
+            .collect();
         inner
             .counters
             .renewal_batches
@@ -474,16 +563,44 @@ impl DistributedLock for RedisLock {
         )))
     }
 
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        let keys = Keys::new(&self.inner.prefix, name);
+        let call = keys.call(
+            &scripts::FORGET,
+            &[Key::Lock, Key::Fence, Key::Queue, Key::Alive, Key::Seq],
+        );
+        let value = self
+            .inner
+            .store
+            .eval(&call)
+            .await
+            .map_err(|e| backend_error("forget", Some(name), e))?;
+        match value {
+            redis::Value::Int(n) => Ok(n == 1),
+            other => Err(protocol_error(
+                "forget",
+                Some(name),
+                format!("unexpected reply {other:?}"),
+            )),
+        }
+    }
+
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
         Some(Arc::new(RedisFloor {
-            inner: self.inner.clone(),
+            client: self.clone(),
+        }))
+    }
+
+    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        Some(Arc::new(RedisFencedFloor {
+            client: self.clone(),
         }))
     }
 }
 
 /// `SET NX PX` + an `EVALSHA` compare-and-delete on the client's own multiplexed connection.
 struct RedisFloor {
-    inner: Arc<Inner>,
+    client: RedisLock,
 }
 
 #[async_trait]
@@ -493,31 +610,23 @@ impl RawFloor for RedisFloor {
     }
 
     async fn pair(&self, name: &LockName) -> Result<()> {
-        let key = format!("{{{}:floor:{}}}", self.inner.prefix, name.escaped());
-        let value = lockcore::OwnerId::random().to_string();
-        let mut set = redis::cmd("SET");
-        set.arg(&key).arg(&value).arg("NX").arg("PX").arg(10_000);
-        let reply = self
-            .inner
-            .store
-            .query(&set)
-            .await
-            .map_err(|e| backend_error("floor set", Some(name), e))?;
-        if reply == Value::Nil {
-            return Err(Error::backend(
-                BACKEND,
-                "floor set",
-                Some(name),
-                true,
-                "the floor key was held",
-            ));
-        }
-        let del = Call::on(&scripts::FLOOR_DELETE, &[&key]).arg(value.as_str());
-        self.inner
-            .store
-            .eval(&del)
-            .await
-            .map_err(|e| backend_error("floor delete", Some(name), e))?;
-        Ok(())
+        self.client.plain_floor_pair(name).await
+    }
+}
+
+/// One script doing `SET NX PX` + `INCR` of a fence counter, then the same compare-and-delete:
+/// the floor with the guarantee a fenced lock gives.
+struct RedisFencedFloor {
+    client: RedisLock,
+}
+
+#[async_trait]
+impl RawFloor for RedisFencedFloor {
+    fn description(&self) -> String {
+        "one script SET NX PX + INCR fence, then EVALSHA compare-and-delete, on the same multiplexed connection".into()
+    }
+
+    async fn pair(&self, name: &LockName) -> Result<()> {
+        self.client.fenced_floor_pair(name).await
     }
 }

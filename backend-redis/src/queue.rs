@@ -55,19 +55,9 @@ impl Drop for Abandon<'_> {
             return;
         }
         let (inner, name, owner) = (self.inner.clone(), self.name.clone(), self.owner);
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    if let Err(e) = inner.cancel(&name, owner).await {
-                        tracing::debug!(lock = %name, error = %e, "redis: cleanup of an abandoned acquire failed; the ttl and queue liveness bound it");
-                    }
-                });
-            }
-            Err(_) => tracing::warn!(
-                lock = %name,
-                "redis: acquire dropped outside a tokio runtime; its queue entry and any lock granted to it end at their liveness/ttl"
-            ),
-        }
+        lockcore::spawn_cleanup(crate::BACKEND, self.name, async move {
+            inner.cancel(&name, owner).await
+        });
     }
 }
 
@@ -85,7 +75,7 @@ impl Inner {
         .arg(self.wakes.as_str())
     }
 
-    async fn attempt(
+    pub(crate) async fn attempt(
         &self,
         name: &LockName,
         keys: &Keys,
@@ -101,7 +91,7 @@ impl Inner {
         scripts::parse_acquire(&value, owner).map_err(|e| protocol_error("acquire", Some(name), e))
     }
 
-    fn lease(
+    pub(crate) fn lease(
         name: &LockName,
         owner: OwnerId,
         token: u64,
@@ -181,7 +171,7 @@ impl Inner {
                     guard.disarm();
                     return Ok(Some(Self::lease(name, owner, token, started, opts)));
                 }
-                AcquireReply::Waiting { pttl, rank } => (pttl, rank),
+                AcquireReply::Waiting { pttl, rank, .. } => (pttl, rank),
             };
             if !subscribed {
                 // Subscribe, then check again at once: a release between the attempt above and
@@ -234,6 +224,25 @@ impl Inner {
             .map_err(|e| backend_error("cancel acquire", Some(name), e))?;
         scripts::parse_flag(&value).map_err(|e| protocol_error("cancel acquire", Some(name), e))
     }
+}
+
+/// The start of an `extend_many`: a slot per lease, filled now with the error of a lease whose
+/// ttl is out of bounds (no I/O for it), and the indices of the leases to send.
+pub(crate) fn checked_batch(
+    leases: &[(Lease, Duration)],
+) -> (Vec<Option<Result<Lease>>>, Vec<usize>) {
+    let mut out = Vec::with_capacity(leases.len());
+    let mut sent = Vec::with_capacity(leases.len());
+    for (i, (_, ttl)) in leases.iter().enumerate() {
+        match lockcore::check_ttl(*ttl) {
+            Ok(()) => {
+                sent.push(i);
+                out.push(None);
+            }
+            Err(e) => out.push(Some(Err(e))),
+        }
+    }
+    (out, sent)
 }
 
 /// Whole milliseconds, at least 1 (ttls are ≥ 10 ms by contract).

@@ -21,7 +21,9 @@ impl Lua {
     /// `body` with the shared helpers (`lua/common.lua`) inserted at its `--@common` line, so a
     /// fast path above that line runs without defining them.
     fn new(body: &str) -> Self {
-        let code = body.replacen("--@common", include_str!("lua/common.lua"), 1);
+        let code = body
+            .replacen("--@common", include_str!("lua/common.lua"), 1)
+            .replacen("--@tair", include_str!("lua/tair_common.lua"), 1);
         let sha = redis::Script::new(&code).get_hash().to_owned();
         Lua { code, sha }
     }
@@ -45,6 +47,33 @@ pub(crate) static CANCEL: LazyLock<Lua> =
 /// Read-only state for `inspect` (`lua/inspect.lua`).
 pub(crate) static INSPECT: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/inspect.lua")));
+/// Deletes what is left of a name nobody holds or waits for (`lua/forget.lua`).
+pub(crate) static FORGET: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/forget.lua")));
+/// Redlock's max-only write-back of a fencing token (`lua/fence_max.lua`).
+pub(crate) static FENCE_MAX: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/fence_max.lua")));
+/// Tair emulation: `expireLock` (`lua/tair_lock.lua`).
+pub(crate) static TAIR_LOCK: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/tair_lock.lua")));
+/// Tair emulation: `expireUnlock` (`lua/tair_unlock.lua`).
+pub(crate) static TAIR_UNLOCK: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/tair_unlock.lua")));
+/// Tair emulation: extend a held lock (`lua/tair_extend.lua`).
+pub(crate) static TAIR_EXTEND: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/tair_extend.lua")));
+/// Tair emulation: readers enter, exit, renew (`lua/tair_read.lua`).
+pub(crate) static TAIR_READ: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/tair_read.lua")));
+/// Tair emulation: state for `inspect` (`lua/tair_inspect.lua`).
+pub(crate) static TAIR_INSPECT: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/tair_inspect.lua")));
+/// Tair emulation: delete a free name (`lua/tair_forget.lua`).
+pub(crate) static TAIR_FORGET: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/tair_forget.lua")));
+/// The fenced bench floor's acquire: `SET NX PX` + `INCR` in one script (`lua/floor_fenced.lua`).
+pub(crate) static FLOOR_FENCED: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/floor_fenced.lua")));
 /// The bench floor's compare-and-delete (`lua/floor_delete.lua`).
 pub(crate) static FLOOR_DELETE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/floor_delete.lua")));
@@ -106,7 +135,7 @@ impl Call {
 pub(crate) enum Key {
     /// Holder key: the holder's owner id (unique per acquisition) with the lease's PX.
     Lock,
-    /// Fencing counter (never deleted).
+    /// Fencing counter (never deleted, but by `forget`).
     Fence,
     /// FIFO queue of waiting owners (ZSET by ticket).
     Queue,
@@ -114,6 +143,10 @@ pub(crate) enum Key {
     Alive,
     /// Arrival ticket counter.
     Seq,
+    /// Tair emulation: the lock's hash (flag, expiry, owner, count, version).
+    Tair,
+    /// Tair emulation: the readers' ZSET (scored by expiry).
+    Readers,
 }
 
 impl Key {
@@ -124,6 +157,8 @@ impl Key {
             Key::Queue => ":queue",
             Key::Alive => ":alive",
             Key::Seq => ":seq",
+            Key::Tair => ":tair",
+            Key::Readers => ":readers",
         }
     }
 }
@@ -200,8 +235,9 @@ pub(crate) enum AcquireReply {
     /// Granted with this fencing token.
     Granted(u64),
     /// Not granted. `pttl`: the holder's remaining ms (negative when free); `rank`: this
-    /// owner's place in the queue (0 = head; -1 for a `try`).
-    Waiting { pttl: i64, rank: i64 },
+    /// owner's place in the queue (0 = head; -1 for a `try`); `fence`: the node's counter (the
+    /// last token it handed out), when the reply says.
+    Waiting { pttl: i64, rank: i64, fence: u64 },
 }
 
 /// Decodes the acquire script's reply, checking that it answers for `owner` (a reply matched to
@@ -224,6 +260,11 @@ pub(crate) fn parse_acquire(value: &Value, owner: OwnerId) -> Result<AcquireRepl
         Some(0) => Ok(AcquireReply::Waiting {
             pttl: items.get(1).and_then(int).unwrap_or(-2),
             rank: items.get(3).and_then(int).unwrap_or(-1),
+            fence: items
+                .get(4)
+                .and_then(int)
+                .and_then(|f| u64::try_from(f).ok())
+                .unwrap_or(0),
         }),
         _ => Err(format!("unexpected acquire reply {value:?}")),
     }
@@ -236,7 +277,11 @@ pub(crate) fn parse_try_fast(
     owner: OwnerId,
 ) -> Result<Option<AcquireReply>, String> {
     match value {
-        Value::Int(0) => Ok(Some(AcquireReply::Waiting { pttl: -1, rank: -1 })),
+        Value::Int(0) => Ok(Some(AcquireReply::Waiting {
+            pttl: -1,
+            rank: -1,
+            fence: 0,
+        })),
         Value::Int(-1) => Ok(None),
         Value::Array(items) => {
             if !echoes(items.get(1), owner) {
@@ -291,14 +336,14 @@ pub(crate) fn parse_flag(value: &Value) -> Result<bool, String> {
     }
 }
 
-fn array(value: &Value) -> Result<&[Value], String> {
+pub(crate) fn array(value: &Value) -> Result<&[Value], String> {
     match value {
         Value::Array(items) => Ok(items),
         other => Err(format!("expected an array reply, got {other:?}")),
     }
 }
 
-fn int(value: &Value) -> Option<i64> {
+pub(crate) fn int(value: &Value) -> Option<i64> {
     match value {
         Value::Int(i) => Some(*i),
         Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
@@ -307,7 +352,7 @@ fn int(value: &Value) -> Option<i64> {
     }
 }
 
-fn text(value: &Value) -> Option<String> {
+pub(crate) fn text(value: &Value) -> Option<String> {
     match value {
         Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
         Value::SimpleString(s) => Some(s.clone()),
@@ -390,7 +435,16 @@ mod tests {
             &*EXTEND,
             &*CANCEL,
             &*INSPECT,
+            &*FORGET,
+            &*FENCE_MAX,
+            &*FLOOR_FENCED,
             &*FLOOR_DELETE,
+            &*TAIR_LOCK,
+            &*TAIR_UNLOCK,
+            &*TAIR_EXTEND,
+            &*TAIR_READ,
+            &*TAIR_INSPECT,
+            &*TAIR_FORGET,
         ];
         let mut shas: Vec<&str> = all.iter().map(|l| l.sha.as_str()).collect();
         shas.sort_unstable();

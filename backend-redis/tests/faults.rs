@@ -1,13 +1,15 @@
-//! Fault tests for the Redis backend against private kit servers. Each test's doc comment
-//! declares the case **safe** (no two holders' windows overlap and the fenced resource rejects
-//! every stale write) or **documented unsafe** (shown with a deterministic schedule, asserting
-//! exactly what the fenced resource does). The README's table lists the same declarations.
+//! Fault scenarios only Redis has, against private kit servers: a reply lost during an acquire
+//! (what the armed cleanup does), a subscriber connection that goes silent, and a Cluster master
+//! killed without persistence. Each test's doc comment declares it **safe** or **documented
+//! unsafe**. The scenarios every backend shares (kill -9 with and without AOF, SIGSTOP past the
+//! ttl, blackholed holder, connections killed, holder process killed, client paused) run from
+//! `conformance_tests::faults` through `tests/conformance.rs`, where the declarations live; the
+//! README's table lists them all.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::kit::{Fault, Proxy, Redis, RedisCluster, RedisReply};
-use conformance_tests::{FencedResource, History};
 use lockcore::{
     AcquireOptions, DistributedLock, Fencing, FencingToken, KeepAlive, LockExt, LockGuard,
     LockName, LostReason, Released, Wait,
@@ -53,161 +55,6 @@ async fn hold_after_bumps(c: &Arc<dyn DistributedLock>, name: &str, n: usize) ->
         g.release().await.expect("release");
     }
     c.lock(name, &held_opts(2 * SEC)).await.expect("acquire")
-}
-
-/// **Documented unsafe.** kill -9 of a server without persistence while a lock is held.
-///
-/// Schedule: A takes the lock four times (token 4) and writes to the fenced resource; the
-/// server is killed; A's keep-alive fails and `lost()` fires (`ConnectionLost`); the server
-/// restarts empty. B then gets the lock at once with token 1: the fence counter restarted, so
-/// tokens went backwards. The fenced resource (highest seen: 4) now rejects the *new* holder B
-/// and still accepts the *old* holder A's stale write: fencing only protects when the counter
-/// survives a restart (see `kill9_with_aof_keeps_tokens_increasing`). The client declares this
-/// assumption as `Fencing::Conditional`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill9_without_persistence_resets_the_fence() {
-    let redis = Redis::start().await.expect("kit redis");
-    let a = client(&format!("{}?timeout=2s", redis.url())).await;
-    assert!(
-        matches!(a.capabilities().fencing, Fencing::Conditional { .. }),
-        "a server without appendfsync always must not claim strict fencing"
-    );
-    let name = unique("kill9-no-aof");
-    let resource = FencedResource::new();
-    let ga = hold_after_bumps(&a, &name, 3).await;
-    let token_a = ga.fencing_token();
-    assert_eq!(token_a, FencingToken(4));
-    resource.write(token_a, 1).expect("A writes while holding");
-
-    redis.kill9();
-    let reason = within(30 * SEC, "A's lost()", ga.lost()).await;
-    assert_eq!(reason, LostReason::ConnectionLost);
-    redis.restart().await.expect("restart");
-
-    let b = client(&redis.url()).await;
-    let gb = within(30 * SEC, "B acquires", b.lock(&name, &plain_opts(10 * SEC)))
-        .await
-        .expect("B acquires after the restart");
-    assert_eq!(
-        gb.fencing_token(),
-        FencingToken(1),
-        "without persistence the fence counter restarts"
-    );
-    assert!(
-        resource.write(gb.fencing_token(), 2).is_err(),
-        "the resource rejects the new holder's lower token"
-    );
-    assert!(
-        resource.write(token_a, 3).is_ok(),
-        "documented unsafe: the old holder's stale write is accepted once the counter reset"
-    );
-    gb.release().await.expect("release");
-    drop(ga);
-}
-
-/// **Safe.** kill -9 of a server with `appendonly yes` + `appendfsync always` while a lock is
-/// held: `lost()` fires, the restarted server reloads the lock (with its absolute expiry) and
-/// the fence counter, the next holder gets a higher token, the history has no overlap and the
-/// fenced resource rejects the old holder's stale write. The client reports strict fencing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill9_with_aof_keeps_tokens_increasing() {
-    let redis = Redis::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
-        .await
-        .expect("kit redis with AOF");
-    let a = client(&format!("{}?timeout=2s", redis.url())).await;
-    assert_eq!(a.capabilities().fencing, Fencing::Strict);
-    let name = unique("kill9-aof");
-    let resource = FencedResource::new();
-    let history = History::new();
-    let ga = hold_after_bumps(&a, &name, 3).await;
-    let token_a = ga.fencing_token();
-    let hold_a = history.acquired(0, &ga.lease());
-    resource.write(token_a, 1).expect("A writes while holding");
-
-    redis.kill9();
-    let reason = within(30 * SEC, "A's lost()", ga.lost()).await;
-    assert_eq!(reason, LostReason::ConnectionLost);
-    history.extended(hold_a, &ga.lease());
-    redis.restart().await.expect("restart with the AOF");
-
-    let b = client(&redis.url()).await;
-    let gb = within(60 * SEC, "B acquires", b.lock(&name, &plain_opts(10 * SEC)))
-        .await
-        .expect("B acquires once A's lease ran out");
-    history.acquired(1, &gb.lease());
-    assert!(
-        gb.fencing_token() > token_a,
-        "token {} after the restart is not above {token_a}",
-        gb.fencing_token()
-    );
-    resource.write(gb.fencing_token(), 2).expect("B writes");
-    assert!(
-        resource.write(token_a, 3).is_err(),
-        "the old holder's stale write must be rejected"
-    );
-    history.assert_safe();
-    resource.assert_never_accepted_stale();
-    assert_eq!(b.capabilities().fencing, Fencing::Strict);
-    gb.release().await.expect("release");
-    drop(ga);
-}
-
-/// **Safe.** SIGSTOP of the server for longer than the ttl: A's renewals time out, `lost()`
-/// fires by A's `valid_until`; after SIGCONT the server has expired A's lease, B gets the lock
-/// with a higher token, the windows do not overlap and A's stale write is rejected. A's
-/// renewals that were queued during the pause reach the server after it resumes and find the
-/// lock gone: they never resurrect it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigstop_longer_than_ttl() {
-    let redis = Redis::start().await.expect("kit redis");
-    let a = client(&format!("{}?timeout=1s", redis.url())).await;
-    let name = unique("sigstop");
-    let resource = FencedResource::new();
-    let history = History::new();
-    let ga = a
-        .lock(&name, &held_opts(2 * SEC))
-        .await
-        .expect("A acquires");
-    let hold_a = history.acquired(0, &ga.lease());
-    resource.write(ga.fencing_token(), 1).expect("A writes");
-
-    redis.pause();
-    let reason = within(30 * SEC, "A's lost()", ga.lost()).await;
-    assert_eq!(reason, LostReason::ConnectionLost);
-    history.extended(hold_a, &ga.lease());
-    // Keep the server stopped for well over the ttl in total.
-    tokio::time::sleep(3 * SEC).await;
-    redis.resume();
-
-    let b = client(&redis.url()).await;
-    let gb = within(60 * SEC, "B acquires", b.lock(&name, &plain_opts(10 * SEC)))
-        .await
-        .expect("B acquires after the pause");
-    history.acquired(1, &gb.lease());
-    assert!(gb.fencing_token() > ga.fencing_token());
-    resource.write(gb.fencing_token(), 2).expect("B writes");
-    assert!(
-        resource.write(ga.fencing_token(), 3).is_err(),
-        "A's stale write after the pause must be rejected"
-    );
-    history.assert_safe();
-    // A's client recovers on its own once the server answers again.
-    let name2 = unique("sigstop-after");
-    let g = within(30 * SEC, "A again", async {
-        loop {
-            match a.lock(&name2, &plain_opts(5 * SEC)).await {
-                Ok(g) => break g,
-                Err(e) => {
-                    assert!(e.is_retryable(), "unexpected error after resume: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    })
-    .await;
-    g.release().await.expect("release");
-    gb.release().await.expect("release");
-    drop(ga);
 }
 
 /// **Safe.** Replies blackholed during an acquire (`Fault::BlackholeReplies` on a proxy
@@ -362,84 +209,6 @@ async fn silent_subscriber_is_replaced() {
         .await
         .expect("waiter task");
     assert!(next > token);
-}
-
-/// **Safe.** The client is paused past its ttl (its runtime thread blocked, so keep-alive
-/// cannot run): the server expires A's lease, B takes the lock with a higher token and writes;
-/// when A resumes, its write with the old token is rejected by the fenced resource, its guard
-/// no longer claims the lock, `lost()` resolves, and its release is `NotHeld`. The windows do
-/// not overlap.
-#[test]
-fn client_paused_past_its_ttl() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let (url, _redis) = rt.block_on(async {
-        let redis = Redis::start().await.expect("kit redis");
-        (redis.url(), redis)
-    });
-    let name = unique("paused-client");
-    let resource = Arc::new(FencedResource::new());
-    let history = Arc::new(History::new());
-    let (to_a, a_waits) = std::sync::mpsc::channel::<()>();
-    let (a_got, to_main) = std::sync::mpsc::channel::<FencingToken>();
-
-    let a_thread = {
-        let (url, name, resource, history) =
-            (url.clone(), name.clone(), resource.clone(), history.clone());
-        std::thread::spawn(move || {
-            // A runtime with one thread: blocking it pauses everything A does, keep-alive too.
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("A's runtime");
-            rt.block_on(async move {
-                let a = client(&url).await;
-                let ga = a.lock(&name, &held_opts(SEC)).await.expect("A acquires");
-                history.acquired(0, &ga.lease());
-                resource.write(ga.fencing_token(), 1).expect("A writes");
-                a_got.send(ga.fencing_token()).expect("main listens");
-                // Paused: the thread blocks until B has taken over and written.
-                a_waits.recv().expect("main resumes A");
-                assert!(
-                    !ga.is_held(),
-                    "a paused guard still claims the lock after its ttl"
-                );
-                assert!(
-                    resource.write(ga.fencing_token(), 3).is_err(),
-                    "the paused client's stale write must be rejected"
-                );
-                let reason = within(30 * SEC, "A's lost()", ga.lost()).await;
-                assert!(
-                    matches!(reason, LostReason::Expired | LostReason::Taken),
-                    "lost() said {reason:?}"
-                );
-                assert_eq!(ga.release().await.expect("release"), Released::NotHeld);
-            });
-        })
-    };
-
-    rt.block_on(async {
-        let token_a = to_main.recv().expect("A acquired");
-        let b = client(&url).await;
-        let gb = within(60 * SEC, "B acquires", b.lock(&name, &plain_opts(10 * SEC)))
-            .await
-            .expect("B acquires after A's lease expired");
-        history.acquired(1, &gb.lease());
-        assert!(gb.fencing_token() > token_a);
-        resource.write(gb.fencing_token(), 2).expect("B writes");
-        to_a.send(()).expect("A listens");
-        tokio::task::spawn_blocking(move || a_thread.join())
-            .await
-            .expect("join")
-            .expect("A's thread panicked");
-        history.assert_safe();
-        resource.assert_never_accepted_stale();
-        assert_eq!(resource.rejected(), 1);
-        gb.release().await.expect("release");
-    });
 }
 
 /// **Documented unsafe.** kill -9 of the Cluster master that owns a lock's slot, restarted

@@ -291,7 +291,7 @@ async fn bad_input_fails_clearly() {
         assert_no_secret(&text);
     }
     assert!(matches!(
-        backend_redis::connect("tair://127.0.0.1:1").await,
+        backend_redis::connect("memcached://127.0.0.1:1").await,
         Err(Error::UnsupportedScheme { .. })
     ));
     let cfg = RedisConfig::parse(&format!("redis://u:{PASSWORD}@h:1")).unwrap();

@@ -1,11 +1,17 @@
 -- ACQUIRE: KEYS lock, fence, queue, alive, seq
 --          ARGV owner, ttl_ms, mode ('try' | 'wait'), alive_ms, client id, wakes (channel prefix)
--- Returns {1, token, owner} when granted, else {0, pttl_of_holder, owner, rank_in_queue}.
+-- Returns {1, token, owner} when granted, else {0, pttl_of_holder, owner, rank_in_queue,
+-- fence} (fence: the counter's value, the last token handed out; Redlock's acquirer takes a
+-- token above every fence it hears of).
 --
 -- 'try':  grant only if the lock is free and nobody (alive) is queued: never jumps the queue.
 -- 'wait': grant if the lock is free and this owner heads the queue (or the queue is empty);
 --         otherwise join the queue at the tail if not in it (again, if liveness ran out), and
 --         refresh this owner's liveness.
+-- 'member': as 'wait', but a free lock goes to any live member of the queue, not only its head.
+--         Redlock waits this way: its nodes may order the same waiters differently, and
+--         insisting on each node's head could split the votes for ever. Newcomers still never
+--         jump a live queue.
 --
 -- The common case comes first and touches only the lock, the queue's existence and the fence:
 -- a free lock with nobody waiting is granted in three commands, whatever the mode.
@@ -28,10 +34,11 @@ if mode == 'try' then
   if pruned > 0 then
     wake_head(lock, queue, wakes)
   end
-  return {0, redis.call('PTTL', lock), owner, -1}
+  return {0, redis.call('PTTL', lock), owner, -1, redis.call('GET', fence) or 0}
 end
 local rank = redis.call('ZRANK', queue, entry)
-if not held and (rank == 0 or (not rank and redis.call('ZCARD', queue) == 0)) then
+if not held and (rank == 0 or (rank and mode == 'member')
+    or (not rank and redis.call('ZCARD', queue) == 0)) then
   if rank then
     redis.call('ZREM', queue, entry)
     redis.call('ZREM', alive, entry)
@@ -46,4 +53,4 @@ redis.call('ZADD', alive, now + alive_ms, entry)
 if pruned > 0 then
   wake_head(lock, queue, wakes)
 end
-return {0, redis.call('PTTL', lock), owner, rank}
+return {0, redis.call('PTTL', lock), owner, rank, redis.call('GET', fence) or 0}

@@ -1,0 +1,10 @@
+-- INSPECT: KEYS hash, readers
+-- Returns {holder or '', ms left (-1 when free), version (0 when never locked), live readers}.
+--@tair
+local now = now_ms()
+local h = redis.call('HMGET', KEYS[1], 'locked', 'expire', 'owner', 'version')
+local readers = redis.call('ZCOUNT', KEYS[2], '(' .. int(now), '+inf')
+if h[1] == '1' and tonumber(h[2]) > now then
+  return {h[3], tonumber(h[2]) - now, tonumber(h[4]), readers}
+end
+return {'', -1, tonumber(h[4] or '0'), readers}

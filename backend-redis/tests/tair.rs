@@ -1,0 +1,337 @@
+//! The Tair emulation's primitives (`expireLock` / `expireUnlock`, proofs, versions, the
+//! reentrant form) and the read-write race of the usual two-step pattern, against a kit server.
+//! The shared suite and fault scenarios run on `tair://` in `tests/conformance.rs`.
+
+use std::time::Duration;
+
+use backend_redis::TairLock;
+use backend_redis::config::RedisConfig;
+use backend_redis::tair::{ExpireLock, ExpireUnlock, ReadEnter};
+use conformance_tests::kit::{Redis, RedisReply, redis_command};
+use lockcore::{DistributedLock, LockName, OwnerId};
+
+const SEC: Duration = Duration::from_secs(1);
+
+async fn tair(redis: &Redis) -> TairLock {
+    let url = redis.url().replacen("redis://", "tair://", 1);
+    TairLock::connect(&RedisConfig::parse(&url).expect("url"))
+        .await
+        .expect("connect")
+}
+
+fn name(n: &str) -> LockName {
+    LockName::new(n).expect("name")
+}
+
+/// Everything the store keeps for `n` (its hash), to show that a refused call changed nothing.
+async fn state(redis: &Redis, n: &str) -> RedisReply {
+    let key = format!("{{dlock:{}}}:tair", name(n).escaped());
+    redis_command(redis.addr(), &["HGETALL", &key])
+        .await
+        .expect("HGETALL")
+}
+
+fn locked(answer: ExpireLock) -> (u64, u64, u64) {
+    match answer {
+        ExpireLock::Locked {
+            expiry,
+            version,
+            count,
+        } => (expiry, version, count),
+        other => panic!("expected a lock, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_lock_and_unlock_judge_flag_and_timestamp_together() {
+    let redis = Redis::start().await.expect("kit redis");
+    let t = tair(&redis).await;
+    let n = name("primitives");
+    let (a, b) = (OwnerId::random(), OwnerId::random());
+
+    let (proof, v1, _) = locked(t.expire_lock(&n, a, SEC, false).await.unwrap());
+    // Held: another lock fails and reports the holder's expiry.
+    match t.expire_lock(&n, b, SEC, false).await.unwrap() {
+        ExpireLock::Held { expiry, holder } => {
+            assert_eq!(expiry, proof);
+            assert_eq!(holder, a.to_string());
+        }
+        other => panic!("a held key was locked again: {other:?}"),
+    }
+    // A wrong proof changes nothing.
+    let before = state(&redis, "primitives").await;
+    assert_eq!(
+        t.expire_unlock(&n, proof + 1, true).await.unwrap(),
+        ExpireUnlock::NotCurrent
+    );
+    assert_eq!(state(&redis, "primitives").await, before);
+
+    // Once the expiry passes, the lock is taken over atomically with a later proof and a
+    // higher version, and the old proof can no longer unlock anything.
+    tokio::time::sleep(SEC + Duration::from_millis(100)).await;
+    let (proof2, v2, _) = locked(t.expire_lock(&n, b, 5 * SEC, false).await.unwrap());
+    assert!(proof2 > proof, "{proof2} after {proof}");
+    assert!(v2 > v1, "version {v2} after {v1}");
+    let before = state(&redis, "primitives").await;
+    assert_eq!(
+        t.expire_unlock(&n, proof, true).await.unwrap(),
+        ExpireUnlock::NotCurrent,
+        "a stale proof unlocked the new holder"
+    );
+    assert_eq!(state(&redis, "primitives").await, before);
+    assert_eq!(
+        t.expire_unlock(&n, proof2, true).await.unwrap(),
+        ExpireUnlock::Unlocked
+    );
+    assert_eq!(
+        t.expire_unlock(&n, proof2, true).await.unwrap(),
+        ExpireUnlock::NotCurrent,
+        "unlocking twice"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proofs_never_repeat_even_within_one_millisecond() {
+    let redis = Redis::start().await.expect("kit redis");
+    let t = tair(&redis).await;
+    let n = name("same-ms");
+    let mut last_proof = 0;
+    let mut last_version = 0;
+    for _ in 0..200 {
+        let owner = OwnerId::random();
+        let (proof, version, _) = locked(t.expire_lock(&n, owner, 30 * SEC, false).await.unwrap());
+        assert!(proof > last_proof, "proof {proof} after {last_proof}");
+        assert!(version > last_version);
+        if last_proof > 0 {
+            // The previous holder's proof is stale: it must not unlock this one.
+            assert_eq!(
+                t.expire_unlock(&n, last_proof, true).await.unwrap(),
+                ExpireUnlock::NotCurrent
+            );
+        }
+        assert_eq!(
+            t.expire_unlock(&n, proof, true).await.unwrap(),
+            ExpireUnlock::Unlocked
+        );
+        (last_proof, last_version) = (proof, version);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reentrant_form_counts_per_owner_and_balances() {
+    let redis = Redis::start().await.expect("kit redis");
+    let t = tair(&redis).await;
+    let n = name("reentrant");
+    let (a, b) = (OwnerId::random(), OwnerId::random());
+    let (proof, version, count) = locked(t.expire_lock(&n, a, 30 * SEC, true).await.unwrap());
+    assert_eq!(count, 1);
+    let (again, version2, count2) = locked(t.expire_lock(&n, a, 30 * SEC, true).await.unwrap());
+    assert_eq!(
+        (again, version2, count2),
+        (proof, version, 2),
+        "re-entry keeps proof and token"
+    );
+    assert!(matches!(
+        t.expire_lock(&n, b, 30 * SEC, true).await.unwrap(),
+        ExpireLock::Held { .. }
+    ));
+    assert_eq!(
+        t.expire_unlock(&n, proof, false).await.unwrap(),
+        ExpireUnlock::CountedDown
+    );
+    assert!(matches!(
+        t.expire_lock(&n, b, 30 * SEC, true).await.unwrap(),
+        ExpireLock::Held { .. }
+    ));
+    assert_eq!(
+        t.expire_unlock(&n, proof, false).await.unwrap(),
+        ExpireUnlock::Unlocked
+    );
+    let (_, version3, _) = locked(t.expire_lock(&n, b, 30 * SEC, true).await.unwrap());
+    assert!(version3 > version);
+}
+
+/// One step of the read-write race: a reader's or a writer's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// The reader checks that no writer holds the key.
+    ReaderChecks,
+    /// The reader counts itself in.
+    ReaderEnters,
+    /// The writer checks that no reader is in.
+    WriterChecks,
+    /// The writer locks.
+    WriterLocks,
+}
+
+/// Every order of the reader's two steps and the writer's two steps that keeps each side's own
+/// order: the six interleavings.
+fn interleavings() -> Vec<[Step; 4]> {
+    use Step::*;
+    let mut all = Vec::new();
+    for reader_at in [[0, 1], [0, 2], [0, 3], [1, 2], [1, 3], [2, 3]] {
+        let mut order = [WriterChecks; 4];
+        let mut writer = [WriterChecks, WriterLocks].into_iter();
+        for (i, slot) in order.iter_mut().enumerate() {
+            *slot = if i == reader_at[0] {
+                ReaderChecks
+            } else if i == reader_at[1] {
+                ReaderEnters
+            } else {
+                writer.next().expect("two writer steps")
+            };
+        }
+        all.push(order);
+    }
+    all
+}
+
+/// The usual two-step read-write lock built from the bare primitives (a test helper, not
+/// shipped): readers in a counter beside the write lock. Returns whether the reader and the
+/// writer both got in, running the steps in `order`.
+async fn two_step(t: &TairLock, redis: &Redis, n: &LockName, order: [Step; 4]) -> (bool, bool) {
+    let counter = format!("two-step-readers:{}", n.as_str());
+    let (mut reader_saw_free, mut writer_saw_none) = (false, false);
+    let (mut reader_in, mut writer_in) = (false, false);
+    for step in order {
+        match step {
+            Step::ReaderChecks => {
+                reader_saw_free = t.inspect(n).await.unwrap().is_none_or(|i| !i.is_held());
+            }
+            Step::ReaderEnters => {
+                if reader_saw_free {
+                    redis_command(redis.addr(), &["INCR", &counter])
+                        .await
+                        .unwrap();
+                    reader_in = true;
+                }
+            }
+            Step::WriterChecks => {
+                let readers = redis_command(redis.addr(), &["GET", &counter])
+                    .await
+                    .unwrap();
+                writer_saw_none = matches!(readers, RedisReply::Bulk(None))
+                    || readers.as_text().as_deref() == Some("0");
+            }
+            Step::WriterLocks => {
+                if writer_saw_none {
+                    writer_in = matches!(
+                        t.expire_lock(n, OwnerId::random(), 30 * SEC, false)
+                            .await
+                            .unwrap(),
+                        ExpireLock::Locked { .. }
+                    );
+                }
+            }
+        }
+    }
+    (reader_in, writer_in)
+}
+
+/// The emulation: each side is one script, so its check and its step cannot be split; the
+/// steps run in the order each side's *first* step has in `order`.
+async fn atomic(t: &TairLock, n: &LockName, order: [Step; 4]) -> (bool, bool) {
+    let (mut reader_in, mut writer_in) = (false, false);
+    for step in order {
+        match step {
+            Step::ReaderChecks => {
+                reader_in = matches!(
+                    t.read_enter(n, OwnerId::random(), 30 * SEC).await.unwrap(),
+                    ReadEnter::Entered { .. }
+                );
+            }
+            Step::WriterChecks => {
+                writer_in = matches!(
+                    t.expire_lock(n, OwnerId::random(), 30 * SEC, false)
+                        .await
+                        .unwrap(),
+                    ExpireLock::Locked { .. }
+                );
+            }
+            Step::ReaderEnters | Step::WriterLocks => {}
+        }
+    }
+    (reader_in, writer_in)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_and_a_writer_never_both_get_in_where_the_two_step_pattern_lets_them() {
+    let redis = Redis::start().await.expect("kit redis");
+    let t = tair(&redis).await;
+    let mut two_step_broken = Vec::new();
+    for (i, order) in interleavings().into_iter().enumerate() {
+        let n = name(&format!("rw-two-step/{i}"));
+        let (reader, writer) = two_step(&t, &redis, &n, order).await;
+        assert!(reader || writer, "{order:?}: nobody got in");
+        if reader && writer {
+            two_step_broken.push(order);
+        }
+        let n = name(&format!("rw-atomic/{i}"));
+        let (reader, writer) = atomic(&t, &n, order).await;
+        assert!(
+            reader != writer,
+            "{order:?}: the emulation let reader {reader} and writer {writer} in"
+        );
+    }
+    // Both checks before both steps: the four interleavings where each side checks before the
+    // other acts.
+    use Step::*;
+    let broken_expected: Vec<[Step; 4]> = interleavings()
+        .into_iter()
+        .filter(|o| {
+            let at = |s| o.iter().position(|x| *x == s).unwrap();
+            at(ReaderChecks) < at(WriterLocks) && at(WriterChecks) < at(ReaderEnters)
+        })
+        .collect();
+    assert_eq!(broken_expected.len(), 4);
+    assert_eq!(
+        two_step_broken, broken_expected,
+        "the two-step pattern must break exactly where both check before either acts"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_readers_and_writers_never_overlap() {
+    let redis = Redis::start().await.expect("kit redis");
+    let t = tair(&redis).await;
+    for round in 0..100 {
+        let n = name(&format!("rw-race/{round}"));
+        let (r, w) = tokio::join!(
+            t.read_enter(&n, OwnerId::random(), 30 * SEC),
+            t.expire_lock(&n, OwnerId::random(), 30 * SEC, false)
+        );
+        let reader = matches!(r.unwrap(), ReadEnter::Entered { .. });
+        let writer = matches!(w.unwrap(), ExpireLock::Locked { .. });
+        assert!(
+            reader != writer,
+            "round {round}: reader {reader}, writer {writer}"
+        );
+    }
+    // Many readers share; a reader's exit lets the writer in.
+    let n = name("rw-shared");
+    let readers: Vec<OwnerId> = (0..5).map(|_| OwnerId::random()).collect();
+    for r in &readers {
+        assert!(matches!(
+            t.read_enter(&n, *r, 30 * SEC).await.unwrap(),
+            ReadEnter::Entered { .. }
+        ));
+    }
+    assert_eq!(
+        t.expire_lock(&n, OwnerId::random(), 30 * SEC, false)
+            .await
+            .unwrap(),
+        ExpireLock::Readers
+    );
+    for r in &readers {
+        assert!(t.read_exit(&n, *r).await.unwrap());
+    }
+    let (_, _, _) = locked(
+        t.expire_lock(&n, OwnerId::random(), 30 * SEC, false)
+            .await
+            .unwrap(),
+    );
+    assert!(matches!(
+        t.read_enter(&n, OwnerId::random(), 30 * SEC).await.unwrap(),
+        ReadEnter::Writer { .. }
+    ));
+}
