@@ -1,0 +1,37 @@
+#![doc = include_str!("../README.md")]
+
+pub mod config;
+mod lock;
+mod names;
+mod session;
+
+use std::sync::Arc;
+
+use lockcore::{DistributedLock, Result};
+
+pub use config::{Credentials, DEFAULT_PORT, DEFAULT_PREFIX, ZkConfig};
+pub use lock::ZkLock;
+/// The ZooKeeper client this crate uses (see [`ZkLock::zk_client`]).
+pub use zookeeper_client;
+
+/// The backend name in capabilities and error messages.
+pub const BACKEND: &str = "zookeeper";
+
+/// URL schemes this crate serves.
+pub const SCHEMES: &[&str] = &["zk"];
+
+/// Connects to the ZooKeeper ensemble named by `url` (see [`ZkConfig`] for the form and
+/// options).
+///
+/// # Cancel safety
+/// Dropping the future closes the session it opened; nothing is held yet.
+///
+/// # Errors
+/// [`lockcore::Error::UnsupportedScheme`] for a scheme other than `zk`;
+/// [`lockcore::Error::InvalidConfig`] for a malformed URL or option (before any I/O);
+/// [`lockcore::Error::Backend`] when no server answers or the credentials are refused. No
+/// message contains the password.
+pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
+    let config = ZkConfig::parse(url)?;
+    Ok(Arc::new(ZkLock::connect(&config).await?))
+}

@@ -1,0 +1,793 @@
+//! The lock recipe: one EPHEMERAL_SEQUENTIAL node per attempt under the lock's CONTAINER
+//! parent. A write (exclusive) request holds when its node is the lowest and watches only the
+//! node just below it; a read request holds when no write node is below it and watches only the
+//! nearest write node below it. Leases are bounded by the session timeout, and an unrenewed
+//! lease's node is deleted by this client when its ttl runs out.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use lockcore::async_trait;
+use lockcore::{
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
+    Fencing, FencingToken, Lease, LockInfo, LockName, LostReason, OwnerId, RawFloor, Released,
+    Result, WaitMechanism,
+};
+use tokio::sync::Notify;
+use zookeeper_client as zk;
+
+use crate::BACKEND;
+use crate::config::ZkConfig;
+use crate::names::{self, Child, NodeKind};
+use crate::session::{Session, acls, no_answer, timed, zk_error};
+
+/// How many times a create is retried when the lock's parent vanishes in between (the server
+/// removes empty containers).
+const PARENT_RETRIES: usize = 10;
+
+/// A client of one ZooKeeper ensemble (`zk://`). Cheap to share behind an `Arc`; every clone of
+/// the handle uses the same session.
+#[derive(Clone)]
+pub struct ZkLock {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) session: Session,
+    pub(crate) config: ZkConfig,
+    base: String,
+    /// Node path → when its lease runs out unless renewed. ZooKeeper keeps an ephemeral node
+    /// as long as the session, so this client deletes a node whose lease it stopped renewing.
+    held: Mutex<HashMap<String, Instant>>,
+    wake_reaper: Arc<Notify>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Lets the reaper see that the client is gone and end.
+        self.wake_reaper.notify_one();
+    }
+}
+
+impl std::fmt::Debug for ZkLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkLock")
+            .field("url", &self.inner.config.redacted())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Deletes an attempt's node (or, if the create's reply never came, any node carrying the
+/// attempt's owner id) when the acquire future ends without the lock. Runs on drop: the
+/// client sends a request when it is called, so nothing blocks; the reply is awaited on a
+/// spawned task when a runtime is there.
+struct Cleanup {
+    client: zk::Client,
+    parent: String,
+    owner: OwnerId,
+    path: Option<String>,
+    armed: bool,
+}
+
+impl Cleanup {
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let client = self.client.clone();
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            if let Some(path) = &self.path {
+                // Sent now; the reply is not awaited.
+                drop(client.delete(path, None));
+            }
+            return;
+        };
+        let (parent, owner, path) = (self.parent.clone(), self.owner, self.path.clone());
+        rt.spawn(async move {
+            let path = match path {
+                Some(p) => Some(p),
+                None => loop {
+                    // The create's reply never came: find the node by its owner id.
+                    match client.list_children(&parent).await {
+                        Ok(children) => {
+                            break names::queue(&children)
+                                .into_iter()
+                                .find(|c| c.owner == owner)
+                                .map(|c| format!("{parent}/{}", c.node));
+                        }
+                        Err(zk::Error::NoNode) => break None,
+                        Err(e) if retry_cleanup(&client, &e) => {
+                            tokio::time::sleep(CLEANUP_RETRY).await
+                        }
+                        Err(_) => break None,
+                    }
+                },
+            };
+            if let Some(p) = path {
+                delete_eventually(client, p, "abandoned lock request").await;
+            }
+        });
+    }
+}
+
+/// The limit on a lease: the session timeout as negotiated, so that a lease is never trusted
+/// for longer than the server would keep a silent session alive.
+fn effective_ttl(ttl: Duration, session_timeout: Duration) -> Duration {
+    ttl.min(session_timeout)
+}
+
+fn drift_for(opts: &AcquireOptions, ttl: Duration) -> Duration {
+    let drift = if ttl == opts.ttl_value() {
+        opts.drift_value()
+    } else {
+        lockcore::default_drift(ttl)
+    };
+    drift.min(ttl / 2)
+}
+
+impl ZkLock {
+    /// Connects to the ensemble of `config` and makes its base node.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes the session it opened; nothing is held yet.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when no server answers or authentication fails.
+    pub async fn connect(config: &ZkConfig) -> Result<Self> {
+        let session = Session::connect(config).await?;
+        let wake_reaper = Arc::new(Notify::new());
+        let inner = Arc::new(Inner {
+            session,
+            config: config.clone(),
+            base: config.base_path(),
+            held: Mutex::new(HashMap::new()),
+            wake_reaper: wake_reaper.clone(),
+        });
+        tokio::spawn(reaper(Arc::downgrade(&inner), wake_reaper));
+        Ok(ZkLock { inner })
+    }
+
+    /// The parsed configuration.
+    pub fn config(&self) -> &ZkConfig {
+        &self.inner.config
+    }
+
+    /// The session timeout the server granted to the current session.
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.session.peek().session_timeout()
+    }
+
+    /// The id of the current session (for tests and diagnostics).
+    pub fn session_id(&self) -> i64 {
+        self.inner.session.peek().session_id().0
+    }
+
+    /// The `zookeeper-client` handle of the current session, for diagnostics and tests (for
+    /// example to look at the lock nodes). Deleting this crate's nodes through it breaks the
+    /// locks they stand for.
+    pub fn zk_client(&self) -> zk::Client {
+        self.inner.session.peek()
+    }
+
+    /// The znode that holds `name`'s queue: `{chroot}/{prefix}/n-{escaped name}`.
+    pub fn parent_path(&self, name: &LockName) -> String {
+        format!("{}/{}", self.inner.base, names::node_name(name))
+    }
+
+    fn limit(&self) -> Duration {
+        self.inner.session.timeout()
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn register(&self, path: &str, until: Instant) {
+        self.held().insert(path.to_owned(), until);
+        self.inner.wake_reaper.notify_one();
+    }
+
+    /// Lists `parent`'s children; `Ok(None)` when the parent does not exist.
+    async fn children(
+        &self,
+        client: &zk::Client,
+        parent: &str,
+        name: &LockName,
+        op: &'static str,
+    ) -> Result<Option<Vec<String>>> {
+        match timed(self.limit(), client.list_children(parent)).await {
+            Ok(Ok(c)) => Ok(Some(c)),
+            Ok(Err(zk::Error::NoNode)) => Ok(None),
+            Ok(Err(e)) => Err(zk_error(op, Some(name), e)),
+            Err(()) => Err(no_answer(op, Some(name), self.limit())),
+        }
+    }
+
+    /// Finds the node of `owner` in `parent` after a create whose reply was lost.
+    async fn find_own(
+        &self,
+        client: &zk::Client,
+        parent: &str,
+        name: &LockName,
+        owner: OwnerId,
+    ) -> Result<Option<String>> {
+        let children = self.children(client, parent, name, "acquire").await?;
+        Ok(children.and_then(|c| {
+            names::queue(&c)
+                .into_iter()
+                .find(|c| c.owner == owner)
+                .map(|c| format!("{parent}/{}", c.node))
+        }))
+    }
+
+    /// Creates the attempt's node, making the parent container if needed; after a connection
+    /// loss it looks for its own node (by owner id) before creating again, so one attempt
+    /// never leaves two nodes. Returns the node's path.
+    async fn create_request(
+        &self,
+        client: &zk::Client,
+        name: &LockName,
+        parent: &str,
+        kind: NodeKind,
+        cleanup: &mut Cleanup,
+    ) -> Result<(String, Option<zk::Stat>)> {
+        let owner = cleanup.owner;
+        let prefix = format!("{parent}/{}", names::request_prefix(kind, owner));
+        let node_opts = zk::CreateMode::EphemeralSequential.with_acls(acls(&self.inner.config));
+        let parent_opts = zk::CreateMode::Container.with_acls(acls(&self.inner.config));
+        for _ in 0..PARENT_RETRIES {
+            match timed(self.limit(), client.create(&prefix, &[], &node_opts)).await {
+                Ok(Ok((stat, seq))) => {
+                    let path = format!("{prefix}{seq}");
+                    cleanup.path = Some(path.clone());
+                    // CREATE2's stat is right on its own on 3.8.0 (only inside a MULTI is it
+                    // invalid, ZOOKEEPER-4026); an invalid one is read again with `exists`.
+                    return Ok((path, (stat.czxid > 0).then_some(stat)));
+                }
+                Ok(Err(zk::Error::NoNode)) => {
+                    match timed(self.limit(), client.create(parent, &[], &parent_opts)).await {
+                        Ok(Ok(_) | Err(zk::Error::NodeExists)) => {}
+                        Ok(Err(e)) => {
+                            return Err(zk_error("create the lock's node", Some(name), e));
+                        }
+                        Err(()) => {
+                            return Err(no_answer(
+                                "create the lock's node",
+                                Some(name),
+                                self.limit(),
+                            ));
+                        }
+                    }
+                }
+                Ok(Err(e)) if crate::session::is_connection_loss(&e) => {
+                    // The create may or may not have been applied: look before trying again.
+                    if let Some(path) = self.find_own(client, parent, name, owner).await? {
+                        cleanup.path = Some(path.clone());
+                        return Ok((path, None));
+                    }
+                }
+                Ok(Err(e)) => return Err(zk_error("acquire", Some(name), e)),
+                // Still pending in the client: the armed cleanup finds and deletes it by owner.
+                Err(()) => return Err(no_answer("acquire", Some(name), self.limit())),
+            }
+        }
+        Err(Error::backend(
+            BACKEND,
+            "acquire",
+            Some(name),
+            true,
+            "the lock's parent node kept disappearing",
+        ))
+    }
+
+    /// The node's stat (its czxid is the fencing token), with a separate `exists`: for a node
+    /// found after a lost create reply, and to check a lease's node.
+    async fn czxid(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        name: &LockName,
+    ) -> Result<Option<zk::Stat>> {
+        match timed(self.limit(), client.check_stat(path)).await {
+            Ok(Ok(stat)) => Ok(stat),
+            Ok(Err(e)) => Err(zk_error("read the lock node", Some(name), e)),
+            Err(()) => Err(no_answer("read the lock node", Some(name), self.limit())),
+        }
+    }
+
+    /// One acquisition of `kind`: create the node, then until nothing blocks it (or
+    /// `deadline`, or after one look when `wait` is false) watch the node that blocks it.
+    async fn acquire(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+        wait: bool,
+        kind: NodeKind,
+    ) -> Result<Option<Lease>> {
+        let client = self.inner.session.client().await?;
+        let owner = OwnerId::random();
+        let parent = self.parent_path(name);
+        let mut cleanup = Cleanup {
+            client: client.clone(),
+            parent: parent.clone(),
+            owner,
+            path: None,
+            armed: true,
+        };
+        let (path, created) = self
+            .create_request(&client, name, &parent, kind, &mut cleanup)
+            .await?;
+        let me = path.rsplit('/').next().unwrap_or_default().to_owned();
+        loop {
+            let checked_at = Instant::now();
+            let children = self
+                .children(&client, &parent, name, "acquire")
+                .await?
+                .unwrap_or_default();
+            let queue = names::queue(&children);
+            let Some(at) = queue.iter().position(|c| c.node == me) else {
+                cleanup.disarm();
+                return Err(Error::backend(
+                    BACKEND,
+                    "acquire",
+                    Some(name),
+                    false,
+                    "this request's node was deleted while it waited (by an operator, or with \
+                     its session)",
+                ));
+            };
+            // A writer waits for the node just below it; a reader only for the nearest writer
+            // below it (readers between them hold together).
+            let blocker = match kind {
+                NodeKind::Exclusive => at.checked_sub(1),
+                NodeKind::Shared => queue[..at]
+                    .iter()
+                    .rposition(|c| c.kind == NodeKind::Exclusive),
+            };
+            let Some(blocker) = blocker else {
+                let stat = match created {
+                    Some(stat) => Some(stat),
+                    None => self.czxid(&client, &path, name).await?,
+                };
+                let Some(stat) = stat else {
+                    cleanup.disarm();
+                    return Err(Error::backend(
+                        BACKEND,
+                        "acquire",
+                        Some(name),
+                        false,
+                        "this request's node was deleted as it became the holder",
+                    ));
+                };
+                let ttl = effective_ttl(opts.ttl_value(), client.session_timeout());
+                self.register(&path, checked_at + ttl);
+                cleanup.disarm();
+                let lease = Lease::new(
+                    name.clone(),
+                    owner,
+                    FencingToken(stat.czxid as u64),
+                    checked_at,
+                    ttl,
+                    drift_for(opts, ttl),
+                )
+                .with_handle(handle(stat.ephemeral_owner, &path));
+                return Ok(Some(lease));
+            };
+            if !wait || deadline.is_some_and(|d| Instant::now() >= d) {
+                // Withdraw now, so the queue is clean when this call returns.
+                if let Ok(Ok(()) | Err(zk::Error::NoNode)) =
+                    timed(self.limit(), client.delete(&path, None)).await
+                {
+                    cleanup.disarm();
+                }
+                return Ok(None);
+            }
+            self.wait_for(
+                &client,
+                name,
+                &path,
+                &format!("{parent}/{}", queue[blocker].node),
+                deadline,
+            )
+            .await?;
+        }
+    }
+
+    /// Waits until the node at `predecessor` changes (usually: is deleted), this request's own
+    /// node `mine` changes (an operator deleted it), the session breaks, or `deadline` passes.
+    /// Only the immediate predecessor is watched, so a release wakes one waiter, not all.
+    async fn wait_for(
+        &self,
+        client: &zk::Client,
+        name: &LockName,
+        mine: &str,
+        predecessor: &str,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        let (own, own_watcher) = self.watch(client, name, mine).await?;
+        let (pred, pred_watcher) = self.watch(client, name, predecessor).await?;
+        if own.is_none() || pred.is_none() {
+            return Ok(());
+        }
+        let changed = async {
+            tokio::select! {
+                _ = own_watcher.changed() => {}
+                _ = pred_watcher.changed() => {}
+            }
+        };
+        match deadline {
+            Some(d) => {
+                tokio::select! {
+                    _ = changed => {}
+                    _ = tokio::time::sleep_until(d.into()) => {}
+                }
+            }
+            None => changed.await,
+        }
+        Ok(())
+    }
+
+    async fn watch(
+        &self,
+        client: &zk::Client,
+        name: &LockName,
+        path: &str,
+    ) -> Result<(Option<zk::Stat>, zk::OneshotWatcher)> {
+        match timed(self.limit(), client.check_and_watch_stat(path)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(zk_error("watch the queue", Some(name), e)),
+            Err(()) => Err(no_answer("watch the queue", Some(name), self.limit())),
+        }
+    }
+
+    /// The node a lease names: its handle, or (for a lease made elsewhere) the node in the
+    /// queue carrying its owner id.
+    async fn node_of(
+        &self,
+        client: &zk::Client,
+        lease: &Lease,
+        op: &'static str,
+    ) -> Result<Option<String>> {
+        if let Some((_, path)) = lease.handle().and_then(parse_handle) {
+            return Ok(Some(path.to_owned()));
+        }
+        let parent = self.parent_path(lease.name());
+        let children = self.children(client, &parent, lease.name(), op).await?;
+        Ok(children.and_then(|c| {
+            names::queue(&c)
+                .into_iter()
+                .find(|c: &Child| c.owner == lease.owner())
+                .map(|c| format!("{parent}/{}", c.node))
+        }))
+    }
+}
+
+/// How many nodes at the head of `queue` hold the lock: a writer alone, or the readers before
+/// the first writer.
+fn holding(queue: &[Child]) -> usize {
+    match queue.first() {
+        None => 0,
+        Some(c) if c.kind == NodeKind::Exclusive => 1,
+        Some(_) => queue
+            .iter()
+            .position(|c| c.kind == NodeKind::Exclusive)
+            .unwrap_or(queue.len()),
+    }
+}
+
+/// A lease's handle: the session that created its node, and the node's path.
+fn handle(session: i64, path: &str) -> String {
+    format!("{session:x}:{path}")
+}
+
+fn parse_handle(handle: &str) -> Option<(i64, &str)> {
+    let (session, path) = handle.split_once(':')?;
+    Some((u64::from_str_radix(session, 16).ok()? as i64, path))
+}
+
+fn session_ended(state: zk::SessionState) -> bool {
+    matches!(
+        state,
+        zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
+    )
+}
+
+/// Pause between clean-up attempts while the session is disconnected.
+const CLEANUP_RETRY: Duration = Duration::from_millis(200);
+
+/// Whether a clean-up step that failed with `e` is worth trying again: the session is still
+/// alive (disconnected, say), so its nodes stay until someone deletes them.
+fn retry_cleanup(client: &zk::Client, e: &zk::Error) -> bool {
+    crate::session::is_retryable(e) && !session_ended(client.state())
+}
+
+/// Deletes `path`, retrying while the connection is down and the session lives (a node left
+/// behind would block the queue for the session's whole life); gives up when the session
+/// ends, which deletes the node anyway.
+async fn delete_eventually(client: zk::Client, path: String, what: &'static str) {
+    loop {
+        match client.delete(&path, None).await {
+            Ok(()) | Err(zk::Error::NoNode) => {
+                tracing::debug!(node = %path, "{what} node deleted");
+                return;
+            }
+            Err(e) if retry_cleanup(&client, &e) => tokio::time::sleep(CLEANUP_RETRY).await,
+            Err(e) => {
+                tracing::warn!(node = %path, error = %e, "{what} node not deleted; the session's end removes it");
+                return;
+            }
+        }
+    }
+}
+
+/// Deletes the nodes whose leases ran out without a renewal; ends with the client.
+async fn reaper(inner: Weak<Inner>, wake: Arc<Notify>) {
+    loop {
+        let next = {
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            let now = Instant::now();
+            let mut held = inner.held.lock().unwrap_or_else(PoisonError::into_inner);
+            let expired: Vec<String> = held
+                .iter()
+                .filter(|(_, until)| **until <= now)
+                .map(|(p, _)| p.clone())
+                .collect();
+            for p in &expired {
+                held.remove(p);
+            }
+            let next = held.values().min().copied();
+            drop(held);
+            let client = inner.session.peek();
+            for path in expired {
+                tokio::spawn(delete_eventually(client.clone(), path, "lease ran out;"));
+            }
+            next
+        };
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = tokio::time::sleep_until(at.into()) => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for ZkLock {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            BACKEND,
+            Fencing::Strict,
+            Expiry::Session,
+            Fairness::Fifo,
+            WaitMechanism::Watch,
+        )
+        .native(false, true, false)
+    }
+
+    fn defaults(&self) -> ClientDefaults {
+        self.inner.config.defaults.clone()
+    }
+
+    /// `SessionExpired` when the session that acquired `lease` is no longer this client's live
+    /// session; otherwise `Taken` while the lease was valid and `Expired` after.
+    fn lost_reason(&self, lease: &Lease, _error: &Error) -> LostReason {
+        let current = self.inner.session.peek();
+        let ended = session_ended(current.state())
+            || lease
+                .handle()
+                .and_then(parse_handle)
+                .is_some_and(|(session, _)| session != current.session_id().0);
+        if ended {
+            LostReason::SessionExpired
+        } else if lease.is_valid() {
+            LostReason::Taken
+        } else {
+            LostReason::Expired
+        }
+    }
+
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        self.acquire(name, opts, None, false, NodeKind::Exclusive)
+            .await
+    }
+
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.acquire(name, opts, deadline, true, NodeKind::Exclusive)
+            .await
+    }
+
+    async fn try_acquire_shared(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.acquire(name, opts, None, false, NodeKind::Shared)
+            .await
+    }
+
+    async fn acquire_shared_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.acquire(name, opts, deadline, true, NodeKind::Shared)
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        let client = self.inner.session.client().await?;
+        let Some(path) = self.node_of(&client, lease, "release").await? else {
+            return Ok(Released::NotHeld);
+        };
+        // A lease this backend handed out names its node, whose path carries the acquisition's
+        // owner id and can never be created again: deleting that path is the owner check, in
+        // one round trip. A lease made elsewhere (no handle) is checked against the czxid first.
+        if lease.handle().and_then(parse_handle).is_none() {
+            let Some(stat) = self.czxid(&client, &path, lease.name()).await? else {
+                return Ok(Released::NotHeld);
+            };
+            if stat.czxid as u64 != lease.token().0 {
+                return Ok(Released::NotHeld);
+            }
+        }
+        // A lease this client let run out is not released (its node goes anyway).
+        let expired = {
+            let mut held = self.held();
+            let expired = held
+                .get(&path)
+                .is_some_and(|until| *until <= Instant::now());
+            held.remove(&path);
+            expired
+        };
+        // Lock nodes are created empty and never written: version 0.
+        match timed(self.limit(), client.delete(&path, Some(0))).await {
+            Ok(Ok(())) if !expired => Ok(Released::Released),
+            Ok(Ok(()) | Err(zk::Error::NoNode | zk::Error::BadVersion)) => Ok(Released::NotHeld),
+            Ok(Err(e)) => {
+                if crate::session::is_retryable(&e) {
+                    tokio::spawn(delete_eventually(client, path, "released"));
+                }
+                Err(zk_error("release", Some(lease.name()), e))
+            }
+            Err(()) => {
+                tokio::spawn(delete_eventually(client, path, "released"));
+                Err(no_answer("release", Some(lease.name()), self.limit()))
+            }
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        lockcore::check_ttl(ttl)?;
+        let lost = || Error::lock_lost(BACKEND, lease.name(), "extend");
+        let client = self.inner.session.client().await?;
+        let Some(path) = self.node_of(&client, lease, "extend").await? else {
+            return Err(lost());
+        };
+        // Only the client that acquired a lease keeps its node alive.
+        if self
+            .held()
+            .get(&path)
+            .is_none_or(|until| *until <= Instant::now())
+        {
+            return Err(lost());
+        }
+        // A lease of an earlier session: that session ended, and its nodes with it.
+        if lease
+            .handle()
+            .and_then(parse_handle)
+            .is_some_and(|(session, _)| session != client.session_id().0)
+        {
+            self.held().remove(&path);
+            return Err(lost());
+        }
+        let started = Instant::now();
+        let stat = self.czxid(&client, &path, lease.name()).await?;
+        let ours = stat.is_some_and(|s| {
+            s.czxid as u64 == lease.token().0 && s.ephemeral_owner == client.session_id().0
+        });
+        if !ours {
+            self.held().remove(&path);
+            return Err(lost());
+        }
+        let ttl = effective_ttl(ttl, client.session_timeout());
+        let mut held = self.held();
+        match held.get_mut(&path) {
+            Some(until) if *until > Instant::now() => {
+                *until = started + ttl;
+                Ok(lease.renewed(started, ttl))
+            }
+            _ => Err(lost()),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let client = self.inner.session.client().await?;
+        let parent = self.parent_path(name);
+        let Some(children) = self.children(&client, &parent, name, "inspect").await? else {
+            return Ok(None);
+        };
+        let queue = names::queue(&children);
+        let Some(first) = queue.first() else {
+            return Ok(Some(LockInfo::new(name, None, None, None, Some(0))));
+        };
+        let stat = self
+            .czxid(&client, &format!("{parent}/{}", first.node), name)
+            .await?;
+        Ok(Some(LockInfo::new(
+            name,
+            stat.map(|_| first.owner.to_string()),
+            stat.map(|s| FencingToken(s.czxid as u64)),
+            None,
+            Some(queue.len() - holding(&queue)),
+        )))
+    }
+
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        let client = self.inner.session.client().await?;
+        let parent = self.parent_path(name);
+        match self.children(&client, &parent, name, "forget").await? {
+            None => return Ok(true),
+            Some(c) if !c.is_empty() => return Ok(false),
+            Some(_) => {}
+        }
+        match timed(self.limit(), client.delete(&parent, None)).await {
+            Ok(Ok(()) | Err(zk::Error::NoNode)) => Ok(true),
+            Ok(Err(zk::Error::NotEmpty)) => Ok(false),
+            Ok(Err(e)) => Err(zk_error("forget", Some(name), e)),
+            Err(()) => Err(no_answer("forget", Some(name), self.limit())),
+        }
+    }
+
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        Some(Arc::new(Floor { lock: self.clone() }))
+    }
+}
+
+/// The floor: create an ephemeral node and delete it, on the same session.
+struct Floor {
+    lock: ZkLock,
+}
+
+#[async_trait]
+impl RawFloor for Floor {
+    fn description(&self) -> String {
+        "create EPHEMERAL + delete on one session".into()
+    }
+
+    async fn pair(&self, name: &LockName) -> Result<()> {
+        let client = self.lock.inner.session.client().await?;
+        let path = format!("{}/floor-{}", self.lock.inner.base, names::node_name(name));
+        let opts = zk::CreateMode::Ephemeral.with_acls(acls(&self.lock.inner.config));
+        client
+            .create(&path, &[], &opts)
+            .await
+            .map_err(|e| zk_error("floor create", Some(name), e))?;
+        client
+            .delete(&path, None)
+            .await
+            .map_err(|e| zk_error("floor delete", Some(name), e))
+    }
+}

@@ -1,0 +1,98 @@
+//! The shared suite (every case and fault scenario of `conformance_tests::registry`) against a
+//! standalone ZooKeeper server and a 3-node ensemble, both started by the test kit and shared
+//! by every case of this test binary (fault scenarios start private servers). Every client has
+//! its own session. This is where each declares, once, how it fares in every fault scenario.
+
+use std::process::ExitCode;
+
+use conformance_tests::kit::{KitError, KitErrorKind, ZkEnsemble, ZooKeeper};
+use conformance_tests::{Expect, Persistence, Spawned, Target};
+use tokio::sync::OnceCell;
+
+const TTL_SCENARIO: Expect = Expect::NotApplicable(
+    "ZooKeeper locks end with the session (Expiry::Session), not at a server-side ttl; the \
+     session-expiry versions of this scenario are in backend-zk/tests/faults.rs",
+);
+
+const ALWAYS_DURABLE: Expect = Expect::NotApplicable(
+    "ZooKeeper logs every write before acknowledging it and recovers znodes and sessions from \
+     its data dir; there is no setting without persistence to test",
+);
+
+const NO_SERVER_KILL: Expect = Expect::NotApplicable(
+    "ZooKeeper cannot end client connections from the server side; links are cut with the \
+     kit's proxy in backend-zk/tests/faults.rs instead",
+);
+
+/// The declarations shared by both targets.
+fn declare(target: Target) -> Target {
+    target
+        .fault("server_killed_and_restarted", Expect::Safe)
+        .fault(
+            "server_killed_and_restarted_without_persistence",
+            ALWAYS_DURABLE,
+        )
+        .fault("server_paused_past_ttl", TTL_SCENARIO)
+        .fault("holder_replies_blackholed_past_ttl", TTL_SCENARIO)
+        .fault("holder_requests_blackholed_past_ttl", TTL_SCENARIO)
+        .fault("store_connections_killed", NO_SERVER_KILL)
+        .fault("holder_process_killed", TTL_SCENARIO)
+        .fault("client_paused_past_ttl", TTL_SCENARIO)
+}
+
+fn main() -> ExitCode {
+    let connect = |url: String| async move { backend_zk::connect(&url).await };
+    let standalone = Target::lazy(
+        "zookeeper",
+        || async {
+            let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
+            format!("{}/conformance", zk.url())
+        },
+        connect,
+    )
+    .spawn_with(|persistence| async move {
+        if persistence == Persistence::None {
+            return Err(KitError::new(
+                KitErrorKind::InvalidArgument,
+                "ZooKeeper always persists acknowledged writes",
+            ));
+        }
+        let zk = ZooKeeper::start().await?;
+        Ok(Spawned {
+            url: format!("{}/faults?session_timeout=4s", zk.url()),
+            server: Box::new(zk),
+            keep: None,
+        })
+    });
+    let ensemble = Target::lazy(
+        "zookeeper_ensemble",
+        || async {
+            static ENSEMBLE: OnceCell<ZkEnsemble> = OnceCell::const_new();
+            let e = ENSEMBLE
+                .get_or_init(|| async { ZkEnsemble::start(3).await.expect("kit ensemble") })
+                .await;
+            format!("{}/conformance", e.url())
+        },
+        connect,
+    )
+    .fault("server_killed_and_restarted", NO_SINGLE_SERVER)
+    .fault(
+        "server_killed_and_restarted_without_persistence",
+        ALWAYS_DURABLE,
+    )
+    .fault("server_paused_past_ttl", TTL_SCENARIO)
+    .fault("holder_replies_blackholed_past_ttl", TTL_SCENARIO)
+    .fault("holder_requests_blackholed_past_ttl", TTL_SCENARIO)
+    .fault("store_connections_killed", NO_SERVER_KILL)
+    .fault("holder_process_killed", TTL_SCENARIO)
+    .fault("client_paused_past_ttl", TTL_SCENARIO);
+    conformance_tests::harness::main(
+        vec![declare(standalone), ensemble],
+        env!("CARGO_TARGET_TMPDIR"),
+    )
+}
+
+const NO_SINGLE_SERVER: Expect = Expect::NotApplicable(
+    "an ensemble survives one member's kill -9 without a restart; the leader kill -9 scenario \
+     is ensemble_leader_killed_no_two_holders in backend-zk/tests/faults.rs",
+);

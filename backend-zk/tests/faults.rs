@@ -1,0 +1,600 @@
+//! Scenarios only ZooKeeper has: sessions that expire behind a silent link, a lost reply to
+//! `create`, a leader killed in an ensemble, queue nodes deleted or abandoned, digest ACLs, and
+//! the czxid fencing token. Each uses a kit server of its own (or its own chroot on the shared
+//! one), and checks safety on recorded histories and a fenced resource.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backend_zk::zookeeper_client as zk;
+use backend_zk::{ZkConfig, ZkLock};
+use conformance_tests::kit::{Fault, Proxy, ZkEnsemble, ZooKeeper};
+use conformance_tests::{FencedResource, History, Hold};
+use lockcore::{
+    AcquireOptions, DistributedLock, Error, KeepAlive, LockExt, LockName, LostReason, Released,
+    Wait,
+};
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Fails instead of hanging (a guard, not a timing goal).
+async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: did not finish within {limit:?}"))
+}
+
+async fn client(url: &str) -> ZkLock {
+    ZkLock::connect(&ZkConfig::parse(url).expect("url"))
+        .await
+        .expect("connect")
+}
+
+fn dyn_lock(lock: &ZkLock) -> Arc<dyn DistributedLock> {
+    Arc::new(lock.clone())
+}
+
+fn plain(ttl: Duration, wait: Wait) -> AcquireOptions {
+    AcquireOptions::new()
+        .ttl(ttl)
+        .keep_alive(KeepAlive::Off)
+        .wait(wait)
+}
+
+fn unique(label: &str) -> String {
+    format!("{label}-{:08x}", rand_u32())
+}
+
+fn rand_u32() -> u32 {
+    lockcore::OwnerId::random().0 as u32
+}
+
+/// The children of `name`'s parent node, as another session sees them.
+async fn nodes(observer: &ZkLock, name: &str) -> Vec<String> {
+    let parent = observer.parent_path(&LockName::new(name).unwrap());
+    match observer.zk_client().list_children(&parent).await {
+        Ok(c) => c,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("list {parent}: {e}"),
+    }
+}
+
+/// Polls until `name` has exactly `n` nodes (the generous limit only stops a hang).
+async fn wait_for_nodes(observer: &ZkLock, name: &str, n: usize, what: &str) {
+    within(30 * SEC, what, async {
+        loop {
+            if nodes(observer, name).await.len() == n {
+                break;
+            }
+            tokio::time::sleep(ms(20)).await;
+        }
+    })
+    .await;
+}
+
+/// The token is the lock node's creation zxid, as an independent session reads it with
+/// `exists`, and it is above the czxid of every earlier holder's node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_token_is_the_lock_nodes_czxid() {
+    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
+    let url = format!("{}/faults-czxid", zk.url());
+    let (a, observer) = (client(&url).await, client(&url).await);
+    let name = unique("czxid");
+    let locks = dyn_lock(&a);
+    let mut last = 0;
+    for _ in 0..3 {
+        let g = locks
+            .lock(&name, &plain(10 * SEC, Wait::No))
+            .await
+            .expect("acquire");
+        let children = nodes(&observer, &name).await;
+        assert_eq!(children.len(), 1, "one node per acquisition: {children:?}");
+        let parent = observer.parent_path(&LockName::new(&name).unwrap());
+        let stat = observer
+            .zk_client()
+            .check_stat(&format!("{parent}/{}", children[0]))
+            .await
+            .expect("exists")
+            .expect("the holder's node exists");
+        assert_eq!(
+            g.fencing_token().0,
+            stat.czxid as u64,
+            "token is not the czxid"
+        );
+        assert_eq!(
+            stat.ephemeral_owner,
+            a.session_id(),
+            "the node belongs to the holder's session"
+        );
+        assert!(g.fencing_token().0 > last, "tokens must increase");
+        last = g.fencing_token().0;
+        g.release().await.expect("release");
+    }
+}
+
+/// With credentials in the URL every node is created creator-only: another identity, or an
+/// anonymous session, can neither delete the holder's node nor take the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_other_identities_cannot_delete_or_take() {
+    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
+    let chroot = unique("faults-acl");
+    let host = zk.connect_string();
+    let alice = client(&format!("zk://alice:s3cret@{host}/{chroot}")).await;
+    let mallory = client(&format!("zk://mallory:other@{host}/{chroot}")).await;
+    let anonymous = client(&format!("zk://{host}/{chroot}")).await;
+    let name = unique("acl");
+    let g = dyn_lock(&alice)
+        .lock(&name, &plain(30 * SEC, Wait::No))
+        .await
+        .expect("alice acquires");
+    let parent = alice.parent_path(&LockName::new(&name).unwrap());
+    let children = alice
+        .zk_client()
+        .list_children(&parent)
+        .await
+        .expect("alice lists her nodes");
+    assert_eq!(children.len(), 1);
+    let node = format!("{parent}/{}", children[0]);
+    let (acl, _) = alice.zk_client().get_acl(&node).await.expect("get acl");
+    assert!(
+        acl.iter()
+            .all(|a| a.scheme() == "digest" && a.id().starts_with("alice:")),
+        "the lock node is not creator-only: {acl:?}"
+    );
+    for (who, other) in [("mallory", &mallory), ("anonymous", &anonymous)] {
+        match other.zk_client().delete(&node, None).await {
+            Err(zk::Error::NoAuth) => {}
+            r => panic!("{who} deleting alice's lock node: expected NoAuth, got {r:?}"),
+        }
+        match dyn_lock(other)
+            .try_lock(&name, &plain(30 * SEC, Wait::No))
+            .await
+        {
+            Err(Error::Backend {
+                retryable: false, ..
+            }) => {}
+            Ok(Some(_)) => panic!("{who} took alice's lock"),
+            r => panic!("{who} try_lock: expected a non-retryable error, got {r:?}"),
+        }
+    }
+    assert!(g.is_held());
+    let info = dyn_lock(&alice)
+        .inspect(&LockName::new(&name).unwrap())
+        .await
+        .expect("inspect")
+        .expect("known");
+    assert_eq!(info.holder, Some(g.lease().owner().to_string()));
+    assert_eq!(g.release().await.expect("release"), Released::Released);
+}
+
+/// The holder's link goes silent (its requests and pings blackholed, so the server hears
+/// nothing) for longer than the session timeout.
+/// Its `lost()` fires `ConnectionLost` by its lease's end; another client gets the lock only
+/// once the server has expired the holder's session, with a higher token; the holder's late
+/// write is refused and, once the link is back, its release frees nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_blackholed_past_session_timeout() {
+    let zk = ZooKeeper::start().await.expect("kit ZooKeeper");
+    let proxy = Proxy::start(zk.addr()).await.expect("proxy");
+    let query = "session_timeout=2s&timeout=1s";
+    let holder = client(&format!("zk://{}/faults?{query}", proxy.addr())).await;
+    let other = client(&format!("{}/faults?{query}", zk.url())).await;
+    assert_eq!(holder.session_timeout(), 2 * SEC, "negotiated timeout");
+    let name = unique("blackholed");
+    let history = History::new();
+    let fenced = FencedResource::new();
+
+    let held = AcquireOptions::new()
+        .ttl(30 * SEC)
+        .keep_alive(KeepAlive::renew())
+        .wait(Wait::No);
+    let guard = dyn_lock(&holder)
+        .lock(&name, &held)
+        .await
+        .expect("holder acquires");
+    let held_at = Instant::now();
+    assert!(
+        guard.lease().ttl() <= 2 * SEC,
+        "a lease must not outlive the session timeout: {:?}",
+        guard.lease().ttl()
+    );
+    let old = guard.fencing_token();
+    fenced.write(old, 0).expect("the holder writes");
+
+    proxy.set(Fault::BlackholeRequests);
+    let reason = within(30 * SEC, "the holder's lost()", guard.lost()).await;
+    assert_eq!(reason, LostReason::ConnectionLost);
+    assert!(!guard.is_held());
+    history.push(Hold {
+        client: 0,
+        name: name.clone(),
+        token: old.0,
+        acquired: held_at,
+        valid_until: guard.lease().valid_until(),
+        ended: None,
+    });
+
+    let next = within(
+        60 * SEC,
+        "the other client's takeover",
+        dyn_lock(&other).lock(&name, &plain(30 * SEC, Wait::For(45 * SEC))),
+    )
+    .await
+    .expect("the other client gets the lock after the session expired");
+    let id = history.acquired(1, &next.lease());
+    assert!(
+        next.fencing_token() > old,
+        "takeover token not above the old one"
+    );
+    fenced
+        .write(next.fencing_token(), 1)
+        .expect("the new holder writes");
+    assert!(
+        fenced.write(old, 2).is_err(),
+        "the old holder's late write was accepted"
+    );
+
+    proxy.set(Fault::PassThrough);
+    let released = within(30 * SEC, "the old holder's release", async {
+        loop {
+            match holder.release(&guard.lease()).await {
+                Ok(r) => break r,
+                Err(e) if e.is_retryable() => tokio::time::sleep(ms(100)).await,
+                Err(e) => panic!("the old holder's release: {e}"),
+            }
+        }
+    })
+    .await;
+    assert_eq!(released, Released::NotHeld);
+    history.ended(id);
+    next.release().await.expect("release");
+    drop(guard);
+    history.assert_safe();
+    fenced.assert_never_accepted_stale();
+}
+
+/// The reply to `create` is lost and the connection dies under it. The client reconnects,
+/// finds its own node by its owner id instead of creating a second one, and gets the lock
+/// with exactly one node; after release no node is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_reply_lost_leaves_one_node() {
+    let zk = ZooKeeper::start().await.expect("kit ZooKeeper");
+    let proxy = Proxy::start(zk.addr()).await.expect("proxy");
+    let holder = client(&format!(
+        "zk://{}/faults?session_timeout=6s&timeout=20s",
+        proxy.addr()
+    ))
+    .await;
+    let observer = client(&format!("{}/faults", zk.url())).await;
+    let name = unique("lost-reply");
+    // Make the parent exist, so the create is the one request that goes unanswered.
+    let g = dyn_lock(&holder)
+        .lock(&name, &plain(30 * SEC, Wait::No))
+        .await
+        .expect("warm-up acquire");
+    g.release().await.expect("release");
+
+    proxy.set(Fault::BlackholeReplies);
+    let attempt = {
+        let locks = dyn_lock(&holder);
+        let name = name.clone();
+        tokio::spawn(async move { locks.try_lock(&name, &plain(30 * SEC, Wait::No)).await })
+    };
+    // The create reaches the server; its reply is dropped.
+    wait_for_nodes(&observer, &name, 1, "the create reaches the server").await;
+    // Let the client notice the dead connection, then let it reconnect.
+    tokio::time::sleep(3 * SEC).await;
+    proxy.set(Fault::PassThrough);
+    let guard = within(60 * SEC, "the attempt", attempt)
+        .await
+        .expect("task")
+        .expect("the attempt succeeds once the link is back")
+        .expect("the lock was free");
+    let children = nodes(&observer, &name).await;
+    assert_eq!(children.len(), 1, "one attempt left {children:?}");
+    // The node found again (no create reply to read a stat from) still gives the czxid.
+    let parent = observer.parent_path(&LockName::new(&name).unwrap());
+    let stat = observer
+        .zk_client()
+        .check_stat(&format!("{parent}/{}", children[0]))
+        .await
+        .expect("exists")
+        .expect("the node exists");
+    assert_eq!(guard.fencing_token().0, stat.czxid as u64);
+    assert_eq!(guard.release().await.expect("release"), Released::Released);
+    wait_for_nodes(&observer, &name, 0, "no node left after release").await;
+}
+
+/// The leader of a 3-node ensemble is killed -9 while four clients (spread over the nodes)
+/// contend: no two holders overlap, tokens grow, the fenced resource refuses nothing current
+/// and accepts nothing stale, and everyone keeps getting the lock after the election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensemble_leader_killed_no_two_holders() {
+    let ensemble = ZkEnsemble::start(3).await.expect("kit ensemble");
+    let url = format!("{}/faults?session_timeout=6s&timeout=2s", ensemble.url());
+    let name = unique("leader-kill");
+    let history = Arc::new(History::new());
+    let fenced = Arc::new(FencedResource::new());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for id in 0..4 {
+        let locks = dyn_lock(&client(&url).await);
+        let (name, history, fenced, stop) =
+            (name.clone(), history.clone(), fenced.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut held = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match locks
+                    .lock(&name, &plain(5 * SEC, Wait::For(20 * SEC)))
+                    .await
+                {
+                    Ok(g) => {
+                        let hold = history.acquired(id, &g.lease());
+                        fenced
+                            .write(g.fencing_token(), id as u64)
+                            .expect("a current holder was refused");
+                        tokio::time::sleep(ms(20)).await;
+                        history.ended(hold);
+                        let _ = g.release().await;
+                        held += 1;
+                    }
+                    Err(e) if e.is_retryable() => tokio::time::sleep(ms(100)).await,
+                    Err(e) => panic!("client {id}: {e}"),
+                }
+            }
+            held
+        }));
+    }
+    tokio::time::sleep(2 * SEC).await;
+    let leader = ensemble.leader().await.expect("a leader");
+    let before = history.holds().len();
+    ensemble.node(leader).kill9();
+    within(60 * SEC, "a new quorum", ensemble.wait_for_quorum())
+        .await
+        .expect("quorum");
+    within(60 * SEC, "acquisitions after the election", async {
+        while history.holds().len() < before + 8 {
+            tokio::time::sleep(ms(100)).await;
+        }
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in tasks {
+        within(60 * SEC, "contending client", t)
+            .await
+            .expect("task panicked");
+    }
+    history.assert_safe();
+    fenced.assert_never_accepted_stale();
+    assert_eq!(fenced.rejected(), 0);
+}
+
+/// An operator deletes a waiter's queue node: that waiter's acquire fails with a
+/// non-retryable error, and the waiter behind it still gets the lock when the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_waiter_node_fails_only_that_waiter() {
+    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
+    let url = format!("{}/faults-deleted", zk.url());
+    let (a, b, c, observer) = (
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+    );
+    let name = unique("deleted-waiter");
+    let ga = dyn_lock(&a)
+        .lock(&name, &plain(60 * SEC, Wait::No))
+        .await
+        .expect("a acquires");
+    let wait = plain(60 * SEC, Wait::For(60 * SEC));
+    let wb = {
+        let (b, name, wait) = (dyn_lock(&b), name.clone(), wait.clone());
+        tokio::spawn(async move { b.lock(&name, &wait).await })
+    };
+    wait_for_nodes(&observer, &name, 2, "b queued").await;
+    let wc = {
+        let (c, name, wait) = (dyn_lock(&c), name.clone(), wait.clone());
+        tokio::spawn(async move { c.lock(&name, &wait).await })
+    };
+    wait_for_nodes(&observer, &name, 3, "c queued").await;
+    let parent = observer.parent_path(&LockName::new(&name).unwrap());
+    let mut queue = nodes(&observer, &name).await;
+    queue.sort_by_key(|n| n.rsplit('-').next().unwrap_or_default().to_owned());
+    observer
+        .zk_client()
+        .delete(&format!("{parent}/{}", queue[1]), None)
+        .await
+        .expect("the operator deletes b's node");
+    match within(30 * SEC, "b's acquire", wb).await.expect("task") {
+        Err(e @ Error::Backend { .. }) => assert!(!e.is_retryable(), "{e}"),
+        other => panic!("b should fail once its node is deleted, got {other:?}"),
+    }
+    assert!(!wc.is_finished(), "c got the lock while a held it");
+    assert_eq!(ga.release().await.expect("release"), Released::Released);
+    let gc = within(30 * SEC, "c's acquire", wc)
+        .await
+        .expect("task")
+        .expect("c gets the lock");
+    gc.release().await.expect("release");
+}
+
+/// A waiter ahead in the queue gives up (its wait times out): its node goes, the holder keeps
+/// the lock, and the waiter behind it gets the lock only when the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_ahead_gives_up_holder_not_displaced() {
+    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
+    let url = format!("{}/faults-gives-up", zk.url());
+    let (a, b, c, observer) = (
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+    );
+    let name = unique("gives-up");
+    let ga = dyn_lock(&a)
+        .lock(&name, &plain(60 * SEC, Wait::No))
+        .await
+        .expect("a acquires");
+    let wb = {
+        let (b, name) = (dyn_lock(&b), name.clone());
+        tokio::spawn(async move { b.lock(&name, &plain(60 * SEC, Wait::For(SEC))).await })
+    };
+    wait_for_nodes(&observer, &name, 2, "b queued").await;
+    let wc = {
+        let (c, name) = (dyn_lock(&c), name.clone());
+        tokio::spawn(async move { c.lock(&name, &plain(60 * SEC, Wait::For(60 * SEC))).await })
+    };
+    wait_for_nodes(&observer, &name, 3, "c queued").await;
+    match within(30 * SEC, "b's acquire", wb).await.expect("task") {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("b should time out, got {other:?}"),
+    }
+    wait_for_nodes(&observer, &name, 2, "b's node removed").await;
+    let info = dyn_lock(&observer)
+        .inspect(&LockName::new(&name).unwrap())
+        .await
+        .expect("inspect")
+        .expect("known");
+    assert_eq!(
+        info.holder,
+        Some(ga.lease().owner().to_string()),
+        "holder displaced"
+    );
+    assert_eq!(info.waiters, Some(1));
+    assert!(!wc.is_finished(), "c got the lock while a held it");
+    assert!(ga.is_held());
+    let token = ga.fencing_token();
+    assert_eq!(ga.release().await.expect("release"), Released::Released);
+    let gc = within(30 * SEC, "c's acquire", wc)
+        .await
+        .expect("task")
+        .expect("c gets the lock");
+    assert!(gc.fencing_token() > token);
+    gc.release().await.expect("release");
+}
+
+/// The holder's session is closed behind its back while its link is down (another connection
+/// resumes the session and closes it, as an operator tool would): the server deletes the node,
+/// and once the link is back the guard's next renewal finds the session gone, so `lost()` says
+/// `SessionExpired`; the next holder's token is higher and the old holder's late write is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_session_fires_session_expired() {
+    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
+    let proxy = Proxy::start(zk.addr()).await.expect("proxy");
+    // A long session and lease, so the link is back well before the lease could run out.
+    let holder = client(&format!(
+        "zk://{}/faults-session?session_timeout=40s&ttl=40s",
+        proxy.addr()
+    ))
+    .await;
+    let other = client(&format!("{}/faults-session", zk.url())).await;
+    let name = unique("closed-session");
+    let fenced = FencedResource::new();
+    let opts = AcquireOptions::new()
+        .keep_alive(KeepAlive::renew())
+        .wait(Wait::No);
+    let guard = dyn_lock(&holder)
+        .lock(&name, &opts)
+        .await
+        .expect("holder acquires");
+    let old = guard.fencing_token();
+    fenced.write(old, 0).expect("holder writes");
+    proxy.set(Fault::Down);
+    let session = holder.zk_client().session().clone();
+    let intruder = zk::Client::connector()
+        .with_session(session)
+        .connect(&zk.connect_string())
+        .await
+        .expect("resume the holder's session");
+    drop(intruder); // closes the session: its ephemeral nodes go
+    let next = within(
+        30 * SEC,
+        "the other client's acquire",
+        dyn_lock(&other).lock(&name, &plain(30 * SEC, Wait::For(20 * SEC))),
+    )
+    .await
+    .expect("the other client acquires once the session is closed");
+    assert!(next.fencing_token() > old);
+    fenced
+        .write(next.fencing_token(), 1)
+        .expect("new holder writes");
+    proxy.set(Fault::PassThrough);
+    let reason = within(60 * SEC, "the holder's lost()", guard.lost()).await;
+    assert_eq!(reason, LostReason::SessionExpired);
+    assert!(fenced.write(old, 2).is_err(), "stale write accepted");
+    next.release().await.expect("release");
+    assert_eq!(
+        holder.release(&guard.lease()).await.expect("release"),
+        Released::NotHeld
+    );
+    drop(guard);
+}
+
+/// Readers share behind a reader and queue behind a writer; a reader's acquire dropped while
+/// it waits behind the writer leaves no node, and `inspect` counts the holding readers apart
+/// from the waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_write_queue_and_dropped_reader() {
+    use lockcore::ReadWriteExt;
+    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
+    let url = format!("{}/faults-rw", zk.url());
+    let (a, b, c, observer) = (
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+    );
+    let name = unique("rw");
+    let opts = plain(30 * SEC, Wait::No);
+    let r1 = dyn_lock(&a).read_lock(&name, &opts).await.expect("r1");
+    let r2 = dyn_lock(&b)
+        .read_lock(&name, &opts)
+        .await
+        .expect("r2 shares");
+    let writer = {
+        let (c, name) = (dyn_lock(&c), name.clone());
+        tokio::spawn(async move {
+            c.write_lock(&name, &plain(30 * SEC, Wait::For(60 * SEC)))
+                .await
+        })
+    };
+    wait_for_nodes(&observer, &name, 3, "the writer queued").await;
+    let late_reader = {
+        let (a, name) = (dyn_lock(&a), name.clone());
+        tokio::spawn(async move {
+            a.read_lock(&name, &plain(30 * SEC, Wait::For(60 * SEC)))
+                .await
+        })
+    };
+    wait_for_nodes(&observer, &name, 4, "the late reader queued").await;
+    let info = dyn_lock(&observer)
+        .inspect(&LockName::new(&name).unwrap())
+        .await
+        .expect("inspect")
+        .expect("known");
+    assert_eq!(
+        info.waiters,
+        Some(2),
+        "two readers hold, a writer and a reader wait"
+    );
+    late_reader.abort();
+    assert!(late_reader.await.is_err_and(|e| e.is_cancelled()));
+    wait_for_nodes(&observer, &name, 3, "the dropped reader's node removed").await;
+    assert!(
+        !writer.is_finished(),
+        "the writer got in while readers held"
+    );
+    r1.release().await.expect("release");
+    r2.release().await.expect("release");
+    let w = within(30 * SEC, "the writer", writer)
+        .await
+        .expect("task")
+        .expect("the writer gets the lock");
+    w.release().await.expect("release");
+    wait_for_nodes(&observer, &name, 0, "nothing left").await;
+}
