@@ -15,8 +15,8 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::{
-    AcquireOptions, DistributedLock, Error, KeepAlive, LockExt, LockName, OwnerId, Released,
-    Result, Wait, connect, redact,
+    AcquireOptions, DistributedLock, Error, KeepAlive, LockExt, LockName, OwnerId, RawFloor,
+    Released, Result, Wait, connect, redact,
 };
 
 /// Which measurements to run.
@@ -258,6 +258,9 @@ pub struct UncontendedReport {
     pub first_error: Option<String>,
     /// The raw floor, or `None` if the backend offers none ("no floor").
     pub floor: Option<FloorReport>,
+    /// The floor with the same fencing guarantee, where the raw floor hands out no token
+    /// (Redis: one script doing `SET NX PX` + `INCR`); a fenced lock is judged against it.
+    pub fenced_floor: Option<FloorReport>,
 }
 
 /// The backend's minimal commands, measured like the uncontended pairs.
@@ -313,6 +316,13 @@ pub struct ContendedReport {
     pub errors: u64,
     /// The first failure's message, if any.
     pub first_error: Option<String>,
+    /// Median pair of the floor with the lock's guarantee (the fenced floor where there is one,
+    /// else the raw floor), microseconds; `None` without a floor.
+    pub floor_pair_p50_us: Option<f64>,
+    /// The most acquisitions/s any lock could reach here: 1 / (hold + the floor's median pair).
+    pub limit_per_sec: Option<f64>,
+    /// Acquisitions/s ÷ that limit.
+    pub of_limit: Option<f64>,
 }
 
 /// Everything one `dlock bench` run measured. Field names are stable (the `--json` output).
@@ -421,7 +431,15 @@ async fn measure(opts: &BenchOptions, progress: Arc<dyn Progress>) -> Result<Ben
         None
     };
     let contended = if opts.mode.contended() {
-        Some(contended(opts, &prefix, progress.clone()).await?)
+        let floor_p50 = match &uncontended {
+            Some(u) => u
+                .fenced_floor
+                .as_ref()
+                .or(u.floor.as_ref())
+                .map(|f| f.latency.p50_us),
+            None => floor_median(opts, &backend, &prefix, progress.as_ref()).await?,
+        };
+        Some(contended(opts, &prefix, progress.clone(), floor_p50).await?)
     } else {
         None
     };
@@ -494,26 +512,26 @@ where
     stats.measured += Instant::now().saturating_duration_since(from);
 }
 
-/// Alternates `a` and `b` in [`SLICE`] turns for twice `warmup + duration`, so each gets about
-/// `duration` of measurement and drift on a shared machine hits both alike.
-async fn interleaved<FA, FutA, FB, FutB>(
+/// Alternates `a` and each floor in [`SLICE`] turns for `warmup + duration` each, so each gets
+/// about `duration` of measurement and drift on a shared machine hits all of them alike.
+async fn interleaved<FA, FutA>(
     opts: &BenchOptions,
     progress: &dyn Progress,
     mut a: FA,
-    mut b: FB,
-) -> (LoopStats, LoopStats)
+    floors: &[(Arc<dyn RawFloor>, LockName)],
+) -> (LoopStats, Vec<LoopStats>)
 where
     FA: FnMut() -> FutA,
     FutA: Future<Output = Result<()>>,
-    FB: FnMut() -> FutB,
-    FutB: Future<Output = Result<()>>,
 {
-    let total = 2 * (opts.warmup + opts.duration);
+    let turns = 1 + floors.len() as u32;
+    let total = turns * (opts.warmup + opts.duration);
     let start = Instant::now();
-    let measure_from = start + 2 * opts.warmup;
+    let measure_from = start + turns * opts.warmup;
     let end = start + total;
-    let (mut sa, mut sb) = (LoopStats::new(), LoopStats::new());
-    let mut turn_a = true;
+    let mut sa = LoopStats::new();
+    let mut sf: Vec<LoopStats> = floors.iter().map(|_| LoopStats::new()).collect();
+    let mut turn = 0;
     loop {
         let now = Instant::now();
         if now >= end {
@@ -521,16 +539,24 @@ where
         }
         progress.update(Phase::Uncontended, now - start, total);
         let until = (now + SLICE).min(end);
-        if turn_a {
-            run_slice(&mut a, until, measure_from, &mut sa).await;
-        } else {
-            run_slice(&mut b, until, measure_from, &mut sb).await;
+        match turn {
+            0 => run_slice(&mut a, until, measure_from, &mut sa).await,
+            i => {
+                let (floor, name) = &floors[i - 1];
+                run_slice(
+                    &mut || floor.pair(name),
+                    until,
+                    measure_from,
+                    &mut sf[i - 1],
+                )
+                .await;
+            }
         }
-        turn_a = !turn_a;
+        turn = (turn + 1) % turns as usize;
     }
-    // The floor's share of the window ends with it.
+    // The floors' share of the window ends with it.
     progress.update(Phase::Floor, total, total);
-    (sa, sb)
+    (sa, sf)
 }
 
 /// Calls `op` back to back for `warmup + duration`, recording the latency of the calls that start
@@ -592,43 +618,52 @@ async fn uncontended(
             }),
         }
     };
-    let raw_floor = backend.raw_floor();
-    let floor_name = LockName::new(format!("{prefix}/floor"))?;
-    // With a floor, the two loops alternate in short turns over the same window, so the ratio
-    // is not skewed by whatever else the machine did during one of them.
-    let (dlock, raw) = match &raw_floor {
-        Some(floor) => {
-            let floor_ref = (floor.as_ref(), &floor_name);
-            let (d, r) =
-                interleaved(opts, progress, dlock_pair, || floor_ref.0.pair(floor_ref.1)).await;
-            (d, Some(r))
+    // With floors, the loops alternate in short turns over the same window, so the ratios are
+    // not skewed by whatever else the machine did during one of them.
+    let mut floors = Vec::new();
+    let mut kinds = Vec::new();
+    for (kind, floor) in [
+        ("plain", backend.raw_floor()),
+        ("fenced", backend.fenced_floor()),
+    ] {
+        if let Some(floor) = floor {
+            floors.push((floor, LockName::new(format!("{prefix}/{kind}-floor"))?));
+            kinds.push(kind);
         }
-        None => (
+    }
+    let (dlock, raws) = if floors.is_empty() {
+        (
             timed_loop(opts, Phase::Uncontended, progress, dlock_pair).await,
-            None,
-        ),
+            Vec::new(),
+        )
+    } else {
+        interleaved(opts, progress, dlock_pair, &floors).await
     };
     let pairs = dlock.hist.len();
     let pairs_per_sec = per_sec(pairs, dlock.measured);
-    let floor = match (raw_floor, raw) {
-        (Some(floor), Some(raw)) => {
-            let floor_pairs = raw.hist.len();
-            let floor_per_sec = per_sec(floor_pairs, raw.measured);
-            Some(FloorReport {
-                description: floor.description(),
-                pairs: floor_pairs,
-                pairs_per_sec: floor_per_sec,
-                latency: LatencySummary::of(&raw.hist),
-                errors: raw.errors,
-                ratio: if floor_per_sec > 0.0 {
-                    pairs_per_sec / floor_per_sec
-                } else {
-                    0.0
-                },
-            })
+    let mut floor = None;
+    let mut fenced_floor = None;
+    for ((kind, (f, _)), raw) in kinds.into_iter().zip(&floors).zip(raws) {
+        let floor_pairs = raw.hist.len();
+        let floor_per_sec = per_sec(floor_pairs, raw.measured);
+        let report = FloorReport {
+            description: f.description(),
+            pairs: floor_pairs,
+            pairs_per_sec: floor_per_sec,
+            latency: LatencySummary::of(&raw.hist),
+            errors: raw.errors,
+            ratio: if floor_per_sec > 0.0 {
+                pairs_per_sec / floor_per_sec
+            } else {
+                0.0
+            },
+        };
+        if kind == "plain" {
+            floor = Some(report);
+        } else {
+            fenced_floor = Some(report);
         }
-        _ => None,
-    };
+    }
 
     Ok(UncontendedReport {
         name,
@@ -638,6 +673,7 @@ async fn uncontended(
         errors: dlock.errors,
         first_error: dlock.first_error,
         floor,
+        fenced_floor,
     })
 }
 
@@ -733,10 +769,32 @@ impl ClientStats {
     }
 }
 
+/// The median pair of the floor with the lock's guarantee (fenced where there is one), from a
+/// short run of its own, for a contended-only bench.
+async fn floor_median(
+    opts: &BenchOptions,
+    backend: &Arc<dyn DistributedLock>,
+    prefix: &str,
+    progress: &dyn Progress,
+) -> Result<Option<f64>> {
+    let Some(floor) = backend.fenced_floor().or_else(|| backend.raw_floor()) else {
+        return Ok(None);
+    };
+    let name = LockName::new(format!("{prefix}/limit-floor"))?;
+    let short = BenchOptions {
+        duration: Duration::from_secs(1),
+        warmup: Duration::from_millis(200),
+        ..opts.clone()
+    };
+    let stats = timed_loop(&short, Phase::Floor, progress, || floor.pair(&name)).await;
+    Ok((!stats.hist.is_empty()).then(|| LatencySummary::of(&stats.hist).p50_us))
+}
+
 async fn contended(
     opts: &BenchOptions,
     prefix: &str,
     progress: Arc<dyn Progress>,
+    floor_p50_us: Option<f64>,
 ) -> Result<ContendedReport> {
     let name = format!("{prefix}/contended");
     let ttl = opts.contended_ttl();
@@ -807,6 +865,7 @@ async fn contended(
     let acquisitions: u64 = per_client.iter().sum();
     let per_client_min = per_client.iter().copied().min().unwrap_or(0);
     let per_client_max = per_client.iter().copied().max().unwrap_or(0);
+    let limit = floor_p50_us.map(|f| 1e6 / (opts.hold.as_secs_f64() * 1e6 + f));
     Ok(ContendedReport {
         name,
         clients: per_client.len(),
@@ -828,6 +887,9 @@ async fn contended(
         violations: shared.violations.load(Ordering::SeqCst),
         errors,
         first_error,
+        floor_pair_p50_us: floor_p50_us,
+        limit_per_sec: limit,
+        of_limit: limit.map(|l| per_sec(acquisitions, opts.duration) / l),
     })
 }
 

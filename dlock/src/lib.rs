@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 
 pub mod bench;
+#[cfg(feature = "check")]
+pub mod check;
 mod config;
 mod redact;
 mod registry;

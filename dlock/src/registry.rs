@@ -45,6 +45,11 @@ fn connect_redis(url: &str) -> Connecting<'_> {
     Box::pin(backend_redis::connect(url))
 }
 
+#[cfg(feature = "zk")]
+fn connect_zk(url: &str) -> Connecting<'_> {
+    Box::pin(backend_zk::connect(url))
+}
+
 /// Every backend compiled into this build. A new backend crate joins with one entry here (behind
 /// its cargo feature) and one feature line in `Cargo.toml`.
 static BACKENDS: &[Backend] = &[
@@ -64,6 +69,12 @@ static BACKENDS: &[Backend] = &[
         name: "redis",
         schemes: backend_redis::SCHEMES,
         connect: connect_redis,
+    },
+    #[cfg(feature = "zk")]
+    Backend {
+        name: "zk",
+        schemes: backend_zk::SCHEMES,
+        connect: connect_zk,
     },
 ];
 

@@ -61,6 +61,17 @@ async fn contended_clients_take_turns_without_overlap() {
     assert!(c.fairness > 0.0 && c.fairness <= 1.0);
     assert!(c.ttl_ms >= 5000);
     assert!(c.acquisitions_per_sec > 0.0);
+    // The limit comes from the floor's median pair, measured on its own in a contended-only run.
+    let floor = c.floor_pair_p50_us.expect("memory:// has a floor");
+    let limit = c.limit_per_sec.expect("a limit with a floor");
+    assert!(floor > 0.0);
+    let expected = 1e6 / (c.hold_ms * 1000.0 + floor);
+    assert!(
+        (limit - expected).abs() < 1e-6 * expected,
+        "{limit} vs {expected}"
+    );
+    let of = c.of_limit.expect("a ratio with a limit");
+    assert!((of - c.acquisitions_per_sec / limit).abs() < 1e-9, "{of}");
 }
 
 #[derive(Default)]
@@ -106,6 +117,8 @@ async fn all_mode_runs_every_phase_and_serialises() {
         "/contended/per_client_min",
         "/contended/fairness",
         "/contended/violations",
+        "/contended/limit_per_sec",
+        "/contended/of_limit",
     ] {
         assert!(
             json.pointer(pointer).is_some(),

@@ -53,13 +53,24 @@ async fn unknown_scheme_lists_compiled_in_schemes() {
 #[tokio::test]
 async fn multi_host_urls_are_split_by_hand() {
     // The `url` crate rejects `h1:p1,h2:p2`; the registry must still find the scheme.
-    let err = dlock::connect("redlock://:pw@h1:6379,h2:6380,h3:6381")
+    // Redlock's three closed local ports: the URL reaches the backend, which tries every node.
+    let err = dlock::connect("redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
         .await
         .unwrap_err();
-    match err {
-        Error::UnsupportedScheme { scheme, .. } => assert_eq!(scheme, "redlock"),
-        other => panic!("expected UnsupportedScheme, got {other:?}"),
-    }
+    let msg = err.to_string();
+    assert!(
+        matches!(
+            err,
+            Error::Backend {
+                backend: "redlock",
+                ..
+            }
+        ),
+        "expected the backend's connect error, got {err:?}"
+    );
+    assert!(msg.contains("only 0 of 3 nodes"), "{msg}");
+    assert!(!msg.contains("hunter2"), "{msg}");
+    assert!(dlock::schemes().contains(&"redlock"));
     assert_eq!(
         dlock::scheme_of("zk://h1:2181,h2:2181/chroot").unwrap(),
         "zk"

@@ -167,7 +167,7 @@ fn render(r: &BenchReport) -> String {
     if let Some(u) = &r.uncontended {
         let _ = writeln!(
             out,
-            "\nuncontended: 1 client, acquire (Wait::No, keep-alive off) + release on one name;\n             dlock and the raw floor alternate in 200 ms turns over the same window"
+            "\nuncontended: 1 client, acquire (Wait::No, keep-alive off) + release on one name;\n             dlock and the floors alternate in 200 ms turns over the same window"
         );
         let mut rows = vec![
             [
@@ -180,11 +180,13 @@ fn render(r: &BenchReport) -> String {
         row.extend(latency_cells(&u.latency));
         row.push(u.errors.to_string());
         rows.push(row);
-        if let Some(f) = &u.floor {
-            let mut row = vec!["raw floor".to_owned(), fmt_rate(f.pairs_per_sec)];
-            row.extend(latency_cells(&f.latency));
-            row.push(f.errors.to_string());
-            rows.push(row);
+        for (label, floor) in [("raw floor", &u.floor), ("fenced floor", &u.fenced_floor)] {
+            if let Some(f) = floor {
+                let mut row = vec![label.to_owned(), fmt_rate(f.pairs_per_sec)];
+                row.extend(latency_cells(&f.latency));
+                row.push(f.errors.to_string());
+                rows.push(row);
+            }
         }
         out.push_str(&table(&rows));
         match &u.floor {
@@ -194,6 +196,13 @@ fn render(r: &BenchReport) -> String {
                     "  ratio dlock/floor = {:.3}   (floor: {})",
                     f.ratio, f.description
                 );
+                if let Some(f) = &u.fenced_floor {
+                    let _ = writeln!(
+                        out,
+                        "  ratio dlock/fenced floor = {:.3}   (same guarantee: {})",
+                        f.ratio, f.description
+                    );
+                }
             }
             None => {
                 let _ = writeln!(
@@ -227,15 +236,27 @@ fn render(r: &BenchReport) -> String {
         row.extend(latency_cells(&c.wait));
         rows.push(row);
         out.push_str(&table(&rows));
-        let summary = vec![
-            vec![
-                "acquisitions/s".to_owned(),
+        let mut summary = vec![vec![
+            "acquisitions/s".to_owned(),
+            format!(
+                "{} ({} in total)",
+                fmt_rate(c.acquisitions_per_sec),
+                c.acquisitions
+            ),
+        ]];
+        if let (Some(limit), Some(of), Some(floor)) =
+            (c.limit_per_sec, c.of_limit, c.floor_pair_p50_us)
+        {
+            summary.push(vec![
+                "limit 1/(hold + floor p50)".to_owned(),
                 format!(
-                    "{} ({} in total)",
-                    fmt_rate(c.acquisitions_per_sec),
-                    c.acquisitions
+                    "{}/s (floor pair p50 {}); acquisitions/s ÷ limit = {of:.2}",
+                    fmt_rate(limit),
+                    fmt_us(floor)
                 ),
-            ],
+            ]);
+        }
+        summary.extend([
             vec![
                 "per-client acquisitions".to_owned(),
                 format!(
@@ -252,7 +273,7 @@ fn render(r: &BenchReport) -> String {
                 c.violations.to_string(),
             ],
             vec!["errors".to_owned(), c.errors.to_string()],
-        ];
+        ]);
         // Left-align the values here: they are sentences, not numbers.
         let width = summary
             .iter()

@@ -3,6 +3,7 @@
 //! Every exit code is listed in `dlock --help` and in the crate README.
 
 mod bench_cmd;
+mod check_cmd;
 mod exit;
 mod run;
 mod status;
@@ -49,6 +50,15 @@ enum Command {
     /// Measure a lock store: uncontended pairs against its raw floor, and contention.
     #[command(after_help = exit::ALL)]
     Bench(BenchArgs),
+    /// Run the shared conformance suite against a store: does my deployment behave?
+    ///
+    /// Runs every case the store's capabilities admit, one after another, under lock names
+    /// unique to the run (dlock-check/<random>/...), releases everything it took, and prints
+    /// one row per case: pass, FAIL with the message, or n/a with the reason. Fault scenarios
+    /// (servers killed, paused, cut off) need a server dlock starts itself, so here they are
+    /// listed as "needs --spawn". Exit code 1 when any case fails.
+    #[command(after_help = exit::ALL)]
+    Check(CheckArgs),
 }
 
 /// Where the locks live (run and status).
@@ -69,8 +79,9 @@ struct RunArgs {
     #[arg(long, value_name = "NAME")]
     name: String,
 
-    /// Lease ttl; renewed at ttl/3 while the command runs [default: the URL's ttl option, else 30s].
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    /// Lease ttl, 10ms ..= 7d; renewed at ttl/3 while the command runs [default: the URL's ttl
+    /// option, else 30s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_ttl)]
     ttl: Option<Duration>,
 
     /// How long to wait for a lock held by someone else: 0, a duration (10s, 500ms) or forever.
@@ -142,27 +153,73 @@ struct BenchArgs {
     json: bool,
 }
 
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// Lock store URL to check (required: the check writes locks under its own names there).
+    #[arg(
+        long,
+        env = "DLOCK_URL",
+        hide_env_values = true,
+        value_name = "URL",
+        required_unless_present = "list"
+    )]
+    url: Option<String>,
+
+    /// Only the cases whose name matches this regular expression (e.g. 'fencing|expiry').
+    #[arg(long, value_name = "REGEX")]
+    cases: Option<String>,
+
+    /// How long one case may run before it counts as failed.
+    #[arg(long, value_name = "DURATION", default_value = "180s", value_parser = parse_duration)]
+    case_timeout: Duration,
+
+    /// Print the run as JSON (every case with its outcome and duration; no progress bar).
+    #[arg(long)]
+    json: bool,
+
+    /// List the cases and fault scenarios with what each needs, and exit.
+    #[arg(long)]
+    list: bool,
+
+    #[arg(skip)]
+    verbose: u8,
+}
+
 fn parse_duration(text: &str) -> Result<Duration, dlock::Error> {
     dlock::parse_duration("duration", text)
+}
+
+/// A duration within the ttl bounds, refused before anything connects.
+fn parse_ttl(text: &str) -> Result<Duration, dlock::Error> {
+    let ttl = parse_duration(text)?;
+    dlock::check_ttl(ttl)?;
+    Ok(ttl)
 }
 
 fn parse_wait(text: &str) -> Result<Wait, dlock::Error> {
     Wait::parse(text)
 }
 
-fn init_tracing(verbose: u8) {
+/// Logs on stderr. Colour only when stderr is a terminal and `NO_COLOR` is unset or empty.
+/// `quiet` (for `check`, whose cases lose locks on purpose) keeps the default level at errors.
+fn init_tracing(verbose: u8, quiet: bool) {
+    use std::io::IsTerminal as _;
     use tracing_subscriber::EnvFilter;
+    let default = if quiet { "error" } else { "warn" };
     let filter = match (verbose, std::env::var("RUST_LOG")) {
         (0, Ok(spec)) if !spec.trim().is_empty() => {
-            EnvFilter::try_new(spec).unwrap_or_else(|_| EnvFilter::new("warn"))
+            EnvFilter::try_new(spec).unwrap_or_else(|_| EnvFilter::new(default))
         }
-        (0, _) => EnvFilter::new("warn"),
+        (0, _) => EnvFilter::new(default),
         (1, _) => EnvFilter::new("info"),
         (2, _) => EnvFilter::new("debug"),
         _ => EnvFilter::new("trace"),
     };
+    let colour = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr)
         .init();
 }
@@ -195,7 +252,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::USAGE);
         }
     };
-    init_tracing(cli.verbose);
+    init_tracing(cli.verbose, matches!(cli.command, Command::Check(_)));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -211,6 +268,11 @@ fn main() -> ExitCode {
             Command::Run(args) => run::main(args).await,
             Command::Status(args) => status::main(args).await,
             Command::Bench(args) => bench_cmd::main(args).await,
+            Command::Check(args) if args.list => check_cmd::list(),
+            Command::Check(mut args) => {
+                args.verbose = cli.verbose;
+                check_cmd::main(args).await
+            }
         }
     });
     // Do not wait for stray background tasks (e.g. a keep-alive) when leaving.

@@ -17,6 +17,9 @@ struct StatusJson<'a> {
     token: Option<u64>,
     remaining_ms: Option<u64>,
     waiters: Option<usize>,
+    /// What each part of the store sees (Redlock: one line per node); absent when not split.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    details: Vec<String>,
 }
 
 /// Entry point; returns the process exit code.
@@ -68,6 +71,7 @@ pub async fn main(args: StatusArgs) -> u8 {
                 .and_then(|i| i.remaining)
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             waiters: info.as_ref().and_then(|i| i.waiters),
+            details: info.as_ref().map(|i| i.details.clone()).unwrap_or_default(),
         };
         match serde_json::to_string_pretty(&out) {
             Ok(text) => println!("{text}"),
@@ -99,5 +103,8 @@ pub async fn main(args: StatusArgs) -> u8 {
         },
     };
     println!("{}: {line}", name.as_str());
+    for detail in info.iter().flat_map(|i| &i.details) {
+        println!("  {detail}");
+    }
     exit::OK
 }

@@ -42,8 +42,15 @@ pub fn help_text() -> String {
 
 /// The URL to use, or an exit code after printing why there is none.
 pub fn resolve(url: Option<String>) -> Result<String, u8> {
-    if let Some(url) = url.filter(|u| !u.trim().is_empty()) {
-        return Ok(url);
+    match url {
+        Some(url) if url.trim().is_empty() => {
+            eprintln!(
+                "dlock: the lock store URL is empty (--url or DLOCK_URL); give a URL, or leave both unset for the default SQLite file"
+            );
+            return Err(exit::USAGE);
+        }
+        Some(url) => return Ok(url),
+        None => {}
     }
     let Some(path) = default_db_path() else {
         eprintln!(
