@@ -1292,3 +1292,93 @@ pub async fn rw_unsupported_says_so(ctx: Ctx) {
         "an unsupported call reached the backend"
     );
 }
+
+/// An owner id chosen by the caller ([`AcquireOptions::owner`]) is the one the lease carries and
+/// the one `inspect` reports, so a composite that records one id on several stores can be
+/// recognised on each; owner-checked release still works with it.
+pub async fn chosen_owner_is_recorded(ctx: Ctx) {
+    let c = ctx.client().await;
+    let n = ctx.name("x");
+    let owner = OwnerId::random();
+    let g = c
+        .lock(&n, &lease_opts(30 * SEC).owner(owner))
+        .await
+        .expect("acquire with a chosen owner");
+    assert_eq!(g.lease().owner(), owner, "the lease carries another owner");
+    let info = c
+        .inspect(&LockName::new(&n).expect("name"))
+        .await
+        .expect("inspect")
+        .expect("a held lock is known");
+    assert_eq!(
+        info.holder.as_deref(),
+        Some(owner.to_string().as_str()),
+        "inspect reports another holder"
+    );
+    assert_eq!(g.release().await.expect("release"), Released::Released);
+    assert!(
+        is_free(&c, &n).await,
+        "the lock is still held after release"
+    );
+}
+
+/// A store that honours token floors ([`AcquireOptions::token_floor`]) hands out a token of at
+/// least the floor and moves its counter there, so plain acquisitions after it get higher
+/// tokens; a floor below the counter changes nothing. Other stores refuse a floor with
+/// `Unsupported` before any I/O.
+pub async fn token_floor_carries_the_counter(ctx: Ctx) {
+    let counting = crate::CountingLock::new(ctx.client().await);
+    let c: Arc<dyn DistributedLock> = counting.clone();
+    let n = ctx.name("x");
+    if !c.capabilities().token_floor {
+        let err = c
+            .try_lock(&n, &lease_opts(30 * SEC).token_floor(FencingToken(7)))
+            .await
+            .expect_err("a token floor on a store that cannot carry it");
+        assert!(
+            matches!(err, Error::Unsupported { .. }),
+            "expected Unsupported, got {err}"
+        );
+        assert_eq!(
+            counting.calls(),
+            0,
+            "an unsupported call reached the backend"
+        );
+        return;
+    }
+    let first = c.lock(&n, &lease_opts(30 * SEC)).await.expect("acquire");
+    let floor = FencingToken(first.fencing_token().0 + 1_000_000);
+    first.release().await.expect("release");
+
+    let lifted = c
+        .lock(&n, &lease_opts(30 * SEC).token_floor(floor))
+        .await
+        .expect("acquire with a floor");
+    assert!(
+        lifted.fencing_token() >= floor,
+        "token {} is below the floor {floor}",
+        lifted.fencing_token()
+    );
+    let lifted_token = lifted.fencing_token();
+    lifted.release().await.expect("release");
+
+    let after = c.lock(&n, &lease_opts(30 * SEC)).await.expect("acquire");
+    assert!(
+        after.fencing_token() > lifted_token,
+        "token {} after a floored grant is not above {lifted_token}: the counter was not carried",
+        after.fencing_token()
+    );
+    let after_token = after.fencing_token();
+    after.release().await.expect("release");
+
+    let low = c
+        .lock(&n, &lease_opts(30 * SEC).token_floor(FencingToken(1)))
+        .await
+        .expect("acquire with a low floor");
+    assert!(
+        low.fencing_token() > after_token,
+        "a floor below the counter moved tokens backwards: {} after {after_token}",
+        low.fencing_token()
+    );
+    low.release().await.expect("release");
+}

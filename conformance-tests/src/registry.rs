@@ -132,6 +132,8 @@ static REGISTRY: &[Case] = entries! {
     Case cases::rw_no_writer_starvation needs READ_WRITE;
     Case cases::rw_tokens_increase_across_writers needs READ_WRITE;
     Case cases::rw_unsupported_says_so needs ANY;
+    Case cases::chosen_owner_is_recorded needs ANY;
+    Case cases::token_floor_carries_the_counter needs ANY;
     Fault faults::client_paused_past_ttl needs TTL;
     Fault faults::holder_process_killed needs TTL_SHARED;
     Fault faults::server_killed_and_restarted needs ANY;

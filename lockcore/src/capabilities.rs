@@ -93,6 +93,10 @@ pub struct Capabilities {
     /// example a client library's per-reply timeout). Then lockcore puts no timer of its own
     /// around a non-waiting acquire; otherwise it bounds the call by `timeout` itself.
     pub bounded_requests: bool,
+    /// Whether acquisitions honour [`AcquireOptions::token_floor`](crate::AcquireOptions::token_floor)
+    /// (the name's counter moves to `max(counter + 1, floor)` in the granting step). Backends
+    /// whose tokens the store assigns by itself (ZooKeeper's `czxid`) cannot.
+    pub token_floor: bool,
 }
 
 impl Capabilities {
@@ -113,6 +117,7 @@ impl Capabilities {
             native: NativePrimitives::default(),
             shared_across_processes: true,
             bounded_requests: false,
+            token_floor: false,
         }
     }
 
@@ -121,6 +126,12 @@ impl Capabilities {
     /// [`Capabilities::bounded_requests`]).
     pub fn bounded_requests(mut self, bounded: bool) -> Self {
         self.bounded_requests = bounded;
+        self
+    }
+
+    /// Declares that acquisitions honour a token floor (see [`Capabilities::token_floor`]).
+    pub fn token_floor(mut self, carries: bool) -> Self {
+        self.token_floor = carries;
         self
     }
 

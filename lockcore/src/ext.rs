@@ -45,6 +45,12 @@ pub(crate) async fn acquire_as(
     opts.validate()?;
     let capabilities = backend.capabilities();
     let backend_name = capabilities.backend;
+    if opts.token_floor_value().is_some() && !capabilities.token_floor {
+        return Err(Error::Unsupported {
+            operation: "token floor",
+            backend: backend_name,
+        });
+    }
     let span = tracing::debug_span!("dlock.acquire", backend = backend_name, lock = %name, wait = ?opts.wait_value());
     async {
         let started = Instant::now();

@@ -99,8 +99,8 @@ impl Entry {
         started: Instant,
         now: Instant,
     ) -> Lease {
-        self.fence += 1;
-        let owner = OwnerId::random();
+        self.fence = (self.fence + 1).max(opts.token_floor_value().map_or(0, |f| f.0));
+        let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
         self.holder = Some(Holder {
             owner,
@@ -329,6 +329,7 @@ impl DistributedLock for MemoryLock {
         )
         .native(false, true, false)
         .shared_across_processes(false)
+        .token_floor(true)
     }
 
     fn defaults(&self) -> ClientDefaults {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{Error, Result};
+use crate::{Error, FencingToken, OwnerId, Result};
 
 /// Shortest accepted ttl.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
@@ -117,6 +117,8 @@ pub struct AcquireOptions {
     wait: Wait,
     keep_alive: KeepAlive,
     drift: Option<Duration>,
+    owner: Option<OwnerId>,
+    token_floor: Option<FencingToken>,
 }
 
 impl AcquireOptions {
@@ -148,6 +150,41 @@ impl AcquireOptions {
     pub fn drift(mut self, drift: Duration) -> Self {
         self.drift = Some(drift);
         self
+    }
+
+    /// The owner id this acquisition records in the store, instead of a fresh random one.
+    ///
+    /// For composites that hold one acquisition on several stores (the `dual://` backend
+    /// records the same id on both, so `dlock migrate check` can tell its holds from those of
+    /// single-store clients). Each acquisition must use an id of its own: two acquisitions with
+    /// one id would be taken for the same holder by owner-checked release and extend.
+    pub fn owner(mut self, owner: OwnerId) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// Asks for a fencing token of at least `floor`: the store's counter for the name moves to
+    /// `max(counter + 1, floor)` in the same atomic step as the grant, so every later token is
+    /// above `floor` too. Only backends whose [`Capabilities::token_floor`](crate::Capabilities)
+    /// is set accept it; the acquire paths refuse it with
+    /// [`Error::Unsupported`](crate::Error::Unsupported) before any I/O elsewhere.
+    ///
+    /// This is how a `dual://` client carries the first store's token into the second's counter,
+    /// so that tokens of clients on either store form one increasing sequence.
+    pub fn token_floor(mut self, floor: FencingToken) -> Self {
+        self.token_floor = Some(floor);
+        self
+    }
+
+    /// The owner id set with [`owner`](Self::owner), or a fresh random one (backends call this
+    /// once per acquisition).
+    pub fn owner_or_random(&self) -> OwnerId {
+        self.owner.unwrap_or_else(OwnerId::random)
+    }
+
+    /// The token floor set with [`token_floor`](Self::token_floor), if any.
+    pub fn token_floor_value(&self) -> Option<FencingToken> {
+        self.token_floor
     }
 
     /// The ttl, or [`DEFAULT_TTL`] if none was set.
