@@ -10,6 +10,9 @@
 //!   in the text, everything from that `:` to the **last** `@` is the password.
 //! * The values of `password=`-like query parameters (`password`, `passwd`, `pass`, `pwd`,
 //!   `secret`, `token`, `auth`, `sslpassword`, compared case-insensitively) are hidden.
+//! * A query parameter whose value is itself a URL (percent-encoded or not, as in
+//!   `dual://?first=zk%3A%2F%2Fu%3Apw%40h&second=...`) is redacted by the same rule, and
+//!   written back in the form it came in.
 //!
 //! [`redact_url`] applies the rule to a URL. [`scrub`] removes the same secrets (as written and
 //! percent-decoded) from any other text, such as an error message from a driver that quoted a
@@ -33,7 +36,9 @@ const MASK: &str = "***";
 fn password_span(text: &str) -> Option<(usize, usize)> {
     let start = text.find("://")? + 3;
     let rest = &text[start..];
-    if rest.starts_with('/') {
+    // `scheme:///path` has no authority; `scheme://?query` neither (a user name never starts
+    // with `?`, and the query may hold URLs of its own).
+    if rest.starts_with(['/', '?']) {
         return None;
     }
     let user_end = rest.find([':', '@'])?;
@@ -82,24 +87,81 @@ fn query_secret_spans(text: &str) -> Vec<(usize, usize)> {
 /// assert_eq!(redact_url("sqlite:///home/a@b/locks.db"), "sqlite:///home/a@b/locks.db");
 /// ```
 pub fn redact_url(url: &str) -> String {
-    let mut spans = query_secret_spans(url);
-    if let Some((start, end)) = password_span(url) {
-        // The password hides whatever query-like text it contains.
-        spans.retain(|&(s, _)| s >= end);
-        spans.push((start, end));
+    let mut spans: Vec<(usize, usize, String)> = query_secret_spans(url)
+        .into_iter()
+        .map(|(s, e)| (s, e, MASK.to_owned()))
+        .collect();
+    let password = password_span(url);
+    if password.is_none() {
+        spans.extend(nested_url_spans(url));
     }
-    spans.sort_unstable();
+    if let Some((start, end)) = password {
+        // The password hides whatever query-like text it contains.
+        spans.retain(|&(s, _, _)| s >= end);
+        spans.push((start, end, MASK.to_owned()));
+    }
+    spans.sort_unstable_by_key(|&(s, e, _)| (s, e));
     let mut out = String::with_capacity(url.len());
     let mut pos = 0;
-    for (start, end) in spans {
+    for (start, end, replacement) in spans {
         if start < pos {
             continue;
         }
         out.push_str(&url[pos..start]);
-        out.push_str(MASK);
+        out.push_str(&replacement);
         pos = end;
     }
     out.push_str(&url[pos..]);
+    out
+}
+
+/// Query parameter values of `text` that are URLs holding a secret, with their redacted form
+/// (percent-encoded again when the value came encoded).
+fn nested_url_spans(text: &str) -> Vec<(usize, usize, String)> {
+    let Some(query_start) = text.find('?').map(|q| q + 1) else {
+        return Vec::new();
+    };
+    let query_end = text[query_start..]
+        .find('#')
+        .map_or(text.len(), |i| query_start + i);
+    let mut spans = Vec::new();
+    let mut pos = query_start;
+    for param in text[query_start..query_end].split('&') {
+        let start = pos;
+        pos += param.len() + 1;
+        let Some((key, value)) = param.split_once('=') else {
+            continue;
+        };
+        let value_start = start + key.len() + 1;
+        let value_end = value_start + value.len();
+        if value.contains("://") {
+            let shown = redact_url(value);
+            if shown != value {
+                spans.push((value_start, value_end, shown));
+            }
+        } else {
+            let decoded = percent_decode(value);
+            if decoded.contains("://") {
+                let shown = redact_url(&decoded);
+                if shown != decoded {
+                    spans.push((value_start, value_end, percent_encode(&shown)));
+                }
+            }
+        }
+    }
+    spans
+}
+
+/// Percent-encodes everything but unreserved characters and the mask's `*`.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 3);
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'*') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
     out
 }
 
@@ -119,6 +181,18 @@ pub fn secrets_of(url: &str) -> Vec<String> {
             secrets.push(decoded);
         }
         secrets.push(raw.to_owned());
+    }
+    if password_span(url).is_none()
+        && let Some(q) = url.find('?')
+    {
+        for param in url[q + 1..].split(['&', '#']) {
+            if let Some((_, value)) = param.split_once('=') {
+                let decoded = percent_decode(value);
+                if decoded.contains("://") {
+                    secrets.extend(secrets_of(&decoded));
+                }
+            }
+        }
     }
     // Longest first, so that a secret containing another is replaced whole.
     secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
@@ -237,6 +311,40 @@ mod tests {
             redact_url("mysql://h/db?a=1&PASSWORD=x#f"),
             "mysql://h/db?a=1&PASSWORD=***#f"
         );
+    }
+
+    #[test]
+    fn urls_inside_query_values_are_redacted_in_their_own_form() {
+        for pw in PASSWORDS {
+            let zk = format!("zk://u:{pw}@h1:1,h2:2/app?ttl=5s");
+            let redis = format!("redis://:{pw}@h:1/0");
+            let encoded = format!(
+                "dual://?first={}&second={}&ttl=9s",
+                percent_encode(&zk),
+                percent_encode(&redis)
+            );
+            let shown = redact_url(&encoded);
+            assert!(!shown.contains(pw), "{encoded} shown as {shown}");
+            assert!(
+                !shown.contains(&percent_encode(pw)),
+                "{encoded} shown as {shown}"
+            );
+            assert!(shown.ends_with("&ttl=9s"), "{shown}");
+            let first = shown
+                .split_once("first=")
+                .and_then(|(_, r)| r.split_once('&'))
+                .map(|(v, _)| percent_decode(v))
+                .expect("first=");
+            assert_eq!(first, "zk://u:***@h1:1,h2:2/app?ttl=5s");
+            let message = format!("second store failed: {redis}");
+            assert!(!scrub(&message, &encoded).contains(pw), "{message}");
+        }
+        assert_eq!(
+            redact_url("dual://?first=zk://u:pw@h:1&second=redis://h:2"),
+            "dual://?first=zk://u:***@h:1&second=redis://h:2"
+        );
+        let plain = "dual://?first=zk%3A%2F%2Fh%3A1&second=redis%3A%2F%2Fh%3A2";
+        assert_eq!(redact_url(plain), plain);
     }
 
     #[test]
