@@ -731,7 +731,14 @@ impl DistributedLock for ZkLock {
         };
         let queue = names::queue(&children);
         let Some(first) = queue.first() else {
-            return Ok(Some(LockInfo::new(name, None, None, None, Some(0))));
+            // Free: the parent's pzxid (the zxid of the last change to its children) is at
+            // least every token handed out for this name and below every later one, which is
+            // what `dlock migrate prepare` carries into another store's counter.
+            let pzxid = self
+                .czxid(&client, &parent, name)
+                .await?
+                .map(|s| FencingToken(s.pzxid as u64));
+            return Ok(Some(LockInfo::new(name, None, pzxid, None, Some(0))));
         };
         let stat = self
             .czxid(&client, &format!("{parent}/{}", first.node), name)
@@ -759,6 +766,23 @@ impl DistributedLock for ZkLock {
             Ok(Err(e)) => Err(zk_error("forget", Some(name), e)),
             Err(()) => Err(no_answer("forget", Some(name), self.limit())),
         }
+    }
+
+    /// The children of the lock root that are lock parents, decoded; hashed (very long) names
+    /// are left out.
+    async fn names(&self) -> Result<Vec<LockName>> {
+        let client = self.inner.session.client().await?;
+        let children = match timed(self.limit(), client.list_children(&self.inner.base)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(zk::Error::NoNode)) => Vec::new(),
+            Ok(Err(e)) => return Err(zk_error("list names", None, e)),
+            Err(()) => return Err(no_answer("list names", None, self.limit())),
+        };
+        Ok(children
+            .iter()
+            .filter_map(|c| c.strip_prefix("n-"))
+            .filter_map(LockName::from_escaped)
+            .collect())
     }
 
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {

@@ -4,6 +4,7 @@ pub mod bench;
 #[cfg(feature = "check")]
 pub mod check;
 mod config;
+pub mod migrate;
 mod redact;
 mod registry;
 

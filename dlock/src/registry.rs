@@ -50,6 +50,15 @@ fn connect_zk(url: &str) -> Connecting<'_> {
     Box::pin(backend_zk::connect(url))
 }
 
+#[cfg(feature = "dual")]
+fn connect_dual(url: &str) -> Connecting<'_> {
+    // Each inner URL goes through `connect` again, so any compiled-in store can be either side.
+    Box::pin(backend_dual::connect(
+        url,
+        |inner: String| -> Connecting<'static> { Box::pin(async move { connect(&inner).await }) },
+    ))
+}
+
 /// Every backend compiled into this build. A new backend crate joins with one entry here (behind
 /// its cargo feature) and one feature line in `Cargo.toml`.
 static BACKENDS: &[Backend] = &[
@@ -75,6 +84,12 @@ static BACKENDS: &[Backend] = &[
         name: "zk",
         schemes: backend_zk::SCHEMES,
         connect: connect_zk,
+    },
+    #[cfg(feature = "dual")]
+    Backend {
+        name: "dual",
+        schemes: backend_dual::SCHEMES,
+        connect: connect_dual,
     },
 ];
 

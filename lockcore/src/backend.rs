@@ -200,6 +200,22 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Every lock name the store knows (held, waited for, or remembered with its fencing
+    /// counter), in no particular order, for `dlock migrate` and reports. A store that keeps a
+    /// name only as a hash (very long names) leaves it out.
+    ///
+    /// # Cancel safety
+    /// Read-only; safe to drop.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) by default; store failures.
+    async fn names(&self) -> Result<Vec<LockName>> {
+        Err(crate::Error::Unsupported {
+            operation: "list names",
+            backend: self.capabilities().backend,
+        })
+    }
+
     /// The backend's minimal raw commands, for `dlock bench` to report ratios against.
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
         None

@@ -443,6 +443,10 @@ impl DistributedLock for MemoryLock {
         Ok(!busy)
     }
 
+    async fn names(&self) -> Result<Vec<LockName>> {
+        Ok(self.ns.entries().keys().cloned().collect())
+    }
+
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
         Some(Arc::new(MemoryFloor {
             map: Mutex::default(),

@@ -57,6 +57,37 @@ impl LockName {
         out
     }
 
+    /// The name whose [`escaped`](Self::escaped) form is `text`; `None` when `text` is not
+    /// such a form (a byte outside `[A-Za-z0-9_%-]`, a malformed or needless `%XX`, or an
+    /// invalid name once decoded). Stores that keep escaped names use it to list them.
+    pub fn from_escaped(text: &str) -> Option<Self> {
+        let bytes = text.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'%' => {
+                    let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                    if hex.bytes().any(|h| h.is_ascii_lowercase()) {
+                        return None;
+                    }
+                    let b = u8::from_str_radix(hex, 16).ok()?;
+                    if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+                        return None;
+                    }
+                    out.push(b);
+                    i += 3;
+                }
+                b if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' => {
+                    out.push(b);
+                    i += 1;
+                }
+                _ => return None,
+            }
+        }
+        LockName::new(String::from_utf8(out).ok()?).ok()
+    }
+
     /// Appends [`LockName::escaped`] to `out` (for callers that build a longer key around it).
     pub fn escape_into(&self, out: &mut String) {
         const HEX: &[u8; 16] = b"0123456789ABCDEF";
@@ -114,6 +145,30 @@ impl AsRef<str> for LockName {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn escaped_names_round_trip_and_nothing_else_parses() {
+        for name in [
+            "a",
+            "orders/daily",
+            ".",
+            "..",
+            "Ünïcode ☃",
+            "100%",
+            "a-b_c",
+            "%41",
+        ] {
+            let n = LockName::new(name).unwrap();
+            assert_eq!(
+                LockName::from_escaped(&n.escaped()),
+                Some(n.clone()),
+                "{name}"
+            );
+        }
+        for text in ["", "a/b", "%4", "%zz", "%41", "%2f", "a~1", "%00"] {
+            assert_eq!(LockName::from_escaped(text), None, "{text}");
+        }
+    }
 
     #[test]
     fn rejects_bad_names() {

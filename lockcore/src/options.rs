@@ -176,6 +176,12 @@ impl AcquireOptions {
         self
     }
 
+    /// The same options without a token floor (a composite asks its first store with these).
+    pub fn without_token_floor(mut self) -> Self {
+        self.token_floor = None;
+        self
+    }
+
     /// The owner id set with [`owner`](Self::owner), or a fresh random one (backends call this
     /// once per acquisition).
     pub fn owner_or_random(&self) -> OwnerId {

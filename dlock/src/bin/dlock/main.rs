@@ -5,6 +5,7 @@
 mod bench_cmd;
 mod check_cmd;
 mod exit;
+mod migrate_cmd;
 mod run;
 mod status;
 mod store;
@@ -59,6 +60,56 @@ enum Command {
     /// listed as "needs --spawn". Exit code 1 when any case fails.
     #[command(after_help = exit::ALL)]
     Check(CheckArgs),
+    /// Move locks from one store to another (ZooKeeper to Redis) through dual:// clients.
+    ///
+    /// `check` shows, per lock name, who holds it on each store and in which mode (dual,
+    /// source-only, target-only) and whether the tokens are ordered for the next phase;
+    /// `prepare` moves the target store's counters up to the source's tokens (run it before
+    /// the first dual client starts, and again before the first target-only client). The
+    /// README's migration guide walks through the phases.
+    #[command(subcommand)]
+    Migrate(MigrateCommand),
+}
+
+/// `dlock migrate` subcommands.
+#[derive(Debug, Subcommand)]
+enum MigrateCommand {
+    /// Report what each store holds and whether tokens are ordered for the next phase.
+    /// Exit code 1 when a name is held by different owners on the two stores.
+    #[command(after_help = exit::ALL)]
+    Check(MigrateArgs),
+    /// Carry the target store's counters up to the source store's tokens.
+    #[command(after_help = exit::ALL)]
+    Prepare(PrepareArgs),
+}
+
+#[derive(Debug, Args)]
+struct MigrateArgs {
+    /// The store clients are moving from, e.g. zk://host:2181/app.
+    #[arg(long, value_name = "URL")]
+    from: String,
+
+    /// The store clients are moving to, e.g. redis://host:6379.
+    #[arg(long, value_name = "URL")]
+    to: String,
+
+    /// A lock name to include (repeatable); names either store can list are always included.
+    #[arg(long = "name", value_name = "NAME")]
+    names: Vec<String>,
+
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct PrepareArgs {
+    #[command(flatten)]
+    common: MigrateArgs,
+
+    /// Show what would be raised without changing anything.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 /// Where the locks live (run and status).
@@ -273,6 +324,8 @@ fn main() -> ExitCode {
                 args.verbose = cli.verbose;
                 check_cmd::main(args).await
             }
+            Command::Migrate(MigrateCommand::Check(args)) => migrate_cmd::check(args).await,
+            Command::Migrate(MigrateCommand::Prepare(args)) => migrate_cmd::prepare(args).await,
         }
     });
     // Do not wait for stray background tasks (e.g. a keep-alive) when leaving.

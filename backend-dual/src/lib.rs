@@ -1,0 +1,38 @@
+#![doc = include_str!("../README.md")]
+
+pub mod config;
+mod dual;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use lockcore::{DistributedLock, Result};
+
+pub use config::DualConfig;
+pub use dual::{DualLock, FENCING_ASSUMPTION, Side};
+
+/// The backend name in capabilities and error messages.
+pub const BACKEND: &str = "dual";
+
+/// URL schemes this crate serves.
+pub const SCHEMES: &[&str] = &["dual"];
+
+/// Connects a `dual://` URL: parses it (before any I/O), connects the first store, then the
+/// second, with `connect_store` (the facade passes `dlock::connect`), and composes them.
+///
+/// # Cancel safety
+/// Dropping the future drops whatever store was connected so far; nothing is held yet.
+///
+/// # Errors
+/// [`lockcore::Error::InvalidConfig`] for a malformed URL or a second store that cannot carry
+/// a token floor; whatever `connect_store` returns for either store.
+pub async fn connect<F, Fut>(url: &str, connect_store: F) -> Result<Arc<dyn DistributedLock>>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Result<Arc<dyn DistributedLock>>>,
+{
+    let config = DualConfig::parse(url)?;
+    let first = connect_store(config.first.clone()).await?;
+    let second = connect_store(config.second.clone()).await?;
+    Ok(Arc::new(DualLock::new(first, second, config)?))
+}
