@@ -349,7 +349,7 @@ impl Inner {
             .map(|(i, n)| async move {
                 let node = &n.client.inner;
                 let keys = Keys::new(&node.prefix, name);
-                let vote = match node.attempt(name, &keys, owner, opts, mode).await {
+                let vote = match node.attempt(name, &keys, owner, opts, mode, 0).await {
                     Ok(AcquireReply::Granted(token)) => Vote::Granted(token),
                     Ok(AcquireReply::Waiting { pttl, rank, fence }) => {
                         Vote::Refused { pttl, rank, fence }
