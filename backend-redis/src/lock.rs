@@ -453,6 +453,8 @@ impl DistributedLock for RedisLock {
         // `timeout`, and connecting is bounded by it too. The Cluster client retries a request
         // after a timeout, so there lockcore keeps its own bound.
         .bounded_requests(matches!(self.inner.store, Store::Single(_)))
+        // The acquire scripts raise the fence counter to the floor in the granting step.
+        .token_floor(true)
     }
 
     fn defaults(&self) -> ClientDefaults {

@@ -62,7 +62,16 @@ impl Drop for Abandon<'_> {
 }
 
 impl Inner {
-    fn acquire_call(&self, keys: &Keys, owner: OwnerId, opts: &AcquireOptions, mode: &str) -> Call {
+    /// The acquire script's call; `floor` is the token floor (0 = none, see
+    /// [`scripts::floor_arg`]).
+    fn acquire_call(
+        &self,
+        keys: &Keys,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        mode: &str,
+        floor: u64,
+    ) -> Call {
         keys.call(
             &scripts::ACQUIRE,
             &[Key::Lock, Key::Fence, Key::Queue, Key::Alive, Key::Seq],
@@ -73,8 +82,10 @@ impl Inner {
         .arg(millis(ALIVE))
         .arg(self.client.as_str())
         .arg(self.wakes.as_str())
+        .arg(floor)
     }
 
+    /// One run of the acquire script in `mode` for `owner`, with token floor `floor` (0 = none).
     pub(crate) async fn attempt(
         &self,
         name: &LockName,
@@ -82,10 +93,11 @@ impl Inner {
         owner: OwnerId,
         opts: &AcquireOptions,
         mode: &str,
+        floor: u64,
     ) -> Result<AcquireReply> {
         let value = self
             .store
-            .eval(&self.acquire_call(keys, owner, opts, mode))
+            .eval(&self.acquire_call(keys, owner, opts, mode, floor))
             .await
             .map_err(|e| backend_error("acquire", Some(name), e))?;
         scripts::parse_acquire(&value, owner).map_err(|e| protocol_error("acquire", Some(name), e))
@@ -115,7 +127,8 @@ impl Inner {
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
-        let owner = OwnerId::random();
+        let floor = scripts::floor_arg(crate::BACKEND, opts)?;
+        let owner = opts.owner_or_random();
         let keys = Keys::new(&self.prefix, name);
         let mut guard = Abandon {
             inner: self,
@@ -126,7 +139,8 @@ impl Inner {
         let fast = keys
             .call(&scripts::TRY_FAST, &[Key::Lock, Key::Fence, Key::Queue])
             .owner_arg(owner)
-            .arg(millis(opts.ttl_value()));
+            .arg(millis(opts.ttl_value()))
+            .arg(floor);
         let value = self
             .store
             .eval(&fast)
@@ -137,7 +151,7 @@ impl Inner {
         {
             Some(reply) => reply,
             // Someone is queued: the full script prunes dead waiters and never jumps live ones.
-            None => self.attempt(name, &keys, owner, opts, "try").await?,
+            None => self.attempt(name, &keys, owner, opts, "try", floor).await?,
         };
         guard.disarm();
         Ok(match reply {
@@ -153,7 +167,8 @@ impl Inner {
         opts: &AcquireOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Lease>> {
-        let owner = OwnerId::random();
+        let floor = scripts::floor_arg(crate::BACKEND, opts)?;
+        let owner = opts.owner_or_random();
         let waiter = owner.to_string();
         let keys = Keys::new(&self.prefix, name);
         // Registered before the first request, so a wake-up that names us is never dropped.
@@ -166,7 +181,10 @@ impl Inner {
         };
         loop {
             let started = Instant::now();
-            let (pttl, rank) = match self.attempt(name, &keys, owner, opts, "wait").await? {
+            let (pttl, rank) = match self
+                .attempt(name, &keys, owner, opts, "wait", floor)
+                .await?
+            {
                 AcquireReply::Granted(token) => {
                     guard.disarm();
                     return Ok(Some(Self::lease(name, owner, token, started, opts)));

@@ -349,7 +349,9 @@ impl Inner {
             .map(|(i, n)| async move {
                 let node = &n.client.inner;
                 let keys = Keys::new(&node.prefix, name);
-                let vote = match node.attempt(name, &keys, owner, opts, mode).await {
+                // No floor on the nodes: the acquirer lifts the token to it and the
+                // write-back carries it (see `decide`).
+                let vote = match node.attempt(name, &keys, owner, opts, mode, 0).await {
                     Ok(AcquireReply::Granted(token)) => Vote::Granted(token),
                     Ok(AcquireReply::Waiting { pttl, rank, fence }) => {
                         Vote::Refused { pttl, rank, fence }
@@ -505,10 +507,13 @@ impl Inner {
         let q = self.quorum;
         if tally.granted.len() >= q {
             // Above every counter heard of: the granting nodes' counters already count this
-            // grant; a refusing node's counter may be its holder's token.
+            // grant; a refusing node's counter may be its holder's token. At least the
+            // caller's floor: the write-back below carries it to the granting nodes' counters
+            // before the lease is returned, as it does for any token above theirs.
             let granted = tally.granted.iter().map(|(_, t)| *t);
             let refused = tally.refused.iter().map(|(_, _, _, f)| f + 1);
-            let token = granted.chain(refused).max().unwrap_or(1);
+            let floor = opts.token_floor_value().map_or(0, |f| f.0);
+            let token = granted.chain(refused).max().unwrap_or(1).max(floor);
             let limit = self.node_limit(opts.ttl_value());
             let written = self.write_back(name, &tally.granted, token, limit).await;
             if written < q {
@@ -550,7 +555,10 @@ impl Inner {
             .filter(|(_, pttl, rank, _)| *rank == 0 && *pttl >= 0)
             .map(|(_, pttl, _, _)| Duration::from_millis(*pttl as u64 + 1))
             .min();
-        let decision = if mode == "try" {
+        // A `try` that split the vote tries again with the same owner id (one per
+        // acquisition, maybe the caller's): its grants must be given back before that, as for
+        // a waiter.
+        let decision = if mode == "try" && !split {
             Decision::Undo
         } else {
             Decision::Retry
@@ -571,15 +579,18 @@ impl Inner {
     /// One acquire that does not wait for a holder. A split vote is not "held by another":
     /// contenders that split the nodes (nobody won a majority) each give their grants back and
     /// try again after a random pause of up to [`SPLIT_BACKOFF`], up to [`SPLIT_RETRIES`]
-    /// times, so that simultaneous `try_lock`s do not all fail. A new owner id each time, so an
-    /// undo still on its way can never hit a later attempt's grant.
+    /// times, so that simultaneous `try_lock`s do not all fail. Every attempt uses the
+    /// acquisition's one owner id (the caller's, if it chose one); a split vote's grants are
+    /// given back before the next attempt, so no undo is still on its way to hit its grant.
     async fn try_acquire(
         self: &Arc<Self>,
         name: &LockName,
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
+        scripts::floor_arg(REDLOCK, opts)?;
+        let owner = opts.owner_or_random();
         for _ in 0..SPLIT_RETRIES {
-            match self.attempt(name, OwnerId::random(), opts, "try").await? {
+            match self.attempt(name, owner, opts, "try").await? {
                 Attempt::Won(lease) => return Ok(Some(lease)),
                 Attempt::Lost { split: true, .. } => {
                     tokio::time::sleep(SPLIT_BACKOFF.mul_f64(rand::random::<f64>())).await;
@@ -596,7 +607,8 @@ impl Inner {
         opts: &AcquireOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Lease>> {
-        let owner = OwnerId::random();
+        scripts::floor_arg(REDLOCK, opts)?;
+        let owner = opts.owner_or_random();
         let waiter = owner.to_string();
         // Registered before the first request, so a wake-up that names us is never dropped.
         let registrations: Vec<_> = self
@@ -735,6 +747,9 @@ impl DistributedLock for RedlockLock {
         )
         // Every node request is bounded by the node timeout.
         .bounded_requests(true)
+        // The token is lifted to the floor and written back to a majority before it is
+        // returned.
+        .token_floor(true)
     }
 
     fn defaults(&self) -> ClientDefaults {

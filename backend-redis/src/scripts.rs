@@ -8,7 +8,7 @@
 
 use std::sync::LazyLock;
 
-use lockcore::{LockName, OwnerId};
+use lockcore::{AcquireOptions, Error, LockName, OwnerId};
 use redis::{Cmd, ToRedisArgs, Value};
 
 /// One Lua script: its source (with the shared helpers prepended) and SHA1 for `EVALSHA`.
@@ -77,6 +77,23 @@ pub(crate) static FLOOR_FENCED: LazyLock<Lua> =
 /// The bench floor's compare-and-delete (`lua/floor_delete.lua`).
 pub(crate) static FLOOR_DELETE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/floor_delete.lua")));
+
+/// The largest token floor the scripts carry exactly: Lua numbers are doubles, which hold every
+/// integer up to 2^53 and no more.
+pub(crate) const MAX_FLOOR: u64 = 1 << 53;
+
+/// The token floor of `opts` as a script argument: 0 when none is set. A floor above
+/// [`MAX_FLOOR`] is refused (before any I/O) rather than rounded.
+pub(crate) fn floor_arg(backend: &'static str, opts: &AcquireOptions) -> lockcore::Result<u64> {
+    match opts.token_floor_value() {
+        None => Ok(0),
+        Some(f) if f.0 <= MAX_FLOOR => Ok(f.0),
+        Some(f) => Err(Error::invalid_argument(
+            "token_floor",
+            format!("{backend} carries token floors up to 2^53 ({MAX_FLOOR}), not {f}"),
+        )),
+    }
+}
 
 /// One script call, built once as `EVALSHA sha numkeys keys... args...`.
 ///

@@ -166,11 +166,12 @@ impl TairLock {
         ttl: Duration,
         reentrant: bool,
     ) -> Result<ExpireLock> {
-        self.lock_as(name, owner, ttl, reentrant, None).await
+        self.lock_as(name, owner, ttl, reentrant, None, 0).await
     }
 
     /// `expire_lock` by a writer that will wait (`waiting` = how long its mark lasts without
-    /// being refreshed): refused, it marks the name so that new readers stay out.
+    /// being refreshed): refused, it marks the name so that new readers stay out. A fresh
+    /// lock's version is at least `floor` (0 = none).
     async fn lock_as(
         &self,
         name: &LockName,
@@ -178,6 +179,7 @@ impl TairLock {
         ttl: Duration,
         reentrant: bool,
         waiting: Option<Duration>,
+        floor: u64,
     ) -> Result<ExpireLock> {
         lockcore::check_ttl(ttl)?;
         let call = self
@@ -185,7 +187,8 @@ impl TairLock {
             .owner_arg(owner)
             .arg(millis(ttl))
             .arg(if reentrant { "1" } else { "0" })
-            .arg(waiting.map_or(0, millis));
+            .arg(waiting.map_or(0, millis))
+            .arg(floor);
         let value = self.eval("expireLock", name, &call).await?;
         let items =
             scripts::array(&value).map_err(|e| protocol_error("expireLock", Some(name), e))?;
@@ -309,8 +312,20 @@ impl TairLock {
         reader: OwnerId,
         ttl: Duration,
     ) -> Result<ReadEnter> {
+        self.read_enter_as(name, reader, ttl, 0).await
+    }
+
+    /// [`read_enter`](Self::read_enter) with a token floor (0 = none): the version the entry
+    /// bumps is at least `floor`.
+    async fn read_enter_as(
+        &self,
+        name: &LockName,
+        reader: OwnerId,
+        ttl: Duration,
+        floor: u64,
+    ) -> Result<ReadEnter> {
         lockcore::check_ttl(ttl)?;
-        let value = self.read(name, reader, ttl, "enter").await?;
+        let value = self.read(name, reader, ttl, "enter", floor).await?;
         let items =
             scripts::array(&value).map_err(|e| protocol_error("read enter", Some(name), e))?;
         match items.first().and_then(scripts::int) {
@@ -334,7 +349,7 @@ impl TairLock {
     /// # Errors
     /// Store failures.
     pub async fn read_exit(&self, name: &LockName, reader: OwnerId) -> Result<bool> {
-        let value = self.read(name, reader, Duration::ZERO, "exit").await?;
+        let value = self.read(name, reader, Duration::ZERO, "exit", 0).await?;
         scripts::parse_flag(&value).map_err(|e| protocol_error("read exit", Some(name), e))
     }
 
@@ -352,22 +367,26 @@ impl TairLock {
         ttl: Duration,
     ) -> Result<bool> {
         lockcore::check_ttl(ttl)?;
-        let value = self.read(name, reader, ttl, "renew").await?;
+        let value = self.read(name, reader, ttl, "renew", 0).await?;
         scripts::parse_flag(&value).map_err(|e| protocol_error("read renew", Some(name), e))
     }
 
+    /// One run of the read script: `op` for `reader`; `floor` (0 = none) only counts for
+    /// `enter`.
     async fn read(
         &self,
         name: &LockName,
         reader: OwnerId,
         ttl: Duration,
         op: &str,
+        floor: u64,
     ) -> Result<Value> {
         let call = self
             .call(&scripts::TAIR_READ, name)
             .owner_arg(reader)
             .arg(millis(ttl).max(1))
-            .arg(op);
+            .arg(op)
+            .arg(floor);
         self.eval("read", name, &call).await
     }
 }
@@ -421,6 +440,7 @@ impl TairLock {
         waiting: Option<Duration>,
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
+        let floor = scripts::floor_arg(TAIR, opts)?;
         let mut guard = Abandon {
             lock: self.clone(),
             name: name.clone(),
@@ -429,7 +449,7 @@ impl TairLock {
             writer_waits: waiting.is_some(),
         };
         let answer = self
-            .lock_as(name, owner, opts.ttl_value(), false, waiting)
+            .lock_as(name, owner, opts.ttl_value(), false, waiting, floor)
             .await;
         guard.armed = false;
         Ok(match answer? {
@@ -454,6 +474,7 @@ impl TairLock {
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
+        let floor = scripts::floor_arg(TAIR, opts)?;
         let mut guard = Abandon {
             lock: self.clone(),
             name: name.clone(),
@@ -461,7 +482,9 @@ impl TairLock {
             armed: true,
             writer_waits: false,
         };
-        let answer = self.read_enter(name, owner, opts.ttl_value()).await;
+        let answer = self
+            .read_enter_as(name, owner, opts.ttl_value(), floor)
+            .await;
         guard.armed = false;
         Ok(match answer? {
             ReadEnter::Entered { version, .. } => Some(lease_for(
@@ -508,7 +531,7 @@ impl TairLock {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 guard.armed = false;
                 if writer {
-                    self.read(name, owner, Duration::ZERO, "unwait").await?;
+                    self.read(name, owner, Duration::ZERO, "unwait", 0).await?;
                 }
                 return Ok(None);
             }
@@ -541,7 +564,7 @@ impl Drop for Abandon {
             let read = lock.read_exit(&name, owner).await?;
             let locked = lock.expire_unlock_owner(&name, owner).await? != ExpireUnlock::NotCurrent;
             if writer_waits {
-                lock.read(&name, owner, Duration::ZERO, "unwait").await?;
+                lock.read(&name, owner, Duration::ZERO, "unwait", 0).await?;
             }
             Ok(read || locked)
         });
@@ -564,6 +587,8 @@ impl DistributedLock for TairLock {
         )
         .bounded_requests(true)
         .native(true, true, false)
+        // expireLock and a reader's entry raise the version to the floor in the same step.
+        .token_floor(true)
     }
 
     fn defaults(&self) -> ClientDefaults {
@@ -571,7 +596,8 @@ impl DistributedLock for TairLock {
     }
 
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
-        self.try_write(name, OwnerId::random(), opts, None).await
+        self.try_write(name, opts.owner_or_random(), opts, None)
+            .await
     }
 
     async fn acquire_wait(
@@ -580,7 +606,7 @@ impl DistributedLock for TairLock {
         opts: &AcquireOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Lease>> {
-        self.wait_for(name, OwnerId::random(), deadline, true, opts)
+        self.wait_for(name, opts.owner_or_random(), deadline, true, opts)
             .await
     }
 
@@ -589,7 +615,7 @@ impl DistributedLock for TairLock {
         name: &LockName,
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
-        self.try_read(name, OwnerId::random(), opts).await
+        self.try_read(name, opts.owner_or_random(), opts).await
     }
 
     async fn acquire_shared_wait(
@@ -598,7 +624,7 @@ impl DistributedLock for TairLock {
         opts: &AcquireOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Lease>> {
-        self.wait_for(name, OwnerId::random(), deadline, false, opts)
+        self.wait_for(name, opts.owner_or_random(), deadline, false, opts)
             .await
     }
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use backend_redis::{RedisConfig, RedisLock};
 use conformance_tests::kit::{Redis, RedisCluster, RedisReply, RedisTls};
 use lockcore::{
-    AcquireOptions, DistributedLock, Error, Fencing, KeepAlive, LockExt, LockName, Released, Wait,
+    AcquireOptions, DistributedLock, Error, Fencing, FencingToken, KeepAlive, LockExt, LockName,
+    Released, Wait,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -328,6 +329,89 @@ async fn key_layout_and_fence_key() {
     assert_eq!(
         redis.command(&["EXISTS", &lock_key]).await.unwrap(),
         RedisReply::Integer(0)
+    );
+}
+
+/// A token floor is honoured on every path that grants (the `try` fast path, an uncontended
+/// waiting acquire, a queued waiter handed the lock by a release): the token is the floor and
+/// the fence counter holds it, so the next plain grant is one above. A floor Lua numbers cannot
+/// carry exactly is refused before any I/O.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_floor_on_every_granting_path() {
+    let redis = shared().await;
+    let (a, b) = (
+        backend_redis::connect(&redis.url()).await.unwrap(),
+        backend_redis::connect(&redis.url()).await.unwrap(),
+    );
+    let name = unique("floor-paths");
+    let lock_name = LockName::new(&name).unwrap();
+    let fence_key = format!("{{dlock:{}}}:fence", lock_name.escaped());
+    let fence = || async { redis.command(&["GET", &fence_key]).await.unwrap().as_text() };
+    let floored = |f: u64| opts(30 * SEC).token_floor(FencingToken(f));
+
+    // An uncontended waiting acquire: the acquire script's first branch.
+    let g = a.lock(&name, &floored(500)).await.expect("acquire");
+    assert_eq!(g.fencing_token(), FencingToken(500));
+    assert_eq!(fence().await, Some("500".to_owned()));
+    g.release().await.expect("release");
+
+    // A `try`: the fast script.
+    let g = a
+        .try_lock(&name, &floored(1000))
+        .await
+        .expect("try")
+        .expect("free");
+    assert_eq!(g.fencing_token(), FencingToken(1000));
+    assert_eq!(fence().await, Some("1000".to_owned()));
+
+    // A queued waiter, granted by the full script once the holder releases.
+    let waiter = {
+        let (b, name) = (b.clone(), name.clone());
+        tokio::spawn(async move { b.lock(&name, &floored(5000)).await })
+    };
+    within(30 * SEC, "the waiter queued", async {
+        while a.inspect(&lock_name).await.unwrap().and_then(|i| i.waiters) != Some(1) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    g.release().await.expect("release");
+    let gw = within(30 * SEC, "the waiter gets the lock", waiter)
+        .await
+        .expect("task")
+        .expect("acquire");
+    assert_eq!(gw.fencing_token(), FencingToken(5000));
+    assert_eq!(fence().await, Some("5000".to_owned()));
+    assert_eq!(gw.release().await.expect("release"), Released::Released);
+
+    // A floor below the counter changes nothing; a plain grant continues from the floor.
+    let g = a.lock(&name, &floored(3)).await.expect("acquire");
+    assert_eq!(g.fencing_token(), FencingToken(5001));
+    g.release().await.expect("release");
+
+    let err = a
+        .try_lock(&name, &floored((1 << 53) + 1))
+        .await
+        .expect_err("a floor above 2^53");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidArgument {
+                argument: "token_floor",
+                ..
+            }
+        ),
+        "got {err}"
+    );
+    assert_eq!(
+        fence().await,
+        Some("5001".to_owned()),
+        "the refused floor wrote"
+    );
+    assert_eq!(
+        a.inspect(&lock_name).await.unwrap().and_then(|i| i.holder),
+        None,
+        "the refused floor took the lock"
     );
 }
 

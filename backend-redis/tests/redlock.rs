@@ -14,7 +14,8 @@ use backend_redis::config::RedisConfig;
 use conformance_tests::kit::{Fault, Proxy, Redis, RedisReply, RedisSet, redis_command};
 use conformance_tests::{FencedResource, History, Hold};
 use lockcore::{
-    AcquireOptions, DistributedLock, Error, Fencing, KeepAlive, LockExt, LockGuard, LockName, Wait,
+    AcquireOptions, DistributedLock, Error, Fencing, FencingToken, KeepAlive, LockExt, LockGuard,
+    LockName, Released, Wait,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -449,6 +450,59 @@ async fn tokens_keep_increasing_across_minority_restarts_with_persistence() {
         assert!(after > during, "node {i} back: {after} after {during}");
         last = after;
     }
+}
+
+/// A floored grant's token is the floor although every granting node's INCR gave a lower
+/// number: the write-back raises those nodes' counters to the floor before the lease is
+/// returned, so a plain acquire afterwards gets a higher token, even with a node that refused
+/// the floored grant (and kept its low counter) voting in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floored_grant_writes_the_floor_back_so_later_tokens_are_higher() {
+    let set = RedisSet::start(3, &[]).await.expect("kit masters");
+    let client = connect(&url_of(&addrs(&set), "node_timeout=1s")).await;
+    let name = "floored";
+    let fence_key = lock_key(name).replace(":lock", ":fence");
+    assert_eq!(
+        bump(&client, name, 2).await,
+        2,
+        "every node's counter is at 2"
+    );
+
+    // Node 2 is taken by someone else: nodes 0 and 1 grant (their INCRs give 3), node 2 refuses.
+    occupy(&set.nodes()[2], name).await;
+    let floor = 1000u64;
+    let g = client
+        .try_lock(name, &once(10 * SEC).token_floor(FencingToken(floor)))
+        .await
+        .expect("acquire")
+        .expect("a majority is free");
+    assert_eq!(g.fencing_token(), FencingToken(floor));
+    for node in &set.nodes()[..2] {
+        assert_eq!(
+            get(node, &fence_key).await,
+            Some(floor.to_string()),
+            "a granting node's counter was not raised to the floor"
+        );
+    }
+    assert_eq!(
+        get(&set.nodes()[2], &fence_key).await,
+        Some("2".to_owned()),
+        "the refusing node's counter changed"
+    );
+    assert_eq!(g.release().await.expect("release"), Released::Released);
+
+    vacate(&set.nodes()[2], name).await;
+    let after = client
+        .try_lock(name, &once(10 * SEC))
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert_eq!(
+        after.fencing_token(),
+        FencingToken(floor + 1),
+        "the plain grant after the floored one did not continue from the floor"
+    );
+    after.release().await.expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

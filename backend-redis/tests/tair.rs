@@ -8,7 +8,7 @@ use backend_redis::TairLock;
 use backend_redis::config::RedisConfig;
 use backend_redis::tair::{ExpireLock, ExpireUnlock, ReadEnter};
 use conformance_tests::kit::{Redis, RedisReply, redis_command};
-use lockcore::{DistributedLock, LockName, OwnerId};
+use lockcore::{AcquireOptions, DistributedLock, FencingToken, LockName, OwnerId, Released};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -149,6 +149,71 @@ async fn the_reentrant_form_counts_per_owner_and_balances() {
     );
     let (_, version3, _) = locked(t.expire_lock(&n, b, 30 * SEC, true).await.unwrap());
     assert!(version3 > version);
+}
+
+/// A token floor lifts the version in the granting step, for a writer's `expireLock` and for a
+/// reader's entry alike, and the next plain hold continues above it; a floor below the version
+/// changes nothing. The caller's owner id is the one the hash records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_floors_lift_the_version_for_writers_and_readers() {
+    let redis = Redis::shared().await.expect("kit redis");
+    let t = tair(redis).await;
+    let n = name(&format!("floor/{:08x}", rand::random::<u32>()));
+    let opts = |floor: u64| {
+        AcquireOptions::new()
+            .ttl(30 * SEC)
+            .token_floor(FencingToken(floor))
+    };
+    let version = || async {
+        let key = format!("{{dlock:{}}}:tair", n.escaped());
+        redis_command(redis.addr(), &["HGET", &key, "version"])
+            .await
+            .expect("HGET")
+            .as_text()
+    };
+
+    let owner = OwnerId::random();
+    let w = t
+        .try_acquire(&n, &opts(700).owner(owner))
+        .await
+        .expect("write")
+        .expect("free");
+    assert_eq!(w.token(), FencingToken(700));
+    assert_eq!(w.owner(), owner);
+    assert_eq!(version().await, Some("700".to_owned()));
+    assert_eq!(t.release(&w).await.expect("release"), Released::Released);
+
+    let r = t
+        .try_acquire_shared(&n, &opts(900))
+        .await
+        .expect("read")
+        .expect("no writer");
+    assert_eq!(r.token(), FencingToken(900));
+    assert_eq!(version().await, Some("900".to_owned()));
+    assert_eq!(t.release(&r).await.expect("release"), Released::Released);
+
+    let plain = t
+        .try_acquire(&n, &AcquireOptions::new().ttl(30 * SEC))
+        .await
+        .expect("write")
+        .expect("free");
+    assert_eq!(plain.token(), FencingToken(901));
+    assert_eq!(
+        t.release(&plain).await.expect("release"),
+        Released::Released
+    );
+
+    let low = t
+        .try_acquire(&n, &opts(5))
+        .await
+        .expect("write")
+        .expect("free");
+    assert_eq!(
+        low.token(),
+        FencingToken(902),
+        "a low floor moved the version"
+    );
+    assert_eq!(t.release(&low).await.expect("release"), Released::Released);
 }
 
 /// One step of the read-write race: a reader's or a writer's.

@@ -16,7 +16,7 @@ use sqlx::{MySql, SqlStr};
 
 use crate::common::{
     CancelCleanup, Class, Core, checked_batch, classify_transport, detached, finish_batch,
-    from_micros, micros, spawn_cleanup, sql, token,
+    floor_of, from_micros, micros, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, Target};
 use crate::queue::{Attempt, LIVENESS, Queue, Wake};
@@ -65,17 +65,24 @@ impl Statements {
         // at 1). `expires_at` last tests whether `owner` is now ours (owner ids are unique per
         // acquisition). The queue condition is a subquery in the update, not an
         // `INSERT .. SELECT .. WHERE NOT EXISTS`, which costs MariaDB twice as much per
-        // statement. Binds: owner, the gate's, owner, owner, ttl µs.
+        // statement. A grant's fence is GREATEST(fence + 1, token floor) (0 = no floor).
+        // Binds: owner, the gate's, floor, owner, owner, ttl µs.
         let gated = |gate: &str| {
             format!(
                 "ON DUPLICATE KEY UPDATE \
                  fence = IF((owner IS NULL OR expires_at <= NOW(6) OR owner = ?) AND {gate}, \
-                 LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
+                 LAST_INSERT_ID(GREATEST(fence + 1, ?)), fence + LAST_INSERT_ID(0)), \
                  owner = IF(LAST_INSERT_ID() = fence, ?, owner), \
                  expires_at = IF(owner <=> ?, NOW(6) + INTERVAL ? MICROSECOND, expires_at)"
             )
         };
+        // A new row, for the acquires: binds name, owner, floor, ttl µs.
         let insert = format!(
+            "INSERT INTO {t} (name, owner, fence, expires_at) \
+             VALUES (?, ?, LAST_INSERT_ID(GREATEST(1, ?)), NOW(6) + INTERVAL ? MICROSECOND)"
+        );
+        // A new row, for the raw floor (no token floor): binds name, owner, ttl µs.
+        let floor_insert = format!(
             "INSERT INTO {t} (name, owner, fence, expires_at) \
              VALUES (?, ?, LAST_INSERT_ID(1), NOW(6) + INTERVAL ? MICROSECOND)"
         );
@@ -100,11 +107,12 @@ impl Statements {
                  KEY by_name (name, ticket)) ENGINE=InnoDB"
             )),
             gc_queue: sql(format!("DELETE FROM {w} WHERE expires_at <= NOW(6)")),
-            // Binds: name, owner, ttl µs, owner, name, owner, owner, ttl µs.
-            // LAST_INSERT_ID(expr) reports the outcome in the OK packet: 1 for a new row, the
-            // new fence for a take-over, 0 when the row is held by someone else or a live waiter
-            // is queued for the name. A new row (a name never used) is not gated: a waiter only
-            // queues after finding the row held, and rows are never deleted.
+            // Binds: name, owner, floor, ttl µs, owner, name, floor, owner, owner, ttl µs.
+            // LAST_INSERT_ID(expr) reports the outcome in the OK packet: the new fence for a
+            // new row (1, or the floor) and for a take-over, 0 when the row is held by someone
+            // else or a live waiter is queued for the name. A new row (a name never used) is
+            // not gated: a waiter only queues after finding the row held, and rows are never
+            // deleted.
             acquire: sql(format!(
                 "{insert} {}",
                 gated(&format!(
@@ -114,10 +122,10 @@ impl Statements {
             )),
             // The raw floor: the plain acquire, without the queue check. Binds: name, owner,
             // ttl µs, owner, owner, owner, owner, ttl µs.
-            floor_acquire: sql(format!("{insert} {upsert}")),
+            floor_acquire: sql(format!("{floor_insert} {upsert}")),
             // A queued waiter's attempt: only when no live waiter with a smaller ticket is
-            // queued. Binds: name, owner, ttl µs, owner, name, ticket, owner, owner, owner,
-            // ttl µs.
+            // queued. Binds: name, owner, floor, ttl µs, owner, name, ticket, owner, floor,
+            // owner, owner, ttl µs.
             wait_acquire: sql(format!(
                 "{insert} {}",
                 gated(&format!(
@@ -197,8 +205,8 @@ fn upsert_binds<'q>(q: MyQuery<'q>, owner: &str, ttl_us: i64) -> MyQuery<'q> {
 }
 
 /// Binds the tail of the acquires' update after the gate's own binds.
-fn gated_tail<'q>(q: MyQuery<'q>, owner: &str, ttl_us: i64) -> MyQuery<'q> {
-    q.bind(owner).bind(owner).bind(ttl_us)
+fn gated_tail<'q>(q: MyQuery<'q>, owner: &str, floor: i64, ttl_us: i64) -> MyQuery<'q> {
+    q.bind(floor).bind(owner).bind(owner).bind(ttl_us)
 }
 
 /// The fence an acquire statement reported: the OK packet's insert id, if a row was written.
@@ -244,6 +252,7 @@ impl Inner {
         name: LockName,
         owner: String,
         ttl_us: i64,
+        floor: i64,
     ) -> Result<(MySqlQueryResult, u32)> {
         let mut tries = 0;
         let done = self
@@ -254,10 +263,11 @@ impl Inner {
                 let q = sqlx::query(self.sql.acquire.clone())
                     .bind(bytes)
                     .bind(o)
+                    .bind(floor)
                     .bind(ttl_us)
                     .bind(o)
                     .bind(bytes);
-                let q = gated_tail(q, o, ttl_us);
+                let q = gated_tail(q, o, floor, ttl_us);
                 async move {
                     let r = q.execute(c.conn()).await;
                     (c, r)
@@ -274,6 +284,7 @@ impl Inner {
         waiter: String,
         ttl_us: i64,
         ticket: i64,
+        floor: i64,
     ) -> Result<MySqlQueryResult> {
         self.core
             .run("acquire", Some(&name), |mut c| {
@@ -281,12 +292,13 @@ impl Inner {
                 let q = sqlx::query(self.sql.wait_acquire.clone())
                     .bind(bytes)
                     .bind(w)
+                    .bind(floor)
                     .bind(ttl_us)
                     .bind(w)
                     .bind(bytes)
                     .bind(ticket)
                     .bind(w);
-                let q = gated_tail(q, w, ttl_us);
+                let q = gated_tail(q, w, floor, ttl_us);
                 async move {
                     let r = q.execute(c.conn()).await;
                     (c, r)
@@ -435,6 +447,8 @@ impl DistributedLock for MySqlLock {
             Fairness::Fifo,
             WaitMechanism::Poll,
         )
+        // The acquiring statement sets the fence to GREATEST(fence + 1, floor).
+        .token_floor(true)
     }
 
     fn defaults(&self) -> ClientDefaults {
@@ -443,7 +457,8 @@ impl DistributedLock for MySqlLock {
 
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
         let started = Instant::now();
-        let owner = OwnerId::random();
+        let floor = floor_of(BACKEND, opts)?;
+        let owner = opts.owner_or_random();
         let owner_text = owner.to_string();
         let ttl = micros(opts.ttl_value());
         let inner = &self.inner;
@@ -462,7 +477,7 @@ impl DistributedLock for MySqlLock {
             name,
             inner
                 .clone()
-                .acquire_statement(name.clone(), owner_text, ttl),
+                .acquire_statement(name.clone(), owner_text, ttl, floor),
             |(done, tries)| granted(done).is_some() || *tries > 1,
             {
                 let (inner, name) = (inner.clone(), name.clone());
@@ -472,10 +487,12 @@ impl DistributedLock for MySqlLock {
         .await?;
         let fence = granted(&done);
         // A retry after a broken connection may find the queue non-empty although the first
-        // try (whose reply was lost) got the lock: then the cleanup gives it back.
-        if fence.is_some() || tries == 1 {
-            cleanup.disarm();
+        // try (whose reply was lost) got the lock: then it is given back, here and now, since a
+        // waiting acquire goes on with the same owner id when the caller chose it.
+        if fence.is_none() && tries > 1 {
+            inner.release_owner(name, owner).await?;
         }
+        cleanup.disarm();
         Ok(fence.map(|fence| {
             Lease::new(
                 name.clone(),
@@ -716,6 +733,7 @@ impl Queue for MySqlLock {
         waiter: OwnerId,
         ticket: i64,
         ttl: Duration,
+        floor: i64,
     ) -> Result<Attempt> {
         let inner = &self.inner;
         let waiter_text = waiter.to_string();
@@ -750,7 +768,7 @@ impl Queue for MySqlLock {
             name,
             inner
                 .clone()
-                .wait_statement(name.clone(), waiter_text, micros(ttl), ticket),
+                .wait_statement(name.clone(), waiter_text, micros(ttl), ticket, floor),
             |done| granted(done).is_some(),
             {
                 let (lock, name) = (self.clone(), name.clone());

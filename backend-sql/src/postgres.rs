@@ -18,7 +18,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::common::{
-    CancelCleanup, Class, Core, batch_error, checked_batch, classify_transport, detached,
+    CancelCleanup, Class, Core, batch_error, checked_batch, classify_transport, detached, floor_of,
     from_micros, micros, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, Target};
@@ -81,16 +81,19 @@ impl Statements {
             gc_queue: sql(format!(
                 "DELETE FROM {w} WHERE expires_at <= clock_timestamp()"
             )),
-            // $1 name, $2 owner, $3 ttl in µs. The row is inserted, or taken over when free or
-            // expired (or already ours: a retry of this same statement), bumping the fence;
-            // never while a live waiter is queued for the name (no jumping the queue).
+            // $1 name, $2 owner, $3 ttl in µs, $4 token floor (0 = none). The row is inserted,
+            // or taken over when free or expired (or already ours: a retry of this same
+            // statement), setting the fence to GREATEST(fence + 1, floor); never while a live
+            // waiter is queued for the name (no jumping the queue).
             acquire: sql(format!(
                 "INSERT INTO {t} AS l (name, owner, fence, expires_at) \
-                 SELECT $1, $2, 1, clock_timestamp() + $3::bigint * interval '1 microsecond' \
+                 SELECT $1, $2, GREATEST(1, $4::bigint), \
+                 clock_timestamp() + $3::bigint * interval '1 microsecond' \
                  WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
                  WHERE w.name = $1 AND w.expires_at > clock_timestamp()) \
                  ON CONFLICT (name) DO UPDATE \
-                 SET owner = EXCLUDED.owner, fence = l.fence + 1, expires_at = EXCLUDED.expires_at \
+                 SET owner = EXCLUDED.owner, fence = GREATEST(l.fence + 1, $4::bigint), \
+                 expires_at = EXCLUDED.expires_at \
                  WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
                  RETURNING fence"
             )),
@@ -103,22 +106,25 @@ impl Statements {
                  WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
                  RETURNING fence"
             )),
-            // $1 name, $2 waiter (= owner), $3 ttl in µs, $4 ticket. A queued waiter's attempt:
-            // only when no live waiter with a smaller ticket is queued and the row is not held
-            // by another (checked first, so waiters that are not next write nothing); the grant
+            // $1 name, $2 waiter (= owner), $3 ttl in µs, $4 ticket, $5 token floor (0 = none).
+            // A queued waiter's attempt: only when no live waiter with a smaller ticket is
+            // queued and the row is not held by another (checked first, so waiters that are not
+            // next write nothing); the grant sets the fence to GREATEST(fence + 1, floor) and
             // deletes the waiter's row (and expired ones) in the same statement. Returns the
             // fence if granted, and the holder's time left in µs.
             wait_acquire: sql(format!(
                 "WITH acq AS (\
                  INSERT INTO {t} AS l (name, owner, fence, expires_at) \
-                 SELECT $1, $2, 1, clock_timestamp() + $3::bigint * interval '1 microsecond' \
+                 SELECT $1, $2, GREATEST(1, $5::bigint), \
+                 clock_timestamp() + $3::bigint * interval '1 microsecond' \
                  WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
                  WHERE w.name = $1 AND w.ticket < $4 AND w.waiter <> $2 \
                  AND w.expires_at > clock_timestamp()) \
                  AND NOT EXISTS (SELECT 1 FROM {t} AS h \
                  WHERE h.name = $1 AND h.owner <> $2 AND h.expires_at > clock_timestamp()) \
                  ON CONFLICT (name) DO UPDATE \
-                 SET owner = EXCLUDED.owner, fence = l.fence + 1, expires_at = EXCLUDED.expires_at \
+                 SET owner = EXCLUDED.owner, fence = GREATEST(l.fence + 1, $5::bigint), \
+                 expires_at = EXCLUDED.expires_at \
                  WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner = EXCLUDED.owner \
                  RETURNING fence), \
                  dequeued AS (DELETE FROM {w} AS w WHERE w.name = $1 \
@@ -632,6 +638,7 @@ impl Inner {
         name: LockName,
         owner: String,
         ttl_us: i64,
+        floor: i64,
     ) -> Result<(Option<i64>, u32)> {
         let mut tries = 0;
         let fence = self
@@ -641,7 +648,8 @@ impl Inner {
                 let q = sqlx::query_scalar(self.sql.acquire.clone())
                     .bind(name.as_str())
                     .bind(owner.as_str())
-                    .bind(ttl_us);
+                    .bind(ttl_us)
+                    .bind(floor);
                 async move {
                     let r = q.fetch_optional(c.conn()).await;
                     (c, r)
@@ -658,6 +666,7 @@ impl Inner {
         waiter: String,
         ttl_us: i64,
         ticket: i64,
+        floor: i64,
     ) -> Result<(Option<i64>, Option<i64>)> {
         self.core
             .run("acquire", Some(&name), |mut c| {
@@ -665,7 +674,8 @@ impl Inner {
                     .bind(name.as_str())
                     .bind(waiter.as_str())
                     .bind(ttl_us)
-                    .bind(ticket);
+                    .bind(ticket)
+                    .bind(floor);
                 async move {
                     let r = q.fetch_one(c.conn()).await;
                     (c, r)
@@ -869,6 +879,8 @@ impl DistributedLock for PostgresLock {
             Fairness::Fifo,
             WaitMechanism::ListenNotify,
         )
+        // The acquiring statement sets the fence to GREATEST(fence + 1, floor).
+        .token_floor(true)
     }
 
     fn defaults(&self) -> ClientDefaults {
@@ -877,7 +889,8 @@ impl DistributedLock for PostgresLock {
 
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
         let started = Instant::now();
-        let owner = OwnerId::random();
+        let floor = floor_of(BACKEND, opts)?;
+        let owner = opts.owner_or_random();
         let owner_text = owner.to_string();
         let ttl = opts.ttl_value();
         let inner = &self.inner;
@@ -896,16 +909,18 @@ impl DistributedLock for PostgresLock {
             name,
             inner
                 .clone()
-                .acquire_statement(name.clone(), owner_text, micros(ttl)),
+                .acquire_statement(name.clone(), owner_text, micros(ttl), floor),
             |(fence, tries)| fence.is_some() || *tries > 1,
             release_later(inner, name, owner),
         )
         .await?;
         // A retry after a broken connection may find the queue non-empty although the first
-        // try (whose reply was lost) got the lock: then the cleanup gives it back.
-        if fence.is_some() || tries == 1 {
-            cleanup.disarm();
+        // try (whose reply was lost) got the lock: then it is given back, here and now, since a
+        // waiting acquire goes on with the same owner id when the caller chose it.
+        if fence.is_none() && tries > 1 {
+            inner.release_owner(name, owner).await?;
         }
+        cleanup.disarm();
         Ok(fence.map(|f| {
             Lease::new(
                 name.clone(),
@@ -1157,6 +1172,7 @@ impl Queue for PostgresLock {
         waiter: OwnerId,
         ticket: i64,
         ttl: Duration,
+        floor: i64,
     ) -> Result<Attempt> {
         let inner = &self.inner;
         let undo = {
@@ -1166,9 +1182,13 @@ impl Queue for PostgresLock {
         let (fence, left) = detached(
             BACKEND,
             name,
-            inner
-                .clone()
-                .wait_statement(name.clone(), waiter.to_string(), micros(ttl), ticket),
+            inner.clone().wait_statement(
+                name.clone(),
+                waiter.to_string(),
+                micros(ttl),
+                ticket,
+                floor,
+            ),
             |(fence, _)| fence.is_some(),
             undo,
         )

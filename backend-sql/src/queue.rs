@@ -25,7 +25,7 @@ use lockcore::wait::Backoff;
 use lockcore::{AcquireOptions, DistributedLock, Lease, LockName, OwnerId, Result, WaitMechanism};
 use tokio::sync::{Notify, watch};
 
-use crate::common::{CancelCleanup, detached, spawn_cleanup, token};
+use crate::common::{CancelCleanup, detached, floor_of, spawn_cleanup, token};
 
 /// How long a waiter row stays live after its last refresh (by the database's clock). A crashed
 /// waiter holds up the queue for at most this long.
@@ -119,13 +119,15 @@ pub(crate) trait Queue: DistributedLock + Clone {
     /// One waiter-mode attempt. On dialects where the grant and the dequeue are one statement
     /// (PostgreSQL), a grant has also deleted the waiter's row. The statement that may grant
     /// runs detached (`common::detached`), undone with [`cancel`](Self::cancel) if the caller
-    /// is gone when it completes.
+    /// is gone when it completes. A grant sets the fence to `GREATEST(fence + 1, floor)`
+    /// (`floor` 0 = none, see `common::floor_of`).
     fn attempt(
         &self,
         name: &LockName,
         waiter: OwnerId,
         ticket: i64,
         ttl: Duration,
+        floor: i64,
     ) -> impl Future<Output = Result<Attempt>> + Send;
 
     /// After a grant: deletes the waiter's rows where `attempt` did not (MySQL, SQLite).
@@ -179,6 +181,7 @@ pub(crate) async fn acquire<Q: Queue>(
     opts: &AcquireOptions,
     deadline: Option<Instant>,
 ) -> Result<Option<Lease>> {
+    let floor = floor_of(Q::BACKEND, opts)?;
     // Uncontended (or the queue is empty and the lock free): one round trip, no queue row.
     if let Some(lease) = q.try_acquire(name, opts).await? {
         return Ok(Some(lease));
@@ -187,7 +190,9 @@ pub(crate) async fn acquire<Q: Queue>(
         return Ok(None);
     }
     let ttl = opts.ttl_value();
-    let waiter = OwnerId::random();
+    // The plain attempt above used the same id if the caller chose one; it left nothing behind
+    // under it (see each dialect's `try_acquire`).
+    let waiter = opts.owner_or_random();
     let waiter_text = waiter.to_string();
     // Subscribe before joining, so a release after our first look still wakes us.
     let wake = q.wake(name, waiter);
@@ -213,7 +218,7 @@ pub(crate) async fn acquire<Q: Queue>(
         }
 
         let started = Instant::now();
-        let (ahead, holder_left) = match q.attempt(name, waiter, ticket, ttl).await? {
+        let (ahead, holder_left) = match q.attempt(name, waiter, ticket, ttl, floor).await? {
             Attempt::Granted(fence) => {
                 q.dequeue(name, &waiter_text).await?;
                 cleanup.disarm();

@@ -19,7 +19,7 @@ use sqlx::{Connection, SqlStr, Sqlite};
 
 use crate::common::{
     CancelCleanup, Class, Core, checked_batch, classify_transport, detached, finish_batch,
-    from_micros, millis, spawn_cleanup, sql, token,
+    floor_of, from_micros, millis, spawn_cleanup, sql, token,
 };
 use crate::config::{SqlConfig, SqlitePath, Target};
 use crate::queue::{Attempt, LIVENESS, Queue, Wake};
@@ -59,12 +59,16 @@ impl Statements {
         let queue = crate::common::queue_table(table);
         let w = format!("\"{queue}\"");
         let wi = format!("\"{queue}_by_name\"");
-        let upsert = format!(
-            "ON CONFLICT (name) DO UPDATE \
-             SET owner = excluded.owner, fence = fence + 1, expires_at = excluded.expires_at \
-             WHERE owner IS NULL OR expires_at <= {NOW_MS} OR owner = excluded.owner \
-             RETURNING fence"
-        );
+        // `fence` is the new fence of a take-over: `fence + 1`, or `MAX(fence + 1, ?n)` with the
+        // token floor bound at ?n (0 = none).
+        let upsert = |fence: &str| {
+            format!(
+                "ON CONFLICT (name) DO UPDATE \
+                 SET owner = excluded.owner, fence = {fence}, expires_at = excluded.expires_at \
+                 WHERE owner IS NULL OR expires_at <= {NOW_MS} OR owner = excluded.owner \
+                 RETURNING fence"
+            )
+        };
         Statements {
             // TEXT with SQLite's default BINARY collation: names compare byte for byte.
             create: sql(format!(
@@ -88,27 +92,32 @@ impl Statements {
                 "CREATE INDEX IF NOT EXISTS {wi} ON {w} (name, ticket)"
             )),
             gc_queue: sql(format!("DELETE FROM {w} WHERE expires_at <= {NOW_MS}")),
-            // ?1 name, ?2 owner, ?3 ttl ms. Unqualified columns in DO UPDATE are the existing
-            // row's. Never while a live waiter is queued for the name (no jumping the queue).
+            // ?1 name, ?2 owner, ?3 ttl ms, ?4 token floor (0 = none). Unqualified columns in
+            // DO UPDATE are the existing row's. Never while a live waiter is queued for the
+            // name (no jumping the queue). The fence becomes MAX(fence + 1, floor).
             acquire: sql(format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at) \
-                 SELECT ?1, ?2, 1, {NOW_MS} + ?3 \
+                 SELECT ?1, ?2, MAX(1, ?4), {NOW_MS} + ?3 \
                  WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
-                 WHERE w.name = ?1 AND w.expires_at > {NOW_MS}) {upsert}"
+                 WHERE w.name = ?1 AND w.expires_at > {NOW_MS}) {}",
+                upsert("MAX(fence + 1, ?4)")
             )),
-            // The raw floor: the plain acquire, without the queue check.
+            // The raw floor: the plain acquire, without the queue check (and without a token
+            // floor).
             floor_acquire: sql(format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at) \
-                 VALUES (?1, ?2, 1, {NOW_MS} + ?3) {upsert}"
+                 VALUES (?1, ?2, 1, {NOW_MS} + ?3) {}",
+                upsert("fence + 1")
             )),
-            // ?1 name, ?2 owner, ?3 ttl ms, ?4 ticket. A queued waiter's attempt: only when no
-            // live waiter with a smaller ticket is queued.
+            // ?1 name, ?2 owner, ?3 ttl ms, ?4 ticket, ?5 token floor (0 = none). A queued
+            // waiter's attempt: only when no live waiter with a smaller ticket is queued.
             wait_acquire: sql(format!(
                 "INSERT INTO {t} (name, owner, fence, expires_at) \
-                 SELECT ?1, ?2, 1, {NOW_MS} + ?3 \
+                 SELECT ?1, ?2, MAX(1, ?5), {NOW_MS} + ?3 \
                  WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
                  WHERE w.name = ?1 AND w.ticket < ?4 AND w.waiter <> ?2 \
-                 AND w.expires_at > {NOW_MS}) {upsert}"
+                 AND w.expires_at > {NOW_MS}) {}",
+                upsert("MAX(fence + 1, ?5)")
             )),
             // ?1 name, ?2 waiter, ?3 ticket. Read-only look before a waiter writes (a reader
             // never waits for SQLite's write lock): live waiters ahead of it, and the holder's
@@ -216,6 +225,7 @@ impl Inner {
         name: LockName,
         owner: String,
         ttl_ms: i64,
+        floor: i64,
     ) -> Result<(Option<i64>, u32)> {
         let mut tries = 0;
         let fence = self
@@ -225,7 +235,8 @@ impl Inner {
                 let q = sqlx::query_scalar(self.sql.acquire.clone())
                     .bind(name.as_str())
                     .bind(owner.as_str())
-                    .bind(ttl_ms);
+                    .bind(ttl_ms)
+                    .bind(floor);
                 async move {
                     let r = q.fetch_optional(c.conn()).await;
                     (c, r)
@@ -242,6 +253,7 @@ impl Inner {
         waiter: String,
         ttl_ms: i64,
         ticket: i64,
+        floor: i64,
     ) -> Result<Option<i64>> {
         self.core
             .run("acquire", Some(&name), |mut c| {
@@ -249,7 +261,8 @@ impl Inner {
                     .bind(name.as_str())
                     .bind(waiter.as_str())
                     .bind(ttl_ms)
-                    .bind(ticket);
+                    .bind(ticket)
+                    .bind(floor);
                 async move {
                     let r = q.fetch_optional(c.conn()).await;
                     (c, r)
@@ -472,6 +485,8 @@ impl DistributedLock for SqliteLock {
             WaitMechanism::Poll,
         )
         .shared_across_processes(!self.inner.memory)
+        // The acquiring statement sets the fence to MAX(fence + 1, floor).
+        .token_floor(true)
     }
 
     fn defaults(&self) -> ClientDefaults {
@@ -480,7 +495,8 @@ impl DistributedLock for SqliteLock {
 
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
         let started = Instant::now();
-        let owner = OwnerId::random();
+        let floor = floor_of(BACKEND, opts)?;
+        let owner = opts.owner_or_random();
         let owner_text = owner.to_string();
         let ttl = opts.ttl_value();
         let inner = &self.inner;
@@ -499,7 +515,7 @@ impl DistributedLock for SqliteLock {
             name,
             inner
                 .clone()
-                .acquire_statement(name.clone(), owner_text, millis(ttl)),
+                .acquire_statement(name.clone(), owner_text, millis(ttl), floor),
             |(fence, tries)| fence.is_some() || *tries > 1,
             {
                 let (inner, name) = (inner.clone(), name.clone());
@@ -508,10 +524,12 @@ impl DistributedLock for SqliteLock {
         )
         .await?;
         // A retry after a "database is locked" cannot have run the first try, but a retry
-        // after a broken connection might: then the cleanup gives a grant back.
-        if fence.is_some() || tries == 1 {
-            cleanup.disarm();
+        // after a broken connection might: then a grant is given back, here and now, since a
+        // waiting acquire goes on with the same owner id when the caller chose it.
+        if fence.is_none() && tries > 1 {
+            inner.release_owner(name, owner).await?;
         }
+        cleanup.disarm();
         Ok(fence.map(|f| {
             Lease::new(
                 name.clone(),
@@ -749,6 +767,7 @@ impl Queue for SqliteLock {
         waiter: OwnerId,
         ticket: i64,
         ttl: Duration,
+        floor: i64,
     ) -> Result<Attempt> {
         let inner = &self.inner;
         let waiter_text = waiter.to_string();
@@ -780,7 +799,7 @@ impl Queue for SqliteLock {
             name,
             inner
                 .clone()
-                .wait_statement(name.clone(), waiter_text, millis(ttl), ticket),
+                .wait_statement(name.clone(), waiter_text, millis(ttl), ticket, floor),
             Option::is_some,
             {
                 let (lock, name) = (self.clone(), name.clone());

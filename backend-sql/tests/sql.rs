@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use backend_sql::{Dialect, SqlConfig};
 use conformance_tests::kit;
 use lockcore::{
-    AcquireOptions, DistributedLock, Error, KeepAlive, Lease, LockExt, LockName, OwnerId, Released,
-    Wait,
+    AcquireOptions, DistributedLock, Error, FencingToken, KeepAlive, Lease, LockExt, LockName,
+    OwnerId, Released, Wait,
 };
 use sqlx::Row;
 
@@ -303,7 +303,102 @@ per_dialect!(
     try_lock_does_not_jump_a_live_queue,
     cancelled_waiters_leave_no_row,
     dead_waiter_blocks_only_until_its_liveness,
+    token_floor_and_chosen_owner_on_every_granting_statement,
 );
+
+/// A token floor and a chosen owner reach every statement that grants: the insert of a new row
+/// and the take-over of the plain acquire, and a queued waiter's attempt. The fence column
+/// holds the floor afterwards, so plain grants continue above it; a floor below the fence
+/// changes nothing, and one that does not fit the column is refused before any I/O.
+async fn token_floor_and_chosen_owner_on_every_granting_statement(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let (a, b) = (client(&url).await, client(&url).await);
+    let raw = Raw::connect(&url).await;
+    let n = name("floored");
+    let fence = || async { raw.row(TABLE, n.as_str()).await.map(|r| r.1) };
+    let floored = |o: AcquireOptions, f: u64| o.token_floor(FencingToken(f));
+
+    // A name never used: the insert.
+    let owner = OwnerId::random();
+    let g = a
+        .try_lock(
+            n.as_str(),
+            &floored(opts(Duration::from_secs(30)), 100).owner(owner),
+        )
+        .await
+        .expect("try")
+        .expect("free");
+    assert_eq!(g.fencing_token(), FencingToken(100));
+    assert_eq!(g.lease().owner(), owner);
+    assert_eq!(fence().await, Some(100));
+    g.release().await.expect("release");
+
+    // The take-over of a free row, then a queued waiter granted when the holder releases.
+    let holder = a
+        .try_lock(n.as_str(), &floored(opts(Duration::from_secs(30)), 200))
+        .await
+        .expect("try")
+        .expect("free");
+    assert_eq!(holder.fencing_token(), FencingToken(200));
+    let waiter_owner = OwnerId::random();
+    let waiter = {
+        let (b, n) = (b.clone(), n.clone());
+        tokio::spawn(async move {
+            b.lock(
+                n.as_str(),
+                &floored(waiting(Duration::from_secs(30)), 500).owner(waiter_owner),
+            )
+            .await
+        })
+    };
+    until_queued(&a, &n, 1).await;
+    holder.release().await.expect("release");
+    let got = within(Duration::from_secs(30), "the waiter's grant", waiter)
+        .await
+        .expect("task")
+        .expect("acquire");
+    assert_eq!(got.fencing_token(), FencingToken(500));
+    assert_eq!(got.lease().owner(), waiter_owner);
+    let row = raw.row(TABLE, n.as_str()).await.expect("row");
+    assert_eq!(
+        (row.0, row.1),
+        (Some(waiter_owner.to_string()), 500),
+        "the row records the waiter's owner and the floor"
+    );
+    got.release().await.expect("release");
+
+    // A low floor changes nothing; plain grants continue above the floor.
+    let low = a
+        .try_lock(n.as_str(), &floored(opts(Duration::from_secs(30)), 1))
+        .await
+        .expect("try")
+        .expect("free");
+    assert_eq!(low.fencing_token(), FencingToken(501));
+    low.release().await.expect("release");
+
+    let err = a
+        .try_lock(
+            n.as_str(),
+            &floored(opts(Duration::from_secs(30)), i64::MAX as u64 + 1),
+        )
+        .await
+        .expect_err("a floor beyond the fence column");
+    assert!(
+        matches!(
+            err,
+            Error::InvalidArgument {
+                argument: "token_floor",
+                ..
+            }
+        ),
+        "got {err}"
+    );
+    assert_eq!(
+        raw.row(TABLE, n.as_str()).await.map(|r| (r.0, r.1)),
+        Some((None, 501)),
+        "the refused floor touched the row"
+    );
+}
 
 /// `try_acquire` never jumps a live queue: a live waiter row (as a waiter in another process
 /// leaves) keeps even a free or never-used lock from being taken, an expired one does not; and

@@ -316,7 +316,7 @@ impl ZkLock {
         kind: NodeKind,
     ) -> Result<Option<Lease>> {
         let client = self.inner.session.client().await?;
-        let owner = OwnerId::random();
+        let owner = opts.owner_or_random();
         let parent = self.parent_path(name);
         let mut cleanup = Cleanup {
             client: client.clone(),
@@ -579,6 +579,8 @@ impl DistributedLock for ZkLock {
             WaitMechanism::Watch,
         )
         .native(false, true, false)
+        // The token is the node's czxid, which the server assigns: it cannot carry a floor.
+        .token_floor(false)
     }
 
     fn defaults(&self) -> ClientDefaults {

@@ -2,7 +2,8 @@
 --
 -- Keys of one lock (all carry the same `{prefix:name}` hash tag, so they share a Cluster slot):
 --   lock   the holder's owner id (unique per acquisition), with PX = the lease ttl
---   fence  the fencing counter (INCR on every grant; never deleted)
+--   fence  the fencing counter (INCR on every grant, or raised to the grant's token floor;
+--          never deleted)
 --   queue  ZSET of waiting entries (owner id + client id), scored by arrival ticket (FIFO order)
 --   alive  ZSET of the same entries, scored by the server time (ms) until which each is alive
 --   seq    the arrival ticket counter
@@ -38,9 +39,14 @@ local function wake_head(lock, queue, wakes)
 end
 
 -- Takes the lock for `owner`: the next fencing token, then the holder key with its ttl. Tokens
--- are drawn only here, so while the lock is held the fence counter is its holder's token.
-local function grant(lock, fence, owner, ttl)
+-- are drawn only here, so while the lock is held the fence counter is its holder's token. The
+-- token is at least `floor` (a decimal string, '0' for none): the counter moves there with it.
+local function grant(lock, fence, owner, ttl, floor)
   local token = redis.call('INCR', fence)
+  if token < tonumber(floor) then
+    token = tonumber(floor)
+    redis.call('SET', fence, floor)
+  end
   redis.call('SET', lock, owner, 'PX', ttl)
   return token
 end

@@ -5,7 +5,8 @@
 --            extend moves `expire` but keeps the proof)
 --   owner    the holder's owner id
 --   count    the holder's reentrant count
---   version  the fencing token: bumped by every successful expireLock, never reset
+--   version  the fencing token: bumped by every successful expireLock (and reader entry), or
+--            raised to the acquisition's token floor; never reset
 -- and one ZSET of readers (KEYS[2]), scored by each reader's expiry (server ms).
 -- Every decision uses the server's clock, never the client's.
 local function now_ms()

@@ -1,5 +1,5 @@
 -- EXPIRE_LOCK: KEYS hash, readers; ARGV owner, ttl_ms, reentrant (1|0), waiting_ms (0 = not a
--- waiting writer)
+-- waiting writer), token floor (0 = none)
 -- Locks only in the unlocked state (flag clear, or expiry passed) and when no reader holds the
 -- key; an expired lock is taken over in the same step. The new expiry is above the old one even
 -- within the same millisecond, so a stale proof never equals a newer holder's.
@@ -7,6 +7,7 @@
 -- A waiting writer (waiting_ms > 0) that is refused marks the hash `writer waiting` until now +
 -- waiting_ms: new readers stay out meanwhile, so a stream of readers cannot starve it. Its own
 -- lock clears the mark.
+-- A fresh lock's version is max(version + 1, floor), set in the same step.
 -- Returns {1, proof, version, count} when locked (the proof is the expiry this lock set), {0, expiry, holder} when held by another,
 -- {0, -1, 'readers'} when readers hold it.
 --@tair
@@ -35,6 +36,10 @@ if redis.call('HGET', KEYS[1], 'wwait') == ARGV[1] then
 end
 local new_expire = math.max(now + tonumber(ARGV[2]), expire + 1)
 local version = redis.call('HINCRBY', KEYS[1], 'version', 1)
+if version < tonumber(ARGV[5]) then
+  version = tonumber(ARGV[5])
+  redis.call('HSET', KEYS[1], 'version', ARGV[5])
+end
 redis.call('HSET', KEYS[1], 'locked', 1, 'expire', int(new_expire), 'proof', int(new_expire),
   'owner', ARGV[1], 'count', 1)
 return {1, int(new_expire), version, 1}

@@ -1,10 +1,12 @@
--- READ: KEYS hash, readers; ARGV reader id, ttl_ms, op ('enter' | 'exit' | 'renew' | 'unwait')
+-- READ: KEYS hash, readers; ARGV reader id, ttl_ms, op ('enter' | 'exit' | 'renew' | 'unwait'),
+--       token floor (0 = none; used by enter)
 -- enter: in one step, refuses while a writer holds the lock or waits for it, else adds the reader with its
 --        expiry (readers whose expiry passed are dropped first). The writer's expireLock checks
 --        the readers in one step too, so a reader and a writer can never both get in.
 -- exit:  removes the reader. renew: moves a present reader's expiry. unwait: clears the
 --        `writer waiting` mark of the writer ARGV[1] (it gave up).
--- Returns for enter {1, expiry, version} (the version bumped: the reader's fencing token) or
+-- Returns for enter {1, expiry, version} (the version bumped, to at least the floor: the
+-- reader's fencing token) or
 -- {0, writer's expiry, writer}; for exit and renew
 -- 1 when the reader was there, else 0.
 --@tair
@@ -37,4 +39,9 @@ if h[5] and tonumber(h[6] or '0') > now then
 end
 redis.call('ZADD', KEYS[2], int(expiry), ARGV[1])
 -- Every hold gets a token above every earlier one, a reader's too.
-return {1, int(expiry), redis.call('HINCRBY', KEYS[1], 'version', 1)}
+local version = redis.call('HINCRBY', KEYS[1], 'version', 1)
+if version < tonumber(ARGV[4]) then
+  version = tonumber(ARGV[4])
+  redis.call('HSET', KEYS[1], 'version', ARGV[4])
+end
+return {1, int(expiry), version}

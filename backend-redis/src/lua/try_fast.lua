@@ -1,15 +1,22 @@
--- TRY (fast path of a `try` acquire): KEYS lock, fence, queue; ARGV owner, ttl_ms
+-- TRY (fast path of a `try` acquire): KEYS lock, fence, queue; ARGV owner, ttl_ms, token floor
+-- (0 = none)
 -- Returns {token, owner} when granted (the lock was free and nobody queued), 0 when the lock is
 -- held and nobody queued, -1 when someone is queued (the caller then runs `acquire` in `try`
 -- mode, which drops dead waiters first and never jumps live ones).
 --
 -- The order keeps a refused try to one or two commands and a grant to three: a queue means the
 -- full script must decide; otherwise SET NX both tests and takes the lock, and only a grant
--- draws a token (INCR runs in the same atomic step, so nobody sees the lock without it).
+-- draws a token (INCR runs in the same atomic step, so nobody sees the lock without it). The
+-- token is max(fence + 1, floor), and the counter moves to it in the same step.
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return -1
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 0
 end
-return {redis.call('INCR', KEYS[2]), ARGV[1]}
+local token = redis.call('INCR', KEYS[2])
+if token < tonumber(ARGV[3]) then
+  token = tonumber(ARGV[3])
+  redis.call('SET', KEYS[2], ARGV[3])
+end
+return {token, ARGV[1]}
