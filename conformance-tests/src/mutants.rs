@@ -93,7 +93,7 @@ impl DistributedLock for Toy {
         } else {
             *fence
         };
-        let owner = OwnerId::random();
+        let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
         let life = if self.defect == Defect::ExpiresEarly {
             ttl / 2
