@@ -395,8 +395,12 @@ impl Inner {
     /// connection.
     ///
     /// A [`Decision::Retry`] is carried out before this returns: the next attempt uses the same
-    /// owner id, and an undo still on its way could delete that attempt's grant. The others run
-    /// in a task of their own (the owner id is never used again).
+    /// owner id, and an undo still on its way could delete that attempt's grant. A split `try`
+    /// waits for it at most `limit` (the node timeout, as long as a vote may take), so a node
+    /// that does not answer cannot stretch a non-waiting acquire: an undo still unanswered then
+    /// went out on that node's connection ahead of the next attempt's request, and a late
+    /// grant of a node that stays silent is undone by that attempt's own settling. The others
+    /// run in a task of their own (this acquisition is over).
     async fn settle(
         self: &Arc<Self>,
         name: &LockName,
@@ -404,6 +408,7 @@ impl Inner {
         mode: &'static str,
         decision: Decision,
         tally: &Tally,
+        limit: Duration,
     ) {
         let queued = mode != "try";
         let mut undo: Vec<usize> = tally.failed.iter().map(|(i, _)| *i).collect();
@@ -429,10 +434,14 @@ impl Inner {
             }))
             .await;
         };
-        if decision == Decision::Retry {
-            work.await;
-        } else {
-            tokio::spawn(work);
+        match decision {
+            Decision::Retry if !queued => {
+                let _ = tokio::time::timeout(limit, tokio::spawn(work)).await;
+            }
+            Decision::Retry => work.await,
+            Decision::Keep | Decision::Undo => {
+                tokio::spawn(work);
+            }
         }
     }
 
@@ -490,7 +499,9 @@ impl Inner {
         };
         let tally = self.vote(name, owner, opts, mode).await;
         let (decision, outcome) = self.decide(name, owner, opts, mode, started, &tally).await;
-        self.settle(name, owner, mode, decision, &tally).await;
+        let limit = self.node_limit(opts.ttl_value());
+        self.settle(name, owner, mode, decision, &tally, limit)
+            .await;
         guard.armed = false;
         outcome
     }
