@@ -18,6 +18,12 @@ pub const FENCING_ASSUMPTION: &str = "tokens of dual clients come from the secon
      one increasing sequence only while the migration phases are followed (no first-only and \
      second-only clients at the same time)";
 
+/// What a dual fencing guarantee assumes when the second store cannot carry a token floor
+/// (ZooKeeper second).
+pub const UNCARRIED_ASSUMPTION: &str = "tokens are the second store's own (it cannot raise them \
+     to the first store's): strict among dual clients, but not ordered with the tokens of \
+     first-only clients, so this pair cannot carry a migration's fencing";
+
 /// Which of the two stores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
@@ -67,8 +73,8 @@ enum Attempt {
 /// ([`AcquireOptions::token_floor`]), so one fenced resource sees one increasing sequence from
 /// first-only, dual and second-only clients while the migration phases are followed.
 ///
-/// Any two stores compose, as long as the second can carry a token floor (every backend but
-/// ZooKeeper); read-write locks when both have them.
+/// Any two stores compose; the token order across a migration needs a second store that can
+/// carry a token floor (every backend but ZooKeeper). Read-write locks when both have them.
 pub struct DualLock {
     first: Arc<dyn DistributedLock>,
     second: Arc<dyn DistributedLock>,
@@ -131,28 +137,19 @@ enum SecondOutcome {
 }
 
 impl DualLock {
-    /// Composes two connected stores.
+    /// Composes two connected stores. A second store that cannot carry a token floor
+    /// (ZooKeeper, which assigns its tokens itself) is accepted with a weaker fencing claim
+    /// ([`UNCARRIED_ASSUMPTION`]) and a warning: such a pair keeps mutual exclusion through a
+    /// migration, but not one token order.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] when the second store cannot carry a token floor (ZooKeeper
-    /// assigns its tokens itself), or either store hands out no fencing tokens at all.
+    /// [`Error::InvalidConfig`] when either store hands out no fencing tokens at all.
     pub fn new(
         first: Arc<dyn DistributedLock>,
         second: Arc<dyn DistributedLock>,
         config: DualConfig,
     ) -> Result<Self> {
         let (c1, c2) = (first.capabilities(), second.capabilities());
-        if !c2.token_floor {
-            return Err(Error::invalid_config(
-                BACKEND,
-                format!(
-                    "the second store ({}) cannot raise its tokens to the first store's (no token \
-                     floor), so tokens would not form one sequence; put a store that can second \
-                     (Redis, Redlock, SQL, memory)",
-                    c2.backend
-                ),
-            ));
-        }
         for (side, c) in [(Side::First, &c1), (Side::Second, &c2)] {
             if c.fencing == Fencing::None {
                 return Err(Error::invalid_config(
@@ -169,11 +166,14 @@ impl DualLock {
         } else {
             Expiry::Ttl
         };
+        let assumption = if c2.token_floor {
+            FENCING_ASSUMPTION
+        } else {
+            UNCARRIED_ASSUMPTION
+        };
         let capabilities = Capabilities::new(
             BACKEND,
-            Fencing::Conditional {
-                assumption: FENCING_ASSUMPTION,
-            },
+            Fencing::Conditional { assumption },
             expiry,
             c1.fairness,
             c1.waiting,
@@ -181,7 +181,14 @@ impl DualLock {
         .native(false, c1.native.read_write && c2.native.read_write, false)
         .shared_across_processes(c1.shared_across_processes && c2.shared_across_processes)
         .bounded_requests(c1.bounded_requests && c2.bounded_requests)
-        .token_floor(true);
+        .token_floor(c2.token_floor);
+        if !c2.token_floor {
+            tracing::warn!(
+                second = c2.backend,
+                "the second store cannot raise its tokens to the first store's: dual tokens are \
+                 the second store's own and are not ordered with first-only clients' tokens"
+            );
+        }
         Ok(DualLock {
             first,
             second,
@@ -289,10 +296,12 @@ impl DualLock {
         opts: &AcquireOptions,
         attempt: Attempt,
     ) -> Result<Option<Lease>> {
-        let owner = opts.owner_or_random();
-        let base = opts.clone().owner(owner);
-        let first_opts = base.clone().without_token_floor();
         loop {
+            // A fresh owner for every round: a round given up after the first store's lease was
+            // lost may still have a clean-up of the second store in flight under its owner id.
+            let owner = opts.owner_or_random();
+            let base = opts.clone().owner(owner);
+            let first_opts = base.clone().without_token_floor();
             let started = Instant::now();
             let Some(first) =
                 Self::take_on(self.first.as_ref(), access, name, &first_opts, attempt).await?
@@ -302,7 +311,11 @@ impl DualLock {
             let floor = first
                 .token()
                 .max(opts.token_floor_value().unwrap_or(FencingToken(0)));
-            let second_opts = base.clone().token_floor(floor);
+            let second_opts = if self.capabilities.token_floor {
+                base.clone().token_floor(floor)
+            } else {
+                base.clone()
+            };
             let mut armed = Armed {
                 store: self.first.clone(),
                 lease: Some(first),

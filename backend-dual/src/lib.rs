@@ -9,7 +9,7 @@ use std::sync::Arc;
 use lockcore::{DistributedLock, Result};
 
 pub use config::DualConfig;
-pub use dual::{DualLock, FENCING_ASSUMPTION, Side};
+pub use dual::{DualLock, FENCING_ASSUMPTION, Side, UNCARRIED_ASSUMPTION};
 
 /// The backend name in capabilities and error messages.
 pub const BACKEND: &str = "dual";
@@ -24,8 +24,8 @@ pub const SCHEMES: &[&str] = &["dual"];
 /// Dropping the future drops whatever store was connected so far; nothing is held yet.
 ///
 /// # Errors
-/// [`lockcore::Error::InvalidConfig`] for a malformed URL or a second store that cannot carry
-/// a token floor; whatever `connect_store` returns for either store.
+/// [`lockcore::Error::InvalidConfig`] for a malformed URL or a store without fencing tokens;
+/// whatever `connect_store` returns for either store.
 pub async fn connect<F, Fut>(url: &str, connect_store: F) -> Result<Arc<dyn DistributedLock>>
 where
     F: Fn(String) -> Fut,

@@ -8,7 +8,7 @@ mod common;
 use std::process::ExitCode;
 
 use conformance_tests::kit::{Redis, ZooKeeper};
-use conformance_tests::{Expect, Persistence, Spawned, Target};
+use conformance_tests::{Expect, Kind, Persistence, Spawned, Target};
 
 use common::{Both, dual_url};
 
@@ -76,5 +76,37 @@ fn main() -> ExitCode {
              connections are cut with the kit's proxy in backend-dual/tests/faults.rs",
         ),
     );
-    conformance_tests::harness::main(vec![memory, zk_redis], env!("CARGO_TARGET_TMPDIR"))
+    // The other way round: a second store that cannot carry a token floor. Cases only; the
+    // fault scenarios run on the ZooKeeper-first pair above.
+    let redis_zk = conformance_tests::registry()
+        .iter()
+        .filter(|c| c.kind == Kind::Fault)
+        .fold(
+            Target::lazy(
+                "dual_redis_zk",
+                || async {
+                    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
+                    let redis = Redis::shared().await.expect("kit Redis");
+                    dual_url(
+                        &format!("{}?prefix=dual-ct-reverse", redis.url()),
+                        &format!("{}/dual-ct-reverse", zk.url()),
+                        "",
+                    )
+                },
+                common::dual,
+            ),
+            |t, c| {
+                t.fault(
+                    c.name,
+                    Expect::NotApplicable(
+                        "the fault scenarios run on dual_zk_redis; this pair checks the cases \
+                         with a second store that cannot carry a token floor",
+                    ),
+                )
+            },
+        );
+    conformance_tests::harness::main(
+        vec![memory, zk_redis, redis_zk],
+        env!("CARGO_TARGET_TMPDIR"),
+    )
 }
