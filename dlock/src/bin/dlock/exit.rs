@@ -47,7 +47,8 @@ pub const ALL: &str = "\
 Exit codes:
   0        success (run: the command's own exit code is passed through, 0..=255)
   1        bench: a mutual-exclusion violation was seen (two clients held the lock at once);
-           check: a case failed, or a lock of the run was left held
+           check: a case failed, or a lock of the run was left held;
+           migrate check: a name is held by different owners on the two stores (SPLIT)
   64       usage error: bad flags or arguments, invalid lock name, --ttl or --wait
   69       the lock store is unreachable or failed
   70       internal error
