@@ -6,7 +6,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use conformance_tests::kit::{Fault, Proxy, Redis, ZooKeeper};
 use conformance_tests::{FencedResource, History};
@@ -126,7 +126,6 @@ async fn side_lost(which: &str) {
         .expect("A acquires");
     let a_hold = history.acquired(0, &ga.lease());
     fenced.write(ga.fencing_token(), 1).expect("A writes");
-    let cut = Instant::now();
     match which {
         "first" => zk_proxy.set(Fault::BlackholeReplies),
         _ => redis_proxy.set(Fault::BlackholeReplies),
@@ -172,7 +171,6 @@ async fn side_lost(which: &str) {
         "A's late write was accepted"
     );
     history.assert_safe();
-    assert!(cut.elapsed() < 90 * SEC);
     gb.release().await.expect("release");
     zk_proxy.set(Fault::PassThrough);
     redis_proxy.set(Fault::PassThrough);

@@ -11,7 +11,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use conformance_tests::kit::{Redis, ZooKeeper};
 use conformance_tests::{FencedResource, History, Violation};
@@ -256,7 +256,6 @@ async fn skipping_the_dual_phases_breaks_mutual_exclusion() {
         .await
         .expect("zk try_lock")
         .expect("the name is free on ZooKeeper");
-    let started = Instant::now();
     history.acquired(1, &a.lease());
     fenced
         .write(a.fencing_token(), 1)
@@ -273,10 +272,6 @@ async fn skipping_the_dual_phases_breaks_mutual_exclusion() {
             .iter()
             .any(|v| matches!(v, Violation::Overlap { .. })),
         "expected an overlap between the two holders, got {violations:?}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(19),
-        "the holds were not concurrent"
     );
     assert!(
         fenced.write(b.fencing_token(), 2).is_err(),

@@ -3,30 +3,16 @@
 //! Redis's counters up to ZooKeeper's tokens, and a dual client killed -9 leaves both sides to
 //! free themselves by their own expiry.
 
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::kit::{Redis, ZooKeeper};
 use dlock::{AcquireOptions, DistributedLock, KeepAlive, LockExt, Wait};
 
-fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env_remove("DLOCK_URL").env_remove("RUST_LOG");
-    c
-}
+mod common;
 
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("dlock runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::{dlock, run, text};
 
 fn enc(url: &str) -> String {
     url.bytes()

@@ -1,27 +1,11 @@
 //! The `dlock` binary against a kit ZooKeeper server: `run`, `status` and `check` reach
 //! `zk://` through the `zk` feature.
 
-use std::process::{Command, Output, Stdio};
-
 use conformance_tests::kit::ZooKeeper;
 
-fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env_remove("DLOCK_URL").env_remove("RUST_LOG");
-    c
-}
+mod common;
 
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("dlock runs")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::{dlock, run, text};
 
 #[test]
 fn run_status_and_check_on_zookeeper() {
