@@ -3,6 +3,13 @@
 //! node just below it; a read request holds when no write node is below it and watches only the
 //! nearest write node below it. Leases are bounded by the session timeout, and an unrenewed
 //! lease's node is deleted by this client when its ttl runs out.
+//!
+//! Two shortcuts save the re-read of the children on the hot paths; both are sound because no
+//! node can ever be created below an existing one. The `getChildren` that decides an attempt
+//! goes out right behind its `create` (one session's requests are served in order). A waiter
+//! holds without reading again when the node it watched was the lowest it saw, or was an
+//! exclusive node released by its holder, which writes [`RELEASED_MARK`] in the transaction
+//! that deletes it (see the crate README, "Round trips").
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -115,6 +122,54 @@ impl Drop for Cleanup {
             }
         });
     }
+}
+
+/// The data a holder writes to its exclusive node in the same transaction that deletes it, on
+/// release: the waiter watching that node sees a data change instead of a deletion, and knows
+/// the node held the lock, so that nothing is left below it and it may hold without reading the
+/// queue again. Only a holder's release writes to a lock node; every other way a node goes (a
+/// waiter giving up, a session ending, an operator's delete, a lease this client let run out)
+/// is a plain delete, after which the waiter reads the queue.
+const RELEASED_MARK: &[u8] = b"released";
+
+/// Deletes a held lease's node (created empty, so at version 0): an exclusive node in one
+/// transaction with [`RELEASED_MARK`] written first, a shared one with a plain delete (a reader
+/// that held may still have readers below it).
+async fn delete_held(client: &zk::Client, path: &str) -> std::result::Result<(), zk::Error> {
+    let exclusive = path
+        .rsplit('/')
+        .next()
+        .and_then(names::parse_child)
+        .is_some_and(|c| c.kind == NodeKind::Exclusive);
+    if !exclusive {
+        return client.delete(path, Some(0)).await;
+    }
+    let mut multi = client.new_multi_writer();
+    multi.add_set_data(path, RELEASED_MARK, Some(0))?;
+    multi.add_delete(path, Some(1))?;
+    multi.commit().await.map(drop).map_err(zk::Error::from)
+}
+
+/// Why [`ZkLock::wait_for`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woke {
+    /// The watched predecessor was deleted, and this request's node still stood.
+    BlockerGone,
+    /// The watched predecessor, an exclusive node, was released by its holder (it carried
+    /// [`RELEASED_MARK`]), and this request's node still stood.
+    BlockerReleasedByHolder,
+    /// Anything else: the own node changed, a session event, the deadline.
+    Other,
+}
+
+/// An attempt's node, as [`ZkLock::create_request`] made (or found) it.
+struct Created {
+    /// The node's path.
+    path: String,
+    /// The create's stat, when the reply carried a valid one (its czxid is the token).
+    stat: Option<zk::Stat>,
+    /// The parent's children, listed right after the create on the same session.
+    children: Option<Vec<String>>,
 }
 
 /// The limit on a lease: the session timeout as negotiated, so that a lease is never trusted
@@ -232,7 +287,13 @@ impl ZkLock {
 
     /// Creates the attempt's node, making the parent container if needed; after a connection
     /// loss it looks for its own node (by owner id) before creating again, so one attempt
-    /// never leaves two nodes. Returns the node's path.
+    /// never leaves two nodes.
+    ///
+    /// The `getChildren` that decides the attempt is sent right behind the `create`, without
+    /// waiting for its reply: ZooKeeper serves a session's requests in the order it sent them,
+    /// so the listing already contains the new node and every lower one still there, exactly
+    /// as a listing sent after the reply would. An uncontended acquire thus costs two round
+    /// trips, not three.
     async fn create_request(
         &self,
         client: &zk::Client,
@@ -240,19 +301,30 @@ impl ZkLock {
         parent: &str,
         kind: NodeKind,
         cleanup: &mut Cleanup,
-    ) -> Result<(String, Option<zk::Stat>)> {
+    ) -> Result<Created> {
         let owner = cleanup.owner;
         let prefix = format!("{parent}/{}", names::request_prefix(kind, owner));
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(acls(&self.inner.config));
         let parent_opts = zk::CreateMode::Container.with_acls(acls(&self.inner.config));
         for _ in 0..PARENT_RETRIES {
-            match timed(self.limit(), client.create(&prefix, &[], &node_opts)).await {
+            // Both requests are on the wire once the two calls return.
+            let create = client.create(&prefix, &[], &node_opts);
+            let list = client.list_children(parent);
+            let (created, listed) =
+                tokio::join!(timed(self.limit(), create), timed(self.limit(), list));
+            match created {
                 Ok(Ok((stat, seq))) => {
                     let path = format!("{prefix}{seq}");
                     cleanup.path = Some(path.clone());
                     // CREATE2's stat is right on its own on 3.8.0 (only inside a MULTI is it
                     // invalid, ZOOKEEPER-4026); an invalid one is read again with `exists`.
-                    return Ok((path, (stat.czxid > 0).then_some(stat)));
+                    return Ok(Created {
+                        path,
+                        stat: (stat.czxid > 0).then_some(stat),
+                        // A listing that failed (the connection dropped between the two
+                        // replies, say) is simply taken again.
+                        children: listed.ok().and_then(|l| l.ok()),
+                    });
                 }
                 Ok(Err(zk::Error::NoNode)) => {
                     match timed(self.limit(), client.create(parent, &[], &parent_opts)).await {
@@ -273,7 +345,11 @@ impl ZkLock {
                     // The create may or may not have been applied: look before trying again.
                     if let Some(path) = self.find_own(client, parent, name, owner).await? {
                         cleanup.path = Some(path.clone());
-                        return Ok((path, None));
+                        return Ok(Created {
+                            path,
+                            stat: None,
+                            children: None,
+                        });
                     }
                 }
                 Ok(Err(e)) => return Err(zk_error("acquire", Some(name), e)),
@@ -325,37 +401,56 @@ impl ZkLock {
             path: None,
             armed: true,
         };
-        let (path, created) = self
+        let Created {
+            path,
+            stat: created,
+            children: mut listed,
+        } = self
             .create_request(&client, name, &parent, kind, &mut cleanup)
             .await?;
         let me = path.rsplit('/').next().unwrap_or_default().to_owned();
+        // Set when the node this request waited for was the lowest in the queue and went away:
+        // no node can be created below it, so nothing blocks this request any more and there
+        // is nothing to read again.
+        let mut head_gone = false;
         loop {
             let checked_at = Instant::now();
-            let children = self
-                .children(&client, &parent, name, "acquire")
-                .await?
-                .unwrap_or_default();
-            let queue = names::queue(&children);
-            let Some(at) = queue.iter().position(|c| c.node == me) else {
-                cleanup.disarm();
-                return Err(Error::backend(
-                    BACKEND,
-                    "acquire",
-                    Some(name),
-                    false,
-                    "this request's node was deleted while it waited (by an operator, or with \
-                     its session)",
-                ));
+            let blocker = if head_gone {
+                None
+            } else {
+                let children = match listed.take() {
+                    Some(children) => children,
+                    None => self
+                        .children(&client, &parent, name, "acquire")
+                        .await?
+                        .unwrap_or_default(),
+                };
+                let queue = names::queue(&children);
+                let Some(at) = queue.iter().position(|c| c.node == me) else {
+                    cleanup.disarm();
+                    return Err(Error::backend(
+                        BACKEND,
+                        "acquire",
+                        Some(name),
+                        false,
+                        "this request's node was deleted while it waited (by an operator, or \
+                         with its session)",
+                    ));
+                };
+                // A writer waits for the node just below it; a reader only for the nearest
+                // writer below it (readers between them hold together).
+                let blocker = match kind {
+                    NodeKind::Exclusive => at.checked_sub(1),
+                    NodeKind::Shared => queue[..at]
+                        .iter()
+                        .rposition(|c| c.kind == NodeKind::Exclusive),
+                };
+                blocker.map(|b| {
+                    let exclusive = queue[b].kind == NodeKind::Exclusive;
+                    (b == 0, exclusive, format!("{parent}/{}", queue[b].node))
+                })
             };
-            // A writer waits for the node just below it; a reader only for the nearest writer
-            // below it (readers between them hold together).
-            let blocker = match kind {
-                NodeKind::Exclusive => at.checked_sub(1),
-                NodeKind::Shared => queue[..at]
-                    .iter()
-                    .rposition(|c| c.kind == NodeKind::Exclusive),
-            };
-            let Some(blocker) = blocker else {
+            let Some((blocker_is_head, blocker_exclusive, blocker)) = blocker else {
                 let stat = match created {
                     Some(stat) => Some(stat),
                     None => self.czxid(&client, &path, name).await?,
@@ -393,20 +488,27 @@ impl ZkLock {
                 }
                 return Ok(None);
             }
-            self.wait_for(
-                &client,
-                name,
-                &path,
-                &format!("{parent}/{}", queue[blocker].node),
-                deadline,
-            )
-            .await?;
+            let woke = self
+                .wait_for(&client, name, &path, &blocker, deadline)
+                .await?;
+            // An exclusive node that held had nothing below it; nothing can be created below
+            // it later either. (A shared one may have had readers below it.)
+            head_gone = match woke {
+                Woke::BlockerGone => blocker_is_head,
+                Woke::BlockerReleasedByHolder => blocker_exclusive,
+                Woke::Other => false,
+            };
         }
     }
 
     /// Waits until the node at `predecessor` changes (usually: is deleted), this request's own
     /// node `mine` changes (an operator deleted it), the session breaks, or `deadline` passes.
     /// Only the immediate predecessor is watched, so a release wakes one waiter, not all.
+    ///
+    /// Says [`Woke::BlockerGone`] (or [`Woke::BlockerReleasedByHolder`]) only when the
+    /// predecessor is known deleted (or released by its holder) while this request's node is
+    /// known to exist: the client hands a session's watch events over in the server's order, so
+    /// a deletion of `mine` that came first is seen first.
     async fn wait_for(
         &self,
         client: &zk::Client,
@@ -414,37 +516,58 @@ impl ZkLock {
         mine: &str,
         predecessor: &str,
         deadline: Option<Instant>,
-    ) -> Result<()> {
-        let (own, own_watcher) = self.watch(client, name, mine).await?;
-        let (pred, pred_watcher) = self.watch(client, name, predecessor).await?;
-        if own.is_none() || pred.is_none() {
-            return Ok(());
+    ) -> Result<Woke> {
+        // Both watches are on the wire before either reply is awaited. The predecessor is read
+        // first: if it is gone and this request's node is there after, then at the moment the
+        // predecessor was read this node stood and nothing was below it.
+        let pred = client.check_and_watch_stat(predecessor);
+        let own = client.check_and_watch_stat(mine);
+        let (pred, own) = tokio::join!(self.watched(name, pred), self.watched(name, own));
+        let ((pred, pred_watcher), (own, own_watcher)) = (pred?, own?);
+        if own.is_none() {
+            return Ok(Woke::Other);
         }
+        if pred.is_none() {
+            return Ok(Woke::BlockerGone);
+        }
+        let own_changed = own_watcher.changed();
+        let pred_changed = pred_watcher.changed();
+        tokio::pin!(own_changed, pred_changed);
         let changed = async {
             tokio::select! {
-                _ = own_watcher.changed() => {}
-                _ = pred_watcher.changed() => {}
+                // Own first: when both events are already in, the deletion of this request's
+                // node must not be missed.
+                biased;
+                _ = &mut own_changed => Woke::Other,
+                event = &mut pred_changed => match event.event_type {
+                    zk::EventType::NodeDeleted => Woke::BlockerGone,
+                    // Only a holder's release writes to a lock node (see `RELEASED_MARK`).
+                    zk::EventType::NodeDataChanged => Woke::BlockerReleasedByHolder,
+                    _ => Woke::Other,
+                }
             }
         };
         match deadline {
             Some(d) => {
                 tokio::select! {
-                    _ = changed => {}
-                    _ = tokio::time::sleep_until(d.into()) => {}
+                    woke = changed => Ok(woke),
+                    _ = tokio::time::sleep_until(d.into()) => Ok(Woke::Other),
                 }
             }
-            None => changed.await,
+            None => Ok(changed.await),
         }
-        Ok(())
     }
 
-    async fn watch(
+    /// Awaits the reply of a `check_and_watch_stat` already sent (the client sends a request
+    /// when it is called, so the order of the calls is the order on the wire).
+    async fn watched(
         &self,
-        client: &zk::Client,
         name: &LockName,
-        path: &str,
+        sent: impl Future<
+            Output = std::result::Result<(Option<zk::Stat>, zk::OneshotWatcher), zk::Error>,
+        >,
     ) -> Result<(Option<zk::Stat>, zk::OneshotWatcher)> {
-        match timed(self.limit(), client.check_and_watch_stat(path)).await {
+        match timed(self.limit(), sent).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(zk_error("watch the queue", Some(name), e)),
             Err(()) => Err(no_answer("watch the queue", Some(name), self.limit())),
@@ -664,8 +787,8 @@ impl DistributedLock for ZkLock {
             held.remove(&path);
             expired
         };
-        // Lock nodes are created empty and never written: version 0.
-        match timed(self.limit(), client.delete(&path, Some(0))).await {
+        // Lock nodes are created empty and written only as their holder releases them.
+        match timed(self.limit(), delete_held(&client, &path)).await {
             Ok(Ok(())) if !expired => Ok(Released::Released),
             Ok(Ok(()) | Err(zk::Error::NoNode | zk::Error::BadVersion)) => Ok(Released::NotHeld),
             Ok(Err(e)) => {

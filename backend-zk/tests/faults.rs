@@ -422,6 +422,195 @@ async fn deleted_waiter_node_fails_only_that_waiter() {
     gc.release().await.expect("release");
 }
 
+/// The waiter right behind the holder is woken by the holder's node going and then holds
+/// without reading the queue again (nothing can be created below the head). That shortcut must
+/// not hide its own node's deletion: here one operator transaction deletes the waiter's node
+/// and then the holder's, so both events arrive together, own first; the waiter must fail, and
+/// the waiter behind it must get the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_node_deleted_with_the_head_is_not_a_grant() {
+    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
+    let url = format!("{}/faults-head-and-own", zk.url());
+    let (a, b, c, observer) = (
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+    );
+    let name = unique("head-and-own");
+    let ga = dyn_lock(&a)
+        .lock(&name, &plain(60 * SEC, Wait::No))
+        .await
+        .expect("a acquires");
+    let wait = plain(60 * SEC, Wait::For(60 * SEC));
+    let wb = {
+        let (b, name, wait) = (dyn_lock(&b), name.clone(), wait.clone());
+        tokio::spawn(async move { b.lock(&name, &wait).await })
+    };
+    wait_for_nodes(&observer, &name, 2, "b queued").await;
+    let wc = {
+        let (c, name, wait) = (dyn_lock(&c), name.clone(), wait.clone());
+        tokio::spawn(async move { c.lock(&name, &wait).await })
+    };
+    wait_for_nodes(&observer, &name, 3, "c queued").await;
+    let parent = observer.parent_path(&LockName::new(&name).unwrap());
+    let mut queue = nodes(&observer, &name).await;
+    queue.sort_by_key(|n| n.rsplit('-').next().unwrap_or_default().to_owned());
+    let operator = observer.zk_client();
+    let mut multi = operator.new_multi_writer();
+    multi
+        .add_delete(&format!("{parent}/{}", queue[1]), None)
+        .expect("b's node");
+    multi
+        .add_delete(&format!("{parent}/{}", queue[0]), None)
+        .expect("a's node");
+    multi
+        .commit()
+        .await
+        .expect("the operator deletes b's node, then a's, in one transaction");
+    match within(30 * SEC, "b's acquire", wb).await.expect("task") {
+        Err(e @ Error::Backend { .. }) => assert!(!e.is_retryable(), "{e}"),
+        Ok(g) => panic!(
+            "b got the lock (token {}) although its node was deleted first",
+            g.fencing_token().0
+        ),
+        Err(e) => panic!("b should fail with its node deleted, got {e:?}"),
+    }
+    let gc = within(30 * SEC, "c's acquire", wc)
+        .await
+        .expect("task")
+        .expect("c gets the lock once a's and b's nodes are gone");
+    assert!(
+        gc.fencing_token() > ga.fencing_token(),
+        "c's token is above a's"
+    );
+    assert_eq!(
+        nodes(&observer, &name).await.len(),
+        1,
+        "only c's node is left"
+    );
+    // a's node went behind its back: its release finds nothing to release.
+    assert_eq!(ga.release().await.expect("release"), Released::NotHeld);
+    gc.release().await.expect("release");
+}
+
+/// What a waiter's watch sees when the node it waits for goes: an exclusive holder's release
+/// writes the release mark and deletes in one transaction (a data change: the waiter behind
+/// may hold without reading the queue again); a reader's release, and a waiter giving up, are
+/// plain deletes (the waiter behind reads the queue). A three-deep queue then hands over
+/// without reading: the waiter two places back holds once the one ahead of it releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_marks_exclusive_nodes_only() {
+    use lockcore::ReadWriteExt;
+    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
+    let url = format!("{}/faults-mark", zk.url());
+    let (a, b, c, observer) = (
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+    );
+    let operator = observer.zk_client();
+    let parent_of = |name: &str| observer.parent_path(&LockName::new(name).unwrap());
+    let watch_only_node = |name: String| {
+        let (observer, operator) = (observer.clone(), operator.clone());
+        async move {
+            let children = nodes(&observer, &name).await;
+            assert_eq!(children.len(), 1, "one node: {children:?}");
+            let path = format!(
+                "{}/{}",
+                observer.parent_path(&LockName::new(&name).unwrap()),
+                children[0]
+            );
+            let (stat, watcher) = operator.check_and_watch_stat(&path).await.expect("watch");
+            assert!(stat.is_some(), "the node exists");
+            watcher
+        }
+    };
+
+    // An exclusive release: a data change.
+    let name = unique("mark-write");
+    let g = dyn_lock(&a)
+        .lock(&name, &plain(60 * SEC, Wait::No))
+        .await
+        .expect("a acquires");
+    let watcher = watch_only_node(name.clone()).await;
+    assert_eq!(g.release().await.expect("release"), Released::Released);
+    let event = within(30 * SEC, "the write node's event", watcher.changed()).await;
+    assert_eq!(event.event_type, zk::EventType::NodeDataChanged);
+    assert!(
+        nodes(&observer, &name).await.is_empty(),
+        "and the node is gone"
+    );
+
+    // A shared release: a plain delete.
+    let name = unique("mark-read");
+    let r = dyn_lock(&a)
+        .read_lock(&name, &plain(60 * SEC, Wait::No))
+        .await
+        .expect("a reads");
+    let watcher = watch_only_node(name.clone()).await;
+    assert_eq!(r.release().await.expect("release"), Released::Released);
+    let event = within(30 * SEC, "the read node's event", watcher.changed()).await;
+    assert_eq!(event.event_type, zk::EventType::NodeDeleted);
+
+    // A waiter giving up: a plain delete.
+    let name = unique("mark-give-up");
+    let g = dyn_lock(&a)
+        .lock(&name, &plain(60 * SEC, Wait::No))
+        .await
+        .expect("a acquires");
+    let waiter = {
+        let (b, name) = (dyn_lock(&b), name.clone());
+        tokio::spawn(async move { b.lock(&name, &plain(60 * SEC, Wait::For(60 * SEC))).await })
+    };
+    wait_for_nodes(&observer, &name, 2, "b queued").await;
+    let mut queue = nodes(&observer, &name).await;
+    queue.sort_by_key(|n| n.rsplit('-').next().unwrap_or_default().to_owned());
+    let b_node = format!("{}/{}", parent_of(&name), queue[1]);
+    let (_, watcher) = operator
+        .check_and_watch_stat(&b_node)
+        .await
+        .expect("watch b's node");
+    waiter.abort();
+    let event = within(30 * SEC, "the given-up node's event", watcher.changed()).await;
+    assert_eq!(event.event_type, zk::EventType::NodeDeleted);
+    assert!(waiter.await.unwrap_err().is_cancelled());
+
+    // A chain: c waits behind b, which waits behind the holder a.
+    let wb = {
+        let (b, name) = (dyn_lock(&b), name.clone());
+        tokio::spawn(async move { b.lock(&name, &plain(60 * SEC, Wait::For(60 * SEC))).await })
+    };
+    wait_for_nodes(&observer, &name, 2, "b queued again").await;
+    let wc = {
+        let (c, name) = (dyn_lock(&c), name.clone());
+        tokio::spawn(async move { c.lock(&name, &plain(60 * SEC, Wait::For(60 * SEC))).await })
+    };
+    wait_for_nodes(&observer, &name, 3, "c queued").await;
+    let a_token = g.fencing_token();
+    assert_eq!(g.release().await.expect("release"), Released::Released);
+    let gb = within(30 * SEC, "b's acquire", wb)
+        .await
+        .expect("task")
+        .expect("b holds");
+    assert!(!wc.is_finished(), "c holds while b does");
+    let b_token = gb.fencing_token();
+    assert!(b_token > a_token);
+    assert_eq!(gb.release().await.expect("release"), Released::Released);
+    let gc = within(30 * SEC, "c's acquire", wc)
+        .await
+        .expect("task")
+        .expect("c holds");
+    assert!(gc.fencing_token() > b_token);
+    assert_eq!(
+        nodes(&observer, &name).await.len(),
+        1,
+        "only c's node is left"
+    );
+    gc.release().await.expect("release");
+}
+
 /// A waiter ahead in the queue gives up (its wait times out): its node goes, the holder keeps
 /// the lock, and the waiter behind it gets the lock only when the holder releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
