@@ -3,12 +3,15 @@
 //!
 //! 0. the floor: on all nodes at once one script `SET NX PX` + `INCR`, then all
 //!    compare-and-deletes;
-//! 1. the same two rounds with the backend's real scripts (`acquire.lua` in `try` mode and
+//! 1. the least any script can do that keeps the backend's promises to waiters: the floor's
+//!    scripts plus `EXISTS queue` in both (a newcomer never jumps a queue; a release knows
+//!    whether to wake someone), with no owner echo and an owner-only release;
+//! 2. the same two rounds with the backend's real scripts (`acquire.lua` in `try` mode and
 //!    `release.lua`, with the owner echo, queue check and token-checked release), fanned out
 //!    inline on plain multiplexed connections;
-//! 2. this backend through `DistributedLock` (`try_acquire` + `release`: the vote, its single
+//! 3. this backend through `DistributedLock` (`try_acquire` + `release`: the vote, its single
 //!    deadline and grace, the undo bookkeeping);
-//! 3. lockcore's `lock()` and guard.
+//! 4. lockcore's `lock()` and guard.
 //!
 //! The steps alternate in blocks of 200 pairs, in a new order each round; each prints its
 //! median, mean and p90 pair, and its pairs/s relative to the floor's.
@@ -28,14 +31,58 @@ use redis::aio::MultiplexedConnection;
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
-const STEPS: [&str; 4] = [
+const STEPS: [&str; 5] = [
     "floor: fan-out SET NX PX + INCR script, then compare-and-delete",
+    "+ EXISTS queue in both scripts (the least that keeps the queue)",
     "+ the real scripts, fanned out inline",
     "this backend: try_acquire + release",
     "lockcore: lock() + guard.release()",
 ];
 
 const OWNER: &str = "0123456789abcdef0123456789abcdef";
+
+/// Step 1's acquire: the floor's fenced acquire, refused while someone is queued.
+const FAIR: &str = "if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end return redis.call('INCR', KEYS[2])";
+/// Step 1's release: the floor's compare-and-delete, which also looks at the queue.
+const FAIR_DELETE: &str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('DEL', KEYS[1]) if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end return 2";
+
+/// One pair of step 1 on every connection at once.
+async fn fair_pair(
+    acquire: &Script,
+    release: &Script,
+    cons: &[MultiplexedConnection],
+) -> Result<(), Failure> {
+    let [lock, fence, queue] = ["lock", "fence", "queue"].map(|k| format!("{{ladder-fair}}:{k}"));
+    let tokens = join_all(cons.iter().map(|con| {
+        let mut con = con.clone();
+        let mut call = acquire.prepare_invoke();
+        call.key(&lock)
+            .key(&fence)
+            .key(&queue)
+            .arg(OWNER)
+            .arg(10_000);
+        async move { call.invoke_async::<i64>(&mut con).await }
+    }))
+    .await;
+    for t in tokens {
+        if t? < 1 {
+            return Err("not granted".into());
+        }
+    }
+    let released = join_all(cons.iter().map(|con| {
+        let mut con = con.clone();
+        let mut call = release.prepare_invoke();
+        call.key(&lock).key(&queue).arg(OWNER);
+        async move { call.invoke_async::<i64>(&mut con).await }
+    }))
+    .await;
+    for r in released {
+        if r? != 1 {
+            return Err("not released".into());
+        }
+    }
+    Ok(())
+}
 
 /// One pair of step 1 on every connection at once.
 async fn scripts_pair(
@@ -55,7 +102,8 @@ async fn scripts_pair(
             .arg("try")
             .arg(2_000)
             .arg("0000000000000000")
-            .arg("ladder:wake:");
+            .arg("ladder:wake:")
+            .arg(0);
         async move {
             let reply: redis::Value = call.invoke_async(&mut con).await?;
             match reply {
@@ -102,6 +150,7 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
     }
     let with_common =
         |body: &str| body.replacen("--@common", include_str!("../src/lua/common.lua"), 1);
+    let (fair, fair_delete) = (Script::new(FAIR), Script::new(FAIR_DELETE));
     let acquire = Script::new(&with_common(include_str!("../src/lua/acquire.lua")));
     let release = Script::new(&with_common(include_str!("../src/lua/release.lua")));
     let backend: Arc<dyn DistributedLock> = backend_redis::connect(&url).await?;
@@ -128,8 +177,9 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
                 let t = Instant::now();
                 match step {
                     0 => floor.pair(&floor_name).await?,
-                    1 => scripts_pair(&acquire, &release, &cons).await?,
-                    2 => {
+                    1 => fair_pair(&fair, &fair_delete, &cons).await?,
+                    2 => scripts_pair(&acquire, &release, &cons).await?,
+                    3 => {
                         let lease = backend
                             .try_acquire(&name, &direct_opts)
                             .await?

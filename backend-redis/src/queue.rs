@@ -103,6 +103,36 @@ impl Inner {
         scripts::parse_acquire(&value, owner).map_err(|e| protocol_error("acquire", Some(name), e))
     }
 
+    /// One `try` for `owner` that never jumps the queue: the short fast script (free and
+    /// nobody queued: three commands, three keys), and the full acquire script in `try` mode
+    /// only when someone is queued (it prunes dead waiters and never jumps live ones). A
+    /// refusal carries the holder's fence, as the full script's does.
+    pub(crate) async fn try_once(
+        &self,
+        name: &LockName,
+        keys: &Keys,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        floor: u64,
+    ) -> Result<AcquireReply> {
+        let fast = keys
+            .call(&scripts::TRY_FAST, &[Key::Lock, Key::Fence, Key::Queue])
+            .owner_arg(owner)
+            .arg(millis(opts.ttl_value()))
+            .arg(floor);
+        let value = self
+            .store
+            .eval(&fast)
+            .await
+            .map_err(|e| backend_error("acquire", Some(name), e))?;
+        match scripts::parse_try_fast(&value, owner)
+            .map_err(|e| protocol_error("acquire", Some(name), e))?
+        {
+            Some(reply) => Ok(reply),
+            None => self.attempt(name, keys, owner, opts, "try", floor).await,
+        }
+    }
+
     pub(crate) fn lease(
         name: &LockName,
         owner: OwnerId,
@@ -136,23 +166,7 @@ impl Inner {
             owner,
             armed: true,
         };
-        let fast = keys
-            .call(&scripts::TRY_FAST, &[Key::Lock, Key::Fence, Key::Queue])
-            .owner_arg(owner)
-            .arg(millis(opts.ttl_value()))
-            .arg(floor);
-        let value = self
-            .store
-            .eval(&fast)
-            .await
-            .map_err(|e| backend_error("acquire", Some(name), e))?;
-        let reply = match scripts::parse_try_fast(&value, owner)
-            .map_err(|e| protocol_error("acquire", Some(name), e))?
-        {
-            Some(reply) => reply,
-            // Someone is queued: the full script prunes dead waiters and never jumps live ones.
-            None => self.attempt(name, &keys, owner, opts, "try", floor).await?,
-        };
+        let reply = self.try_once(name, &keys, owner, opts, floor).await?;
         guard.disarm();
         Ok(match reply {
             AcquireReply::Granted(token) => Some(Self::lease(name, owner, token, started, opts)),

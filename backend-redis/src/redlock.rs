@@ -351,7 +351,12 @@ impl Inner {
                 let keys = Keys::new(&node.prefix, name);
                 // No floor on the nodes: the acquirer lifts the token to it and the
                 // write-back carries it (see `decide`).
-                let vote = match node.attempt(name, &keys, owner, opts, mode, 0).await {
+                let reply = if mode == "try" {
+                    node.try_once(name, &keys, owner, opts, 0).await
+                } else {
+                    node.attempt(name, &keys, owner, opts, mode, 0).await
+                };
+                let vote = match reply {
                     Ok(AcquireReply::Granted(token)) => Vote::Granted(token),
                     Ok(AcquireReply::Waiting { pttl, rank, fence }) => {
                         Vote::Refused { pttl, rank, fence }

@@ -288,18 +288,25 @@ pub(crate) fn parse_acquire(value: &Value, owner: OwnerId) -> Result<AcquireRepl
 }
 
 /// Decodes the fast try script's reply: `Some(reply)`, or `None` when someone is queued and
-/// the full script must decide.
+/// the full script must decide. A refusal carries the holder's fence; only a grant carries (and
+/// must echo) the owner.
 pub(crate) fn parse_try_fast(
     value: &Value,
     owner: OwnerId,
 ) -> Result<Option<AcquireReply>, String> {
     match value {
-        Value::Int(0) => Ok(Some(AcquireReply::Waiting {
-            pttl: -1,
-            rank: -1,
-            fence: 0,
-        })),
         Value::Int(-1) => Ok(None),
+        Value::Array(items) if items.first().and_then(int) == Some(0) => {
+            Ok(Some(AcquireReply::Waiting {
+                pttl: -1,
+                rank: -1,
+                fence: items
+                    .get(1)
+                    .and_then(int)
+                    .and_then(|f| u64::try_from(f).ok())
+                    .unwrap_or(0),
+            }))
+        }
         Value::Array(items) => {
             if !echoes(items.get(1), owner) {
                 return Err(format!(
@@ -483,5 +490,36 @@ mod tests {
             Ok(AcquireReply::Granted(42))
         );
         assert!(parse_acquire(&granted, other).is_err());
+    }
+
+    #[test]
+    fn fast_try_reply_grants_only_with_the_owner_and_refuses_with_the_fence() {
+        let owner = OwnerId(7);
+        let granted = Value::Array(vec![
+            Value::Int(42),
+            Value::BulkString(owner.to_string().into_bytes()),
+        ]);
+        assert_eq!(
+            parse_try_fast(&granted, owner),
+            Ok(Some(AcquireReply::Granted(42)))
+        );
+        assert!(parse_try_fast(&granted, OwnerId(8)).is_err());
+        // Held: the counter comes back as GET returns it (a bulk string), or 0 if never set.
+        let held = Value::Array(vec![Value::Int(0), Value::BulkString(b"17".to_vec())]);
+        assert_eq!(
+            parse_try_fast(&held, owner),
+            Ok(Some(AcquireReply::Waiting {
+                pttl: -1,
+                rank: -1,
+                fence: 17
+            }))
+        );
+        let never = Value::Array(vec![Value::Int(0), Value::Int(0)]);
+        assert!(matches!(
+            parse_try_fast(&never, owner),
+            Ok(Some(AcquireReply::Waiting { fence: 0, .. }))
+        ));
+        assert_eq!(parse_try_fast(&Value::Int(-1), owner), Ok(None));
+        assert!(parse_try_fast(&Value::Int(0), owner).is_err());
     }
 }
