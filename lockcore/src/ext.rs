@@ -118,7 +118,9 @@ pub(crate) async fn acquire_as(
 
 /// A waiting acquire: retryable store errors (a restart, a dropped connection) are ridden out
 /// with backoff until the deadline; the last such error is returned if the deadline passes while
-/// the store is still failing. Non-retryable errors return at once.
+/// the store is still failing. Non-retryable errors return at once, and so does every error of
+/// an acquisition whose caller chose the owner id: a retry would reuse that id while the failed
+/// attempt's clean-up (which deletes whatever that id holds) may still be on its way.
 async fn wait_through_outages(
     backend: &dyn DistributedLock,
     name: &LockName,
@@ -147,7 +149,7 @@ async fn wait_through_outages(
             None => attempt.await,
         };
         match outcome {
-            Err(e) if e.is_retryable() => {
+            Err(e) if e.is_retryable() && opts.owner_value().is_none() => {
                 let now = Instant::now();
                 let pause = backoff.next_delay();
                 let until = deadline.map_or(now + pause, |d| d.min(now + pause));

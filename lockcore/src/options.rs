@@ -158,6 +158,11 @@ impl AcquireOptions {
     /// records the same id on both, so `dlock migrate check` can tell its holds from those of
     /// single-store clients). Each acquisition must use an id of its own: two acquisitions with
     /// one id would be taken for the same holder by owner-checked release and extend.
+    ///
+    /// For the same reason a waiting [`LockExt::lock`](crate::LockExt::lock) with a chosen owner
+    /// does not ride out store errors as it otherwise does: the clean-up of a failed attempt may
+    /// still be on its way to the store, and would take a retry's grant under the same id for
+    /// its own. The first retryable error is returned; try again with a new id.
     pub fn owner(mut self, owner: OwnerId) -> Self {
         self.owner = Some(owner);
         self
@@ -180,6 +185,11 @@ impl AcquireOptions {
     pub fn without_token_floor(mut self) -> Self {
         self.token_floor = None;
         self
+    }
+
+    /// The owner id set with [`owner`](Self::owner), if any.
+    pub fn owner_value(&self) -> Option<OwnerId> {
+        self.owner
     }
 
     /// The owner id set with [`owner`](Self::owner), or a fresh random one (backends call this

@@ -362,6 +362,37 @@ async fn waiting_acquire_rides_out_retryable_store_errors() {
         "got {fatal:?}"
     );
 
+    // A caller-chosen owner id is not reused by a retry (the failed attempt's clean-up could
+    // delete the retry's grant): the first store error is returned, and nothing is held.
+    f.fail_retryable.store(true, Ordering::SeqCst);
+    f.fail_acquires.store(1, Ordering::SeqCst);
+    let chosen = wait.clone().owner(lockcore::OwnerId::random());
+    let out = locks.lock("x", &chosen).await;
+    assert!(
+        matches!(
+            out,
+            Err(Error::Backend {
+                retryable: true,
+                ..
+            })
+        ),
+        "got {out:?}"
+    );
+    assert_eq!(
+        f.fail_acquires.load(Ordering::SeqCst),
+        0,
+        "one attempt made"
+    );
+    let info = locks.inspect(&LockName::new("x").unwrap()).await.unwrap();
+    assert!(
+        info.as_ref().is_none_or(|i| i.holder.is_none()),
+        "nothing is held: {info:?}"
+    );
+    // The next call, with an id of its own, gets the lock.
+    let fresh = wait.clone().owner(lockcore::OwnerId::random());
+    let g = locks.lock("x", &fresh).await.expect("a new call");
+    g.release().await.unwrap();
+
     // Still failing when the deadline passes: the store error, not a bare Timeout.
     f.fail_retryable.store(true, Ordering::SeqCst);
     f.fail_acquires.store(usize::MAX, Ordering::SeqCst);
