@@ -221,6 +221,50 @@ impl Keys {
     }
 }
 
+/// The `SCAN MATCH` pattern of every fence key under `prefix` (glob characters in the prefix
+/// are escaped; escaped names contain none).
+pub(crate) fn fence_pattern(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + 12);
+    pattern.push('{');
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push_str(":*}");
+    pattern.push_str(Key::Fence.suffix());
+    pattern
+}
+
+/// The lock name a fence key under `prefix` belongs to; `None` for any other key.
+pub(crate) fn name_of_fence_key(prefix: &str, key: &str) -> Option<LockName> {
+    let escaped = key
+        .strip_prefix('{')?
+        .strip_prefix(prefix)?
+        .strip_prefix(':')?
+        .strip_suffix(Key::Fence.suffix())?
+        .strip_suffix('}')?;
+    LockName::from_escaped(escaped)
+}
+
+/// Decodes a `SCAN` reply: the next cursor and this batch's keys.
+pub(crate) fn parse_scan(value: &Value) -> Result<(u64, Vec<String>), String> {
+    let Value::Array(items) = value else {
+        return Err(format!("unexpected SCAN reply {value:?}"));
+    };
+    let cursor = items
+        .first()
+        .and_then(int)
+        .and_then(|c| u64::try_from(c).ok())
+        .ok_or_else(|| format!("SCAN reply without a cursor: {value:?}"))?;
+    let keys = match items.get(1) {
+        Some(Value::Array(keys)) => keys.iter().filter_map(text).collect(),
+        _ => return Err(format!("SCAN reply without keys: {value:?}")),
+    };
+    Ok((cursor, keys))
+}
+
 /// The owner id's `Display` form (32 lowercase hex digits) without allocating.
 fn owner_hex(owner: OwnerId) -> [u8; 32] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -490,6 +534,23 @@ mod tests {
             Ok(AcquireReply::Granted(42))
         );
         assert!(parse_acquire(&granted, other).is_err());
+    }
+
+    #[test]
+    fn fence_keys_map_back_to_their_names_under_their_prefix_only() {
+        let name = LockName::new("orders/eu 1").unwrap();
+        let key = Keys::new("app", &name).get(Key::Fence);
+        assert_eq!(name_of_fence_key("app", &key), Some(name.clone()));
+        assert_eq!(name_of_fence_key("ap", &key), None);
+        assert_eq!(
+            name_of_fence_key("app", &Keys::new("app", &name).get(Key::Lock)),
+            None
+        );
+        // A longer prefix's keys match the pattern but do not decode as this prefix's names.
+        let nested = Keys::new("app:x", &LockName::new("y").unwrap()).get(Key::Fence);
+        assert_eq!(name_of_fence_key("app", &nested), None);
+        assert_eq!(fence_pattern("app"), "{app:*}:fence");
+        assert_eq!(fence_pattern("a*[b]?"), r"{a\*\[b\]\?:*}:fence");
     }
 
     #[test]

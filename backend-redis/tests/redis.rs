@@ -332,6 +332,73 @@ async fn key_layout_and_fence_key() {
     );
 }
 
+/// `names()` lists every name with a fence counter under the client's own prefix (decoded,
+/// whatever characters the name has), held or not, and none of another prefix's; a forgotten
+/// name is gone from the list. A Cluster says it cannot list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_lists_this_prefixs_names() {
+    let redis = shared().await;
+    let prefix = format!("names{:08x}", rand::random::<u32>());
+    let c = backend_redis::connect(&format!("{}?prefix={prefix}", redis.url()))
+        .await
+        .expect("client");
+    let other = backend_redis::connect(&format!("{}?prefix={prefix}x", redis.url()))
+        .await
+        .expect("client of another prefix");
+    let (free, held, odd) = ("orders/eu", "ledger", "a b:c{d}*?%");
+    c.lock(free, &opts(10 * SEC))
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    let g = c.lock(held, &opts(10 * SEC)).await.expect("acquire");
+    c.lock(odd, &opts(10 * SEC))
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    other
+        .lock("elsewhere", &opts(10 * SEC))
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    let mut names: Vec<String> = c
+        .names()
+        .await
+        .expect("names")
+        .iter()
+        .map(|n| n.as_str().to_owned())
+        .collect();
+    names.sort();
+    let mut expected = vec![free.to_owned(), held.to_owned(), odd.to_owned()];
+    expected.sort();
+    assert_eq!(names, expected);
+    g.release().await.expect("release");
+    assert!(
+        c.forget(&LockName::new(free).unwrap())
+            .await
+            .expect("forget")
+    );
+    let names = c.names().await.expect("names");
+    assert!(
+        !names.iter().any(|n| n.as_str() == free),
+        "a forgotten name is not listed: {names:?}"
+    );
+    assert_eq!(names.len(), 2);
+
+    let cluster = backend_redis::connect(&RedisCluster::shared().await.unwrap().url())
+        .await
+        .expect("cluster client");
+    assert!(matches!(
+        cluster.names().await,
+        Err(Error::Unsupported { .. })
+    ));
+}
+
 /// A token floor is honoured on every path that grants (the `try` fast path, an uncontended
 /// waiting acquire, a queued waiter handed the lock by a release): the token is the floor and
 /// the fence counter holds it, so the next plain grant is one above. A floor Lua numbers cannot
