@@ -89,6 +89,12 @@ fn status_and_migrate_check_and_prepare() {
             .await
             .unwrap()
             .expect("e is free on Redis");
+        // `r` is known only to Redis: check finds it without a --name.
+        let r_only = redis
+            .try_lock("r", &opts())
+            .await
+            .unwrap()
+            .expect("r is free on Redis");
 
         let o = run(dlock().args(["status", "--url", &s.dual, "b"]));
         assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -127,6 +133,8 @@ fn status_and_migrate_check_and_prepare() {
         assert_eq!(mode("a"), "source_only");
         assert_eq!(mode("b"), "dual");
         assert_eq!(mode("c"), "free");
+        assert_eq!(mode("r"), "target_only");
+        r_only.release().await.unwrap();
 
         // Prepare: the Redis counter of `c` moves up to ZooKeeper's mark, so a Redis-only
         // client's next token is above the last ZooKeeper token.
