@@ -11,8 +11,8 @@ use backend_zk::{ZkConfig, ZkLock};
 use conformance_tests::kit::{Fault, Proxy, ZkEnsemble, ZooKeeper};
 use conformance_tests::{FencedResource, History, Hold};
 use lockcore::{
-    AcquireOptions, DistributedLock, Error, KeepAlive, LockExt, LockName, LostReason, Released,
-    Wait,
+    AcquireOptions, DistributedLock, Error, KeepAlive, LockExt, LockGuard, LockName, LostReason,
+    Released, Wait,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -373,40 +373,69 @@ async fn ensemble_leader_killed_no_two_holders() {
     assert_eq!(fenced.rejected(), 0);
 }
 
-/// An operator deletes a waiter's queue node: that waiter's acquire fails with a
-/// non-retryable error, and the waiter behind it still gets the lock when the holder releases.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn deleted_waiter_node_fails_only_that_waiter() {
+/// A lock held by `a` with `b`, then `c`, waiting for it, each on a session of its own.
+struct QueueOfThree {
+    observer: ZkLock,
+    name: String,
+    ga: LockGuard,
+    wb: tokio::task::JoinHandle<lockcore::Result<LockGuard>>,
+    wc: tokio::task::JoinHandle<lockcore::Result<LockGuard>>,
+    /// The three nodes' paths, in queue order (a's, b's, c's).
+    paths: Vec<String>,
+}
+
+async fn queue_of_three(chroot: &str, label: &str) -> QueueOfThree {
     let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
-    let url = format!("{}/faults-deleted", zk.url());
+    let url = format!("{}/{chroot}", zk.url());
     let (a, b, c, observer) = (
         client(&url).await,
         client(&url).await,
         client(&url).await,
         client(&url).await,
     );
-    let name = unique("deleted-waiter");
+    let name = unique(label);
     let ga = dyn_lock(&a)
         .lock(&name, &plain(60 * SEC, Wait::No))
         .await
         .expect("a acquires");
     let wait = plain(60 * SEC, Wait::For(60 * SEC));
-    let wb = {
-        let (b, name, wait) = (dyn_lock(&b), name.clone(), wait.clone());
-        tokio::spawn(async move { b.lock(&name, &wait).await })
+    let queue_up = |who: ZkLock| {
+        let (who, name, wait) = (dyn_lock(&who), name.clone(), wait.clone());
+        tokio::spawn(async move { who.lock(&name, &wait).await })
     };
+    let wb = queue_up(b);
     wait_for_nodes(&observer, &name, 2, "b queued").await;
-    let wc = {
-        let (c, name, wait) = (dyn_lock(&c), name.clone(), wait.clone());
-        tokio::spawn(async move { c.lock(&name, &wait).await })
-    };
+    let wc = queue_up(c);
     wait_for_nodes(&observer, &name, 3, "c queued").await;
     let parent = observer.parent_path(&LockName::new(&name).unwrap());
     let mut queue = nodes(&observer, &name).await;
     queue.sort_by_key(|n| n.rsplit('-').next().unwrap_or_default().to_owned());
+    let paths = queue.iter().map(|n| format!("{parent}/{n}")).collect();
+    QueueOfThree {
+        observer,
+        name,
+        ga,
+        wb,
+        wc,
+        paths,
+    }
+}
+
+/// An operator deletes a waiter's queue node: that waiter's acquire fails with a
+/// non-retryable error, and the waiter behind it still gets the lock when the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_waiter_node_fails_only_that_waiter() {
+    let QueueOfThree {
+        observer,
+        ga,
+        wb,
+        wc,
+        paths,
+        ..
+    } = queue_of_three("faults-deleted", "deleted-waiter").await;
     observer
         .zk_client()
-        .delete(&format!("{parent}/{}", queue[1]), None)
+        .delete(&paths[1], None)
         .await
         .expect("the operator deletes b's node");
     match within(30 * SEC, "b's acquire", wb).await.expect("task") {
@@ -429,41 +458,18 @@ async fn deleted_waiter_node_fails_only_that_waiter() {
 /// the waiter behind it must get the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_node_deleted_with_the_head_is_not_a_grant() {
-    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
-    let url = format!("{}/faults-head-and-own", zk.url());
-    let (a, b, c, observer) = (
-        client(&url).await,
-        client(&url).await,
-        client(&url).await,
-        client(&url).await,
-    );
-    let name = unique("head-and-own");
-    let ga = dyn_lock(&a)
-        .lock(&name, &plain(60 * SEC, Wait::No))
-        .await
-        .expect("a acquires");
-    let wait = plain(60 * SEC, Wait::For(60 * SEC));
-    let wb = {
-        let (b, name, wait) = (dyn_lock(&b), name.clone(), wait.clone());
-        tokio::spawn(async move { b.lock(&name, &wait).await })
-    };
-    wait_for_nodes(&observer, &name, 2, "b queued").await;
-    let wc = {
-        let (c, name, wait) = (dyn_lock(&c), name.clone(), wait.clone());
-        tokio::spawn(async move { c.lock(&name, &wait).await })
-    };
-    wait_for_nodes(&observer, &name, 3, "c queued").await;
-    let parent = observer.parent_path(&LockName::new(&name).unwrap());
-    let mut queue = nodes(&observer, &name).await;
-    queue.sort_by_key(|n| n.rsplit('-').next().unwrap_or_default().to_owned());
+    let QueueOfThree {
+        observer,
+        name,
+        ga,
+        wb,
+        wc,
+        paths,
+    } = queue_of_three("faults-head-and-own", "head-and-own").await;
     let operator = observer.zk_client();
     let mut multi = operator.new_multi_writer();
-    multi
-        .add_delete(&format!("{parent}/{}", queue[1]), None)
-        .expect("b's node");
-    multi
-        .add_delete(&format!("{parent}/{}", queue[0]), None)
-        .expect("a's node");
+    multi.add_delete(&paths[1], None).expect("b's node");
+    multi.add_delete(&paths[0], None).expect("a's node");
     multi
         .commit()
         .await
@@ -504,12 +510,7 @@ async fn release_marks_exclusive_nodes_only() {
     use lockcore::ReadWriteExt;
     let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
     let url = format!("{}/faults-mark", zk.url());
-    let (a, b, c, observer) = (
-        client(&url).await,
-        client(&url).await,
-        client(&url).await,
-        client(&url).await,
-    );
+    let (a, b, observer) = (client(&url).await, client(&url).await, client(&url).await);
     let operator = observer.zk_client();
     let parent_of = |name: &str| observer.parent_path(&LockName::new(name).unwrap());
     let watch_only_node = |name: String| {
@@ -577,19 +578,19 @@ async fn release_marks_exclusive_nodes_only() {
     assert_eq!(event.event_type, zk::EventType::NodeDeleted);
     assert!(waiter.await.unwrap_err().is_cancelled());
 
-    // A chain: c waits behind b, which waits behind the holder a.
-    let wb = {
-        let (b, name) = (dyn_lock(&b), name.clone());
-        tokio::spawn(async move { b.lock(&name, &plain(60 * SEC, Wait::For(60 * SEC))).await })
-    };
-    wait_for_nodes(&observer, &name, 2, "b queued again").await;
-    let wc = {
-        let (c, name) = (dyn_lock(&c), name.clone());
-        tokio::spawn(async move { c.lock(&name, &plain(60 * SEC, Wait::For(60 * SEC))).await })
-    };
-    wait_for_nodes(&observer, &name, 3, "c queued").await;
-    let a_token = g.fencing_token();
     assert_eq!(g.release().await.expect("release"), Released::Released);
+
+    // A chain: c waits behind b, which waits behind the holder a.
+    let QueueOfThree {
+        observer,
+        name,
+        ga,
+        wb,
+        wc,
+        ..
+    } = queue_of_three("faults-mark", "mark-chain").await;
+    let a_token = ga.fencing_token();
+    assert_eq!(ga.release().await.expect("release"), Released::Released);
     let gb = within(30 * SEC, "b's acquire", wb)
         .await
         .expect("task")

@@ -320,6 +320,14 @@ async fn renewals_of_many_guards_are_batched_in_one_task() {
     }
 }
 
+/// `out` is a store error, retryable or not as `retryable` says.
+fn assert_store_error(out: &Result<lockcore::LockGuard>, retryable: bool) {
+    assert!(
+        matches!(out, Err(Error::Backend { retryable: r, .. }) if *r == retryable),
+        "expected a store error (retryable: {retryable}), got {out:?}"
+    );
+}
+
 #[tokio::test]
 async fn waiting_acquire_rides_out_retryable_store_errors() {
     let f = Faulty::new("outage");
@@ -336,31 +344,13 @@ async fn waiting_acquire_rides_out_retryable_store_errors() {
     // One attempt only: the error is the caller's.
     f.fail_acquires.store(1, Ordering::SeqCst);
     let once = locks.lock("x", &AcquireOptions::new().wait(Wait::No)).await;
-    assert!(
-        matches!(
-            once,
-            Err(Error::Backend {
-                retryable: true,
-                ..
-            })
-        ),
-        "got {once:?}"
-    );
+    assert_store_error(&once, true);
 
     // Not retryable: returned at once, even while waiting.
     f.fail_retryable.store(false, Ordering::SeqCst);
     f.fail_acquires.store(1, Ordering::SeqCst);
     let fatal = locks.lock("x", &wait).await;
-    assert!(
-        matches!(
-            fatal,
-            Err(Error::Backend {
-                retryable: false,
-                ..
-            })
-        ),
-        "got {fatal:?}"
-    );
+    assert_store_error(&fatal, false);
 
     // A caller-chosen owner id is not reused by a retry (the failed attempt's clean-up could
     // delete the retry's grant): the first store error is returned, and nothing is held.
@@ -368,16 +358,7 @@ async fn waiting_acquire_rides_out_retryable_store_errors() {
     f.fail_acquires.store(1, Ordering::SeqCst);
     let chosen = wait.clone().owner(lockcore::OwnerId::random());
     let out = locks.lock("x", &chosen).await;
-    assert!(
-        matches!(
-            out,
-            Err(Error::Backend {
-                retryable: true,
-                ..
-            })
-        ),
-        "got {out:?}"
-    );
+    assert_store_error(&out, true);
     assert_eq!(
         f.fail_acquires.load(Ordering::SeqCst),
         0,
@@ -398,16 +379,7 @@ async fn waiting_acquire_rides_out_retryable_store_errors() {
     f.fail_acquires.store(usize::MAX, Ordering::SeqCst);
     let short = AcquireOptions::new().wait(Wait::For(Duration::from_millis(300)));
     let out = locks.lock("x", &short).await;
-    assert!(
-        matches!(
-            out,
-            Err(Error::Backend {
-                retryable: true,
-                ..
-            })
-        ),
-        "got {out:?}"
-    );
+    assert_store_error(&out, true);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
