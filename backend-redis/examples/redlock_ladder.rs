@@ -6,12 +6,14 @@
 //! 1. the least any script can do that keeps the backend's promises to waiters: the floor's
 //!    scripts plus `EXISTS queue` in both (a newcomer never jumps a queue; a release knows
 //!    whether to wake someone), with no owner echo and an owner-only release;
-//! 2. the same two rounds with the backend's real scripts (`acquire.lua` in `try` mode and
-//!    `release.lua`, with the owner echo, queue check and token-checked release), fanned out
-//!    inline on plain multiplexed connections;
-//! 3. this backend through `DistributedLock` (`try_acquire` + `release`: the vote, its single
+//! 2. the backend's `try` script instead (it echoes the owner: a reply for another request
+//!    never grants), with step 1's release;
+//! 3. step 1's acquire with the backend's release script (owner and token checked, the queue's
+//!    dead waiters pruned and its head woken when there is one);
+//! 4. both of the backend's scripts, fanned out inline;
+//! 5. this backend through `DistributedLock` (`try_acquire` + `release`: the vote, its single
 //!    deadline and grace, the undo bookkeeping);
-//! 4. lockcore's `lock()` and guard.
+//! 6. lockcore's `lock()` and guard.
 //!
 //! The steps alternate in blocks of 200 pairs, in a new order each round; each prints its
 //! median, mean and p90 pair, and its pairs/s relative to the floor's.
@@ -31,90 +33,66 @@ use redis::aio::MultiplexedConnection;
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
-const STEPS: [&str; 5] = [
+const STEPS: [&str; 7] = [
     "floor: fan-out SET NX PX + INCR script, then compare-and-delete",
     "+ EXISTS queue in both scripts (the least that keeps the queue)",
-    "+ the real scripts, fanned out inline",
+    "  with the real try script (owner echo)",
+    "  with the real release script (token check, queue upkeep)",
+    "the real scripts, fanned out inline",
     "this backend: try_acquire + release",
     "lockcore: lock() + guard.release()",
 ];
 
 const OWNER: &str = "0123456789abcdef0123456789abcdef";
 
-/// Step 1's acquire: the floor's fenced acquire, refused while someone is queued.
+/// The least acquire that keeps the queue: the floor's fenced acquire, refused while someone
+/// is queued.
 const FAIR: &str = "if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end return redis.call('INCR', KEYS[2])";
-/// Step 1's release: the floor's compare-and-delete, which also looks at the queue.
+/// The least release that keeps the queue: the floor's compare-and-delete, which also looks at
+/// the queue.
 const FAIR_DELETE: &str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('DEL', KEYS[1]) if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end return 2";
 
-/// One pair of step 1 on every connection at once.
-async fn fair_pair(
-    acquire: &Script,
-    release: &Script,
-    cons: &[MultiplexedConnection],
-) -> Result<(), Failure> {
-    let [lock, fence, queue] = ["lock", "fence", "queue"].map(|k| format!("{{ladder-fair}}:{k}"));
-    let tokens = join_all(cons.iter().map(|con| {
-        let mut con = con.clone();
-        let mut call = acquire.prepare_invoke();
-        call.key(&lock)
-            .key(&fence)
-            .key(&queue)
-            .arg(OWNER)
-            .arg(10_000);
-        async move { call.invoke_async::<i64>(&mut con).await }
-    }))
-    .await;
-    for t in tokens {
-        if t? < 1 {
-            return Err("not granted".into());
-        }
-    }
-    let released = join_all(cons.iter().map(|con| {
-        let mut con = con.clone();
-        let mut call = release.prepare_invoke();
-        call.key(&lock).key(&queue).arg(OWNER);
-        async move { call.invoke_async::<i64>(&mut con).await }
-    }))
-    .await;
-    for r in released {
-        if r? != 1 {
-            return Err("not released".into());
-        }
-    }
-    Ok(())
+/// The scripts of the inline steps.
+struct Scripts {
+    fair: Script,
+    fair_delete: Script,
+    try_fast: Script,
+    release: Script,
 }
 
-/// One pair of step 1 on every connection at once.
-async fn scripts_pair(
-    acquire: &Script,
-    release: &Script,
+/// One acquire + release on every connection at once: the real `try` script or the least one
+/// (`real_acquire`), then the real release script or the least one (`real_release`).
+async fn inline_pair(
+    scripts: &Scripts,
+    real_acquire: bool,
+    real_release: bool,
     cons: &[MultiplexedConnection],
 ) -> Result<(), Failure> {
-    let keys = ["lock", "fence", "queue", "alive", "seq"].map(|k| format!("{{ladder-rl}}:{k}"));
+    let [lock, fence, queue, alive] =
+        ["lock", "fence", "queue", "alive"].map(|k| format!("{{ladder-rl}}:{k}"));
     let tokens = join_all(cons.iter().map(|con| {
         let mut con = con.clone();
-        let mut call = acquire.prepare_invoke();
-        for k in &keys {
-            call.key(k);
+        let mut call = if real_acquire {
+            scripts.try_fast.prepare_invoke()
+        } else {
+            scripts.fair.prepare_invoke()
+        };
+        call.key(&lock).key(&fence).key(&queue).arg(OWNER).arg(10_000);
+        if real_acquire {
+            call.arg(0);
         }
-        call.arg(OWNER)
-            .arg(10_000)
-            .arg("try")
-            .arg(2_000)
-            .arg("0000000000000000")
-            .arg("ladder:wake:")
-            .arg(0);
         async move {
-            let reply: redis::Value = call.invoke_async(&mut con).await?;
-            match reply {
-                redis::Value::Array(items) => match items.first() {
-                    Some(redis::Value::Int(1)) => match items.get(1) {
-                        Some(redis::Value::Int(t)) => Ok(*t),
-                        _ => Err(Failure::from("no token")),
-                    },
-                    _ => Err("not granted".into()),
+            match call.invoke_async::<redis::Value>(&mut con).await? {
+                redis::Value::Int(t) if t > 0 => Ok(t),
+                redis::Value::Array(items) => match (items.first(), items.get(1)) {
+                    (Some(redis::Value::Int(t)), Some(redis::Value::BulkString(o)))
+                        if o.as_slice() == OWNER.as_bytes() =>
+                    {
+                        Ok(*t)
+                    }
+                    _ => Err(Failure::from(format!("not granted: {items:?}"))),
                 },
-                other => Err(format!("unexpected {other:?}").into()),
+                other => Err(format!("not granted: {other:?}").into()),
             }
         }
     }))
@@ -122,11 +100,17 @@ async fn scripts_pair(
     let tokens = tokens.into_iter().collect::<Result<Vec<i64>, _>>()?;
     let released = join_all(cons.iter().zip(tokens).map(|(con, token)| {
         let mut con = con.clone();
-        let mut call = release.prepare_invoke();
-        for k in &keys[..4] {
-            call.key(k);
+        let mut call = if real_release {
+            scripts.release.prepare_invoke()
+        } else {
+            scripts.fair_delete.prepare_invoke()
+        };
+        if real_release {
+            call.key(&lock).key(&fence).key(&queue).key(&alive);
+            call.arg(OWNER).arg(token).arg("ladder:wake:");
+        } else {
+            call.key(&lock).key(&queue).arg(OWNER);
         }
-        call.arg(OWNER).arg(token).arg("ladder:wake:");
         async move { call.invoke_async::<i64>(&mut con).await }
     }))
     .await;
@@ -150,9 +134,12 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
     }
     let with_common =
         |body: &str| body.replacen("--@common", include_str!("../src/lua/common.lua"), 1);
-    let (fair, fair_delete) = (Script::new(FAIR), Script::new(FAIR_DELETE));
-    let acquire = Script::new(&with_common(include_str!("../src/lua/acquire.lua")));
-    let release = Script::new(&with_common(include_str!("../src/lua/release.lua")));
+    let scripts = Scripts {
+        fair: Script::new(FAIR),
+        fair_delete: Script::new(FAIR_DELETE),
+        try_fast: Script::new(include_str!("../src/lua/try_fast.lua")),
+        release: Script::new(&with_common(include_str!("../src/lua/release.lua"))),
+    };
     let backend: Arc<dyn DistributedLock> = backend_redis::connect(&url).await?;
     let floor = backend.fenced_floor().ok_or("no fenced floor")?;
     let floor_name = LockName::new("ladder-floor")?;
@@ -177,9 +164,11 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
                 let t = Instant::now();
                 match step {
                     0 => floor.pair(&floor_name).await?,
-                    1 => fair_pair(&fair, &fair_delete, &cons).await?,
-                    2 => scripts_pair(&acquire, &release, &cons).await?,
-                    3 => {
+                    1 => inline_pair(&scripts, false, false, &cons).await?,
+                    2 => inline_pair(&scripts, true, false, &cons).await?,
+                    3 => inline_pair(&scripts, false, true, &cons).await?,
+                    4 => inline_pair(&scripts, true, true, &cons).await?,
+                    5 => {
                         let lease = backend
                             .try_acquire(&name, &direct_opts)
                             .await?
