@@ -13,7 +13,9 @@
 //! 4. both of the backend's scripts, fanned out inline;
 //! 5. this backend through `DistributedLock` (`try_acquire` + `release`: the vote, its single
 //!    deadline and grace, the undo bookkeeping);
-//! 6. lockcore's `lock()` and guard.
+//! 6. lockcore's `lock()` and guard;
+//! 7. step 5 with a token floor above every node's counter, so that each acquire pays the
+//!    fence write-back round (which a plain uncontended acquire skips: its nodes agree).
 //!
 //! The steps alternate in blocks of 200 pairs, in a new order each round; each prints its
 //! median, mean and p90 pair, and its pairs/s relative to the floor's.
@@ -33,7 +35,7 @@ use redis::aio::MultiplexedConnection;
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
 
-const STEPS: [&str; 7] = [
+const STEPS: [&str; 8] = [
     "floor: fan-out SET NX PX + INCR script, then compare-and-delete",
     "+ EXISTS queue in both scripts (the least that keeps the queue)",
     "  with the real try script (owner echo)",
@@ -41,6 +43,7 @@ const STEPS: [&str; 7] = [
     "the real scripts, fanned out inline",
     "this backend: try_acquire + release",
     "lockcore: lock() + guard.release()",
+    "this backend, each acquire with a fence write-back round",
 ];
 
 const OWNER: &str = "0123456789abcdef0123456789abcdef";
@@ -77,7 +80,11 @@ async fn inline_pair(
         } else {
             scripts.fair.prepare_invoke()
         };
-        call.key(&lock).key(&fence).key(&queue).arg(OWNER).arg(10_000);
+        call.key(&lock)
+            .key(&fence)
+            .key(&queue)
+            .arg(OWNER)
+            .arg(10_000);
         if real_acquire {
             call.arg(0);
         }
@@ -148,6 +155,14 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
         .wait(Wait::No)
         .keep_alive(KeepAlive::Off);
     let direct_opts = opts.clone().with_defaults(&backend.defaults());
+    let written_back = LockName::new("ladder-write-back")?;
+    // Start above whatever counters an earlier run left.
+    let first = backend
+        .try_acquire(&written_back, &direct_opts)
+        .await?
+        .ok_or("the write-back name was held")?;
+    backend.release(&first).await?;
+    let mut next_floor = first.token().0;
 
     let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); STEPS.len()];
     let mut order: Vec<usize> = (0..STEPS.len()).collect();
@@ -175,9 +190,28 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
                             .ok_or("the backend's name was held")?;
                         backend.release(&lease).await?;
                     }
-                    _ => {
+                    6 => {
                         let guard = backend.lock("ladder-lockcore", &opts).await?;
                         guard.release().await?;
+                    }
+                    _ => {
+                        // Above every counter: the granting nodes are raised to it.
+                        next_floor += 1_000;
+                        let floored = direct_opts
+                            .clone()
+                            .token_floor(lockcore::FencingToken(next_floor));
+                        let lease = backend
+                            .try_acquire(&written_back, &floored)
+                            .await?
+                            .ok_or("the write-back name was held")?;
+                        backend.release(&lease).await?;
+                        if lease.token().0 != next_floor {
+                            return Err(format!(
+                                "token {} for floor {next_floor}",
+                                lease.token().0
+                            )
+                            .into());
+                        }
                     }
                 }
                 if round > 0 {
