@@ -162,10 +162,11 @@ impl RedisConfig {
                     Some((u, p)) => (u, Some(p)),
                     None => (info, None),
                 };
-                let user = percent_decode(user).map_err(|e| invalid(format!("user name: {e}")))?;
+                let user = lockcore::percent_decode(user)
+                    .map_err(|e| invalid(format!("user name: {e}")))?;
                 let pass = pass
                     .map(|p| {
-                        percent_decode(p)
+                        lockcore::percent_decode(p)
                             .map_err(|_| invalid("the password is not valid percent-encoding"))
                     })
                     .transpose()?;
@@ -245,8 +246,8 @@ impl RedisConfig {
         let (mut cert_file, mut key_file) = (None, None);
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value =
-                percent_decode(value).map_err(|e| invalid(format!("option `{key}`: {e}")))?;
+            let value = lockcore::percent_decode(value)
+                .map_err(|e| invalid(format!("option `{key}`: {e}")))?;
             if config.defaults.apply(BACKEND, key, &value)? {
                 continue;
             }
@@ -390,27 +391,6 @@ fn parse_host_port(text: &str, redacted: &str) -> Result<(String, u16)> {
             })?,
         };
     Ok((host.to_owned(), port))
-}
-
-fn percent_decode(text: &str) -> std::result::Result<String, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| "bad percent-encoding (expected %XX)".to_owned())?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "percent-encoding does not decode to UTF-8".to_owned())
 }
 
 /// Where the `user:password` part of `rest` (the URL after `://`) ends: the last `@` before the

@@ -229,34 +229,15 @@ impl Options {
 }
 
 fn percent_decode(backend: &'static str, what: &str, text: &str) -> Result<String> {
-    let mut out = Vec::with_capacity(text.len());
-    let bytes = text.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok());
-            match hex {
-                Some(b) => {
-                    out.push(b);
-                    i += 3;
-                    continue;
-                }
-                None => {
-                    return Err(Error::invalid_config(
-                        backend,
-                        format!("bad percent-encoding in the {what}"),
-                    ));
-                }
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(out)
-        .map_err(|_| Error::invalid_config(backend, format!("the {what} is not UTF-8")))
+    lockcore::percent_decode(text).map_err(|e| {
+        Error::invalid_config(
+            backend,
+            match e {
+                lockcore::PercentError::BadEscape => format!("bad percent-encoding in the {what}"),
+                lockcore::PercentError::NotUtf8 => format!("the {what} is not UTF-8"),
+            },
+        )
+    })
 }
 
 fn query_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {

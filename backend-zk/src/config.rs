@@ -74,23 +74,12 @@ fn invalid(reason: impl Into<String>) -> Error {
 
 /// Percent-decodes user-info text (`%40` for `@`, `%3A` for `:`).
 fn percent_decode(text: &str, what: &str) -> Result<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| invalid(format!("bad percent escape in the {what}")))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| invalid(format!("the {what} is not UTF-8")))
+    lockcore::percent_decode(text).map_err(|e| {
+        invalid(match e {
+            lockcore::PercentError::BadEscape => format!("bad percent escape in the {what}"),
+            lockcore::PercentError::NotUtf8 => format!("the {what} is not UTF-8"),
+        })
+    })
 }
 
 /// Checks one path segment: non-empty, not `.`/`..`, no control characters.

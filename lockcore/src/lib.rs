@@ -11,6 +11,7 @@ pub mod memory;
 mod multi;
 mod name;
 mod options;
+mod percent;
 mod redact;
 mod reentrant;
 mod renewer;
@@ -31,6 +32,7 @@ pub use options::{
     AcquireOptions, ClientDefaults, DEFAULT_TTL, KeepAlive, MAX_TTL, MIN_TTL, Wait, check_ttl,
     default_drift, parse_duration,
 };
+pub use percent::{PercentError, percent_decode};
 pub use redact::{redact_url, scrub, secrets_of};
 pub use reentrant::{Owner, ReentrantGuard};
 pub use rw::{Access, ReadGuard, ReadWriteExt, WriteGuard};

@@ -140,7 +140,7 @@ fn nested_url_spans(text: &str) -> Vec<(usize, usize, String)> {
                 spans.push((value_start, value_end, shown));
             }
         } else {
-            let decoded = percent_decode(value);
+            let decoded = crate::percent::percent_decode_lossy(value);
             if decoded.contains("://") {
                 let shown = redact_url(&decoded);
                 if shown != decoded {
@@ -176,7 +176,7 @@ pub fn secrets_of(url: &str) -> Vec<String> {
         if raw.is_empty() {
             continue;
         }
-        let decoded = percent_decode(raw);
+        let decoded = crate::percent::percent_decode_lossy(raw);
         if decoded != raw && !decoded.is_empty() {
             secrets.push(decoded);
         }
@@ -187,7 +187,7 @@ pub fn secrets_of(url: &str) -> Vec<String> {
     {
         for param in url[q + 1..].split(['&', '#']) {
             if let Some((_, value)) = param.split_once('=') {
-                let decoded = percent_decode(value);
+                let decoded = crate::percent::percent_decode_lossy(value);
                 if decoded.contains("://") {
                     secrets.extend(secrets_of(&decoded));
                 }
@@ -207,30 +207,6 @@ pub fn scrub(text: &str, url: &str) -> String {
         out = out.replace(&secret, MASK);
     }
     out
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = (bytes[i] == b'%')
-            .then(|| bytes.get(i + 1..i + 3))
-            .flatten()
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match hex {
-            Some(b) => {
-                out.push(b);
-                i += 3;
-            }
-            None => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -333,7 +309,7 @@ mod tests {
             let first = shown
                 .split_once("first=")
                 .and_then(|(_, r)| r.split_once('&'))
-                .map(|(v, _)| percent_decode(v))
+                .map(|(v, _)| crate::percent::percent_decode_lossy(v))
                 .expect("first=");
             assert_eq!(first, "zk://u:***@h1:1,h2:2/app?ttl=5s");
             let message = format!("second store failed: {redis}");
