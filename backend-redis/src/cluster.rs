@@ -103,6 +103,31 @@ impl Cluster {
     }
 
     /// Whether the slot map was loaded.
+    /// The masters of the slot map, refreshed first, each once.
+    pub(crate) async fn masters(&self) -> RedisResult<Vec<NodeAddr>> {
+        self.refresh_slots().await?;
+        let mut masters: Vec<NodeAddr> = self
+            .slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(_, _, node)| node.clone())
+            .collect();
+        masters.sort();
+        masters.dedup();
+        Ok(masters)
+    }
+
+    /// Runs `cmd` on the master at `node`.
+    pub(crate) async fn query_node(&self, node: &NodeAddr, cmd: redis::Cmd) -> RedisResult<Value> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: node.0.clone(),
+            port: node.1,
+        });
+        self.connection().route_command(cmd, routing).await
+    }
+
     pub(crate) fn has_slots(&self) -> bool {
         !self
             .slots

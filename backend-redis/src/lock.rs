@@ -589,40 +589,46 @@ impl DistributedLock for RedisLock {
 
     /// Every name with a fence counter under this client's prefix (a name gets one with its
     /// first grant and keeps it until `forget`), found with `SCAN`, which does not block the
-    /// server. A single server only: a Cluster would need a scan of every master.
+    /// server; in a Cluster, on every master of the slot map.
     async fn names(&self) -> Result<Vec<LockName>> {
         let inner = &self.inner;
-        if !matches!(inner.store, Store::Single(_)) {
-            return Err(Error::Unsupported {
-                operation: "list names on a Redis Cluster",
-                backend: BACKEND,
-            });
-        }
         let pattern = scripts::fence_pattern(&inner.prefix);
         let mut names = std::collections::BTreeSet::new();
-        let mut cursor = 0_u64;
-        loop {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000);
-            let reply = inner
-                .store
-                .query(&scan)
+        let masters = match &inner.store {
+            Store::Single(_) => vec![None],
+            Store::Cluster(c) => c
+                .masters()
                 .await
+                .map_err(|e| backend_error("list names", None, e))?
+                .into_iter()
+                .map(Some)
+                .collect(),
+        };
+        for master in &masters {
+            let mut cursor = 0_u64;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let reply = match (&inner.store, master) {
+                    (Store::Cluster(c), Some(node)) => c.query_node(node, scan).await,
+                    _ => inner.store.query(&scan).await,
+                }
                 .map_err(|e| backend_error("list names", None, e))?;
-            let (next, keys) =
-                scripts::parse_scan(&reply).map_err(|e| protocol_error("list names", None, e))?;
-            names.extend(
-                keys.iter()
-                    .filter_map(|k| scripts::name_of_fence_key(&inner.prefix, k)),
-            );
-            if next == 0 {
-                break;
+                let (next, keys) = scripts::parse_scan(&reply)
+                    .map_err(|e| protocol_error("list names", None, e))?;
+                names.extend(
+                    keys.iter()
+                        .filter_map(|k| scripts::name_of_fence_key(&inner.prefix, k)),
+                );
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            cursor = next;
         }
         Ok(names.into_iter().collect())
     }

@@ -1003,6 +1003,29 @@ impl DistributedLock for RedlockLock {
         Ok(all)
     }
 
+    /// The names any node knows (each node lists its fence counters with `SCAN`): a name
+    /// granted by a majority is on most nodes, and one a node missed is still found on the
+    /// others. Nodes that fail are skipped while at least one answers.
+    async fn names(&self) -> Result<Vec<LockName>> {
+        let answers = join_all(self.inner.nodes.iter().map(|n| n.client.names())).await;
+        let mut names = std::collections::BTreeSet::new();
+        let mut failure = None;
+        let mut answered = 0;
+        for answer in answers {
+            match answer {
+                Ok(found) => {
+                    answered += 1;
+                    names.extend(found);
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        match failure {
+            Some(e) if answered == 0 => Err(e),
+            _ => Ok(names.into_iter().collect()),
+        }
+    }
+
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
         Some(Arc::new(FanOutFloor {
             nodes: self.inner.nodes.iter().map(|n| n.client.clone()).collect(),

@@ -334,7 +334,7 @@ async fn key_layout_and_fence_key() {
 
 /// `names()` lists every name with a fence counter under the client's own prefix (decoded,
 /// whatever characters the name has), held or not, and none of another prefix's; a forgotten
-/// name is gone from the list. A Cluster says it cannot list.
+/// name is gone from the list. On a Cluster, the names on every master are found.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_lists_this_prefixs_names() {
     let redis = shared().await;
@@ -390,13 +390,33 @@ async fn names_lists_this_prefixs_names() {
     );
     assert_eq!(names.len(), 2);
 
-    let cluster = backend_redis::connect(&RedisCluster::shared().await.unwrap().url())
+    // A Cluster: every master is scanned (enough names that they land on all three).
+    let cluster = backend_redis::connect(&format!(
+        "{}?prefix={prefix}",
+        RedisCluster::shared().await.unwrap().url()
+    ))
+    .await
+    .expect("cluster client");
+    let mut expected: Vec<String> = (0..24).map(|i| format!("spread/{i}")).collect();
+    for name in &expected {
+        cluster
+            .lock(name, &opts(10 * SEC))
+            .await
+            .expect("acquire")
+            .release()
+            .await
+            .expect("release");
+    }
+    let mut names: Vec<String> = cluster
+        .names()
         .await
-        .expect("cluster client");
-    assert!(matches!(
-        cluster.names().await,
-        Err(Error::Unsupported { .. })
-    ));
+        .expect("cluster names")
+        .iter()
+        .map(|n| n.as_str().to_owned())
+        .collect();
+    names.sort();
+    expected.sort();
+    assert_eq!(names, expected);
 }
 
 /// A token floor is honoured on every path that grants (the `try` fast path, an uncontended

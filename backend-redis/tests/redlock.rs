@@ -118,6 +118,52 @@ async fn nothing_left(set: &RedisSet, name: &str) {
     .await;
 }
 
+/// `names()` is the union of the nodes' names: a node that is down when listing does not hide
+/// the others' names, and a name only one node knows is listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_are_the_union_of_the_nodes() {
+    let set = RedisSet::start(3, &[]).await.expect("kit masters");
+    let client = connect(&url_of(&addrs(&set), "node_timeout=200ms&timeout=1s")).await;
+    client
+        .try_lock("everywhere", &once(30 * SEC))
+        .await
+        .expect("acquire")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    set.nodes()[0].pause();
+    client
+        .try_lock("without-node-0", &once(30 * SEC))
+        .await
+        .expect("a majority grants")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    let mut names: Vec<String> = client
+        .names()
+        .await
+        .expect("names with a node down")
+        .iter()
+        .map(|n| n.as_str().to_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["everywhere", "without-node-0"]);
+    set.nodes()[0].resume();
+    // A name whose counter only node 0 still has is listed too.
+    let fence = lock_key("only-node-0").replace("}:lock", "}:fence");
+    redis_command(set.nodes()[0].addr(), &["SET", &fence, "7"])
+        .await
+        .expect("SET");
+    let names = client.names().await.expect("names");
+    assert!(
+        names.iter().any(|n| n.as_str() == "only-node-0"),
+        "{names:?}"
+    );
+    assert_eq!(names.len(), 3, "{names:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_matrix_acquire_succeeds_exactly_when_a_majority_is_free() {
     for n in [3usize, 5] {
