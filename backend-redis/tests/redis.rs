@@ -332,6 +332,19 @@ async fn key_layout_and_fence_key() {
     );
 }
 
+/// `names()` as sorted strings.
+async fn sorted_names(client: &Arc<dyn DistributedLock>) -> Vec<String> {
+    let mut names: Vec<String> = client
+        .names()
+        .await
+        .expect("names")
+        .iter()
+        .map(|n| n.as_str().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 /// `names()` lists every name with a fence counter under the client's own prefix (decoded,
 /// whatever characters the name has), held or not, and none of another prefix's; a forgotten
 /// name is gone from the list. On a Cluster, the names on every master are found.
@@ -366,14 +379,7 @@ async fn names_lists_this_prefixs_names() {
         .release()
         .await
         .expect("release");
-    let mut names: Vec<String> = c
-        .names()
-        .await
-        .expect("names")
-        .iter()
-        .map(|n| n.as_str().to_owned())
-        .collect();
-    names.sort();
+    let names = sorted_names(&c).await;
     let mut expected = vec![free.to_owned(), held.to_owned(), odd.to_owned()];
     expected.sort();
     assert_eq!(names, expected);
@@ -407,14 +413,7 @@ async fn names_lists_this_prefixs_names() {
             .await
             .expect("release");
     }
-    let mut names: Vec<String> = cluster
-        .names()
-        .await
-        .expect("cluster names")
-        .iter()
-        .map(|n| n.as_str().to_owned())
-        .collect();
-    names.sort();
+    let names = sorted_names(&cluster).await;
     expected.sort();
     assert_eq!(names, expected);
 }
