@@ -62,12 +62,8 @@ pub async fn main(args: BenchArgs) -> u8 {
         }
     };
     if args.json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("dlock: cannot encode JSON: {e}");
-                return exit::SOFTWARE;
-            }
+        if let Err(code) = exit::print_json(&report) {
+            return code;
         }
     } else {
         print!("{}", render(&report));

@@ -93,12 +93,8 @@ pub async fn main(args: CheckArgs) -> u8 {
             url: shown,
             run: &run,
         };
-        match serde_json::to_string_pretty(&out) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("dlock: cannot write JSON: {e}");
-                return exit::SOFTWARE;
-            }
+        if let Err(code) = exit::print_json(&out) {
+            return code;
         }
     } else {
         print!("{}", check::render(&run));

@@ -37,6 +37,21 @@ pub fn for_error(e: &Error) -> u8 {
     }
 }
 
+/// Prints `value` as pretty JSON on stdout; `Err(SOFTWARE)` (after saying why on stderr) if it
+/// does not encode.
+pub fn print_json(value: &impl serde::Serialize) -> Result<(), u8> {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => {
+            println!("{text}");
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("dlock: cannot encode JSON: {e}");
+            Err(SOFTWARE)
+        }
+    }
+}
+
 /// `128 + signal`, as shells report a death by signal.
 pub fn for_signal(signal: i32) -> u8 {
     u8::try_from(128 + signal).unwrap_or(255)

@@ -93,12 +93,8 @@ pub async fn check(args: MigrateArgs) -> u8 {
             to: redact(&args.to),
             report: &report,
         };
-        match serde_json::to_string_pretty(&out) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("dlock: cannot encode JSON: {e}");
-                return exit::SOFTWARE;
-            }
+        if let Err(code) = exit::print_json(&out) {
+            return code;
         }
         return code;
     }
@@ -178,12 +174,8 @@ pub async fn prepare(args: PrepareArgs) -> u8 {
             dry_run: args.dry_run,
             names: &done,
         };
-        match serde_json::to_string_pretty(&out) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("dlock: cannot encode JSON: {e}");
-                return exit::SOFTWARE;
-            }
+        if let Err(code) = exit::print_json(&out) {
+            return code;
         }
         return exit::OK;
     }

@@ -73,12 +73,8 @@ pub async fn main(args: StatusArgs) -> u8 {
             waiters: info.as_ref().and_then(|i| i.waiters),
             details: info.as_ref().map(|i| i.details.clone()).unwrap_or_default(),
         };
-        match serde_json::to_string_pretty(&out) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("dlock: cannot encode JSON: {e}");
-                return exit::SOFTWARE;
-            }
+        if let Err(code) = exit::print_json(&out) {
+            return code;
         }
         return exit::OK;
     }
