@@ -14,9 +14,13 @@
 //!
 //! Use a server nobody else uses: it writes keys under the `{ladder-*}` hash tags and `dlock`.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+#[path = "common/ladder.rs"]
+mod ladder;
 
+use std::sync::Arc;
+use std::time::Instant;
+
+use ladder::{FAIR, FAIR_DELETE, Failure, OWNER};
 use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, Wait};
 use redis::Script;
 use redis::aio::MultiplexedConnection;
@@ -26,12 +30,6 @@ const DELETE: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 /// Acquire that also draws a fencing token in the same step.
 const FENCED: &str = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('INCR', KEYS[2]) end return 0";
-/// ...and refuses when someone is queued.
-const FAIR: &str = "if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end return redis.call('INCR', KEYS[2])";
-/// Compare-and-delete that also checks the queue (to wake its head).
-const FAIR_DELETE: &str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('DEL', KEYS[1]) if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end return 2";
-
-const OWNER: &str = "0123456789abcdef0123456789abcdef";
 const STEPS: [&str; 7] = [
     "floor: SET NX PX + EVALSHA GET/DEL",
     "+ token: acquire script SET NX PX + INCR",
@@ -71,7 +69,7 @@ async fn raw_pair(
     step: usize,
     s: &Scripts,
     con: &mut MultiplexedConnection,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<(), Failure> {
     let [lock, fence, queue, alive] = keys(step);
     if step == 0 {
         let set: Option<String> = redis::cmd("SET")
@@ -95,7 +93,12 @@ async fn raw_pair(
         for key in [&lock, &fence, &queue].into_iter().take(nkeys) {
             invocation.key(key);
         }
-        let reply: redis::Value = invocation.arg(OWNER).arg(10_000).invoke_async(con).await?;
+        invocation.arg(OWNER).arg(10_000);
+        if step >= 3 {
+            // The real try script's token floor (0 = none).
+            invocation.arg(0);
+        }
+        let reply: redis::Value = invocation.invoke_async(con).await?;
         let token = token_of(&reply)?;
         if step == 4 {
             let released: i64 = s
@@ -134,10 +137,7 @@ async fn raw_pair(
     }
 }
 
-async fn ladder(
-    url: String,
-    rounds: usize,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
     let backend: Arc<dyn DistributedLock> = backend_redis::connect(&url).await?;
     let mut con = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
@@ -149,7 +149,7 @@ async fn ladder(
         fenced: Script::new(FENCED),
         fair: Script::new(FAIR),
         fair_delete: Script::new(FAIR_DELETE),
-        try_fast: Script::new(&with_common(include_str!("../src/lua/try_fast.lua"))),
+        try_fast: Script::new(include_str!("../src/lua/try_fast.lua")),
         release: Script::new(&with_common(include_str!("../src/lua/release.lua"))),
     };
     let name = LockName::new("ladder-backend")?;
@@ -158,64 +158,26 @@ async fn ladder(
         .keep_alive(KeepAlive::Off);
     let direct_opts = opts.clone().with_defaults(&backend.defaults());
 
-    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); STEPS.len()];
-    // Each round runs every step once, in a new order, so no step always follows another (a
-    // step's first pairs pay for the switch). Round 0 warms up every step (connections, script
-    // loading) and is not recorded.
-    let mut order: Vec<usize> = (0..STEPS.len()).collect();
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    for round in 0..=rounds {
-        for i in (1..order.len()).rev() {
-            // xorshift64: a fixed, dependency-free sequence of shuffles.
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            order.swap(i, (seed % (i as u64 + 1)) as usize);
-        }
-        for &step in &order {
-            let out = &mut samples[step];
-            for _ in 0..200 {
-                let t = Instant::now();
-                match step {
-                    0..=4 => raw_pair(step, &s, &mut con).await?,
-                    5 => {
-                        let lease = backend
-                            .try_acquire(&name, &direct_opts)
-                            .await?
-                            .ok_or("the backend's name was held")?;
-                        backend.release(&lease).await?;
-                    }
-                    _ => {
-                        let guard = backend.lock("ladder-lockcore", &opts).await?;
-                        guard.release().await?;
-                    }
-                }
-                if round > 0 {
-                    out.push(t.elapsed());
-                }
+    let mut schedule = ladder::Schedule::new(STEPS.len(), rounds);
+    while let Some(step) = schedule.next_step() {
+        let t = Instant::now();
+        match step {
+            0..=4 => raw_pair(step, &s, &mut con).await?,
+            5 => {
+                let lease = backend
+                    .try_acquire(&name, &direct_opts)
+                    .await?
+                    .ok_or("the backend's name was held")?;
+                backend.release(&lease).await?;
+            }
+            _ => {
+                let guard = backend.lock("ladder-lockcore", &opts).await?;
+                guard.release().await?;
             }
         }
+        schedule.record(step, t.elapsed());
     }
-    println!(
-        "{:<58} {:>9} {:>9} {:>9} {:>9}",
-        "step", "median", "mean", "p90", "÷ floor"
-    );
-    let mean_of =
-        |v: &[Duration]| v.iter().sum::<Duration>() / u32::try_from(v.len()).unwrap_or(u32::MAX);
-    let floor_mean = mean_of(&samples[0]);
-    for (label, mut v) in STEPS.iter().zip(samples) {
-        v.sort_unstable();
-        let mean = mean_of(&v);
-        let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
-        // Pairs/s relative to the floor's, as `dlock bench` reports it.
-        let ratio = floor_mean.as_secs_f64() / mean.as_secs_f64();
-        println!(
-            "{label:<58} {:>9.1?} {:>9.1?} {:>9.1?} {ratio:>9.3}",
-            at(0.5),
-            mean,
-            at(0.9)
-        );
-    }
+    ladder::report(&STEPS, schedule.into_samples());
     Ok(())
 }
 

@@ -24,16 +24,18 @@
 //! cargo run --release -p backend-redis --example redlock_ladder -- redlock://h1:p1,h2:p2,h3:p3 [rounds=50]
 //! ```
 
+#[path = "common/ladder.rs"]
+mod ladder;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use backend_redis::config::{Deployment, RedisConfig};
 use futures_util::future::join_all;
+use ladder::{FAIR, FAIR_DELETE, Failure, OWNER};
 use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, Wait};
 use redis::Script;
 use redis::aio::MultiplexedConnection;
-
-type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 const STEPS: [&str; 8] = [
     "floor: fan-out SET NX PX + INCR script, then compare-and-delete",
@@ -45,15 +47,6 @@ const STEPS: [&str; 8] = [
     "lockcore: lock() + guard.release()",
     "this backend, each acquire with a fence write-back round",
 ];
-
-const OWNER: &str = "0123456789abcdef0123456789abcdef";
-
-/// The least acquire that keeps the queue: the floor's fenced acquire, refused while someone
-/// is queued.
-const FAIR: &str = "if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end return redis.call('INCR', KEYS[2])";
-/// The least release that keeps the queue: the floor's compare-and-delete, which also looks at
-/// the queue.
-const FAIR_DELETE: &str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('DEL', KEYS[1]) if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end return 2";
 
 /// The scripts of the inline steps.
 struct Scripts {
@@ -164,81 +157,45 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
     backend.release(&first).await?;
     let mut next_floor = first.token().0;
 
-    let mut samples: Vec<Vec<Duration>> = vec![Vec::new(); STEPS.len()];
-    let mut order: Vec<usize> = (0..STEPS.len()).collect();
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    for round in 0..=rounds {
-        for i in (1..order.len()).rev() {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            order.swap(i, (seed % (i as u64 + 1)) as usize);
-        }
-        for &step in &order {
-            for _ in 0..200 {
-                let t = Instant::now();
-                match step {
-                    0 => floor.pair(&floor_name).await?,
-                    1 => inline_pair(&scripts, false, false, &cons).await?,
-                    2 => inline_pair(&scripts, true, false, &cons).await?,
-                    3 => inline_pair(&scripts, false, true, &cons).await?,
-                    4 => inline_pair(&scripts, true, true, &cons).await?,
-                    5 => {
-                        let lease = backend
-                            .try_acquire(&name, &direct_opts)
-                            .await?
-                            .ok_or("the backend's name was held")?;
-                        backend.release(&lease).await?;
-                    }
-                    6 => {
-                        let guard = backend.lock("ladder-lockcore", &opts).await?;
-                        guard.release().await?;
-                    }
-                    _ => {
-                        // Above every counter: the granting nodes are raised to it.
-                        next_floor += 1_000;
-                        let floored = direct_opts
-                            .clone()
-                            .token_floor(lockcore::FencingToken(next_floor));
-                        let lease = backend
-                            .try_acquire(&written_back, &floored)
-                            .await?
-                            .ok_or("the write-back name was held")?;
-                        backend.release(&lease).await?;
-                        if lease.token().0 != next_floor {
-                            return Err(format!(
-                                "token {} for floor {next_floor}",
-                                lease.token().0
-                            )
-                            .into());
-                        }
-                    }
-                }
-                if round > 0 {
-                    samples[step].push(t.elapsed());
+    let mut schedule = ladder::Schedule::new(STEPS.len(), rounds);
+    while let Some(step) = schedule.next_step() {
+        let t = Instant::now();
+        match step {
+            0 => floor.pair(&floor_name).await?,
+            1 => inline_pair(&scripts, false, false, &cons).await?,
+            2 => inline_pair(&scripts, true, false, &cons).await?,
+            3 => inline_pair(&scripts, false, true, &cons).await?,
+            4 => inline_pair(&scripts, true, true, &cons).await?,
+            5 => {
+                let lease = backend
+                    .try_acquire(&name, &direct_opts)
+                    .await?
+                    .ok_or("the backend's name was held")?;
+                backend.release(&lease).await?;
+            }
+            6 => {
+                let guard = backend.lock("ladder-lockcore", &opts).await?;
+                guard.release().await?;
+            }
+            _ => {
+                // Above every counter: the granting nodes are raised to it.
+                next_floor += 1_000;
+                let floored = direct_opts
+                    .clone()
+                    .token_floor(lockcore::FencingToken(next_floor));
+                let lease = backend
+                    .try_acquire(&written_back, &floored)
+                    .await?
+                    .ok_or("the write-back name was held")?;
+                backend.release(&lease).await?;
+                if lease.token().0 != next_floor {
+                    return Err(format!("token {} for floor {next_floor}", lease.token().0).into());
                 }
             }
         }
+        schedule.record(step, t.elapsed());
     }
-    println!(
-        "{:<64} {:>9} {:>9} {:>9} {:>9}",
-        "step", "median", "mean", "p90", "÷ floor"
-    );
-    let mean_of =
-        |v: &[Duration]| v.iter().sum::<Duration>() / u32::try_from(v.len()).unwrap_or(u32::MAX);
-    let floor_mean = mean_of(&samples[0]);
-    for (label, mut v) in STEPS.iter().zip(samples) {
-        v.sort_unstable();
-        let mean = mean_of(&v);
-        let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
-        let ratio = floor_mean.as_secs_f64() / mean.as_secs_f64();
-        println!(
-            "{label:<64} {:>9.1?} {:>9.1?} {:>9.1?} {ratio:>9.3}",
-            at(0.5),
-            mean,
-            at(0.9)
-        );
-    }
+    ladder::report(&STEPS, schedule.into_samples());
     Ok(())
 }
 
