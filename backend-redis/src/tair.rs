@@ -441,13 +441,7 @@ impl TairLock {
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
         let floor = scripts::floor_arg(TAIR, opts)?;
-        let mut guard = Abandon {
-            lock: self.clone(),
-            name: name.clone(),
-            owner,
-            armed: true,
-            writer_waits: waiting.is_some(),
-        };
+        let mut guard = Abandon::arm(self, name, owner, waiting.is_some());
         let answer = self
             .lock_as(name, owner, opts.ttl_value(), false, waiting, floor)
             .await;
@@ -475,13 +469,7 @@ impl TairLock {
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
         let floor = scripts::floor_arg(TAIR, opts)?;
-        let mut guard = Abandon {
-            lock: self.clone(),
-            name: name.clone(),
-            owner,
-            armed: true,
-            writer_waits: false,
-        };
+        let mut guard = Abandon::arm(self, name, owner, false);
         let answer = self
             .read_enter_as(name, owner, opts.ttl_value(), floor)
             .await;
@@ -509,13 +497,7 @@ impl TairLock {
         writer: bool,
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
-        let mut guard = Abandon {
-            lock: self.clone(),
-            name: name.clone(),
-            owner,
-            armed: true,
-            writer_waits: writer,
-        };
+        let mut guard = Abandon::arm(self, name, owner, writer);
         let mut attempt = 0;
         loop {
             let got = if writer {
@@ -550,6 +532,20 @@ struct Abandon {
     armed: bool,
     /// A waiting writer: its `writer waiting` mark goes too.
     writer_waits: bool,
+}
+
+impl Abandon {
+    /// Armed for `owner`'s attempt on `name` (`writer_waits`: it may leave a `writer waiting`
+    /// mark).
+    fn arm(lock: &TairLock, name: &LockName, owner: OwnerId, writer_waits: bool) -> Self {
+        Abandon {
+            lock: lock.clone(),
+            name: name.clone(),
+            owner,
+            armed: true,
+            writer_waits,
+        }
+    }
 }
 
 impl Drop for Abandon {
