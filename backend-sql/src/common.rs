@@ -77,6 +77,37 @@ impl<DB: Database> Clone for Core<DB> {
     }
 }
 
+impl<DB: Database> Core<DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    /// Runs each of `statements` in turn with `key` as its one parameter (`forget` clears a
+    /// name's queue, then its row).
+    pub(crate) async fn execute_each<K>(
+        &self,
+        operation: &'static str,
+        name: &LockName,
+        statements: &[&sqlx::SqlStr],
+        key: K,
+    ) -> Result<()>
+    where
+        K: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB> + Clone + Send + 'static,
+    {
+        for statement in statements {
+            self.run(operation, Some(name), |mut c| {
+                let q = sqlx::query::<DB>((*statement).clone()).bind(key.clone());
+                async move {
+                    let r = q.execute(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        }
+        Ok(())
+    }
+}
+
 impl<DB: Database> Core<DB> {
     /// Runs `attempt` on a pooled connection, within the `timeout` budget for the whole call.
     /// Broken connections are replaced and busy errors retried with backoff, inside the budget;

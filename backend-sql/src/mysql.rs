@@ -643,19 +643,16 @@ impl DistributedLock for MySqlLock {
     }
 
     async fn forget(&self, name: &LockName) -> Result<bool> {
-        let inner = &self.inner;
-        for statement in [&inner.sql.forget_queue, &inner.sql.forget] {
-            inner
-                .core
-                .run("forget", Some(name), |mut c| {
-                    let q = sqlx::query(statement.clone()).bind(name.as_str().as_bytes());
-                    async move {
-                        let r = q.execute(c.conn()).await;
-                        (c, r)
-                    }
-                })
-                .await?;
-        }
+        let sql = &self.inner.sql;
+        self.inner
+            .core
+            .execute_each(
+                "forget",
+                name,
+                &[&sql.forget_queue, &sql.forget],
+                name.as_str().as_bytes().to_vec(),
+            )
+            .await?;
         Ok(self.inspect(name).await?.is_none())
     }
 
