@@ -3,18 +3,21 @@
 //!
 //! 0. the floor: on all nodes at once one script `SET NX PX` + `INCR`, then all
 //!    compare-and-deletes;
-//! 1. the least any script can do that keeps the backend's promises to waiters: the floor's
+//! 1. the same floor with its delete round decided once a majority deleted (the backend's
+//!    release returns then; the other deletes finish in a task of their own), so that what the
+//!    quorum release saves can be told apart from the rest;
+//! 2. the least any script can do that keeps the backend's promises to waiters: the floor's
 //!    scripts plus `EXISTS queue` in both (a newcomer never jumps a queue; a release knows
 //!    whether to wake someone), with no owner echo and an owner-only release;
-//! 2. the backend's `try` script instead (it echoes the owner: a reply for another request
+//! 3. the backend's `try` script instead (it echoes the owner: a reply for another request
 //!    never grants), with step 1's release;
-//! 3. step 1's acquire with the backend's release script (owner and token checked, the queue's
+//! 4. step 2's acquire with the backend's release script (owner and token checked, the queue's
 //!    dead waiters pruned and its head woken when there is one);
-//! 4. both of the backend's scripts, fanned out inline;
-//! 5. this backend through `DistributedLock` (`try_acquire` + `release`: the vote, its single
+//! 5. both of the backend's scripts, fanned out inline;
+//! 6. this backend through `DistributedLock` (`try_acquire` + `release`: the vote, its single
 //!    deadline and grace, the undo bookkeeping);
-//! 6. lockcore's `lock()` and guard;
-//! 7. step 5 with a token floor above every node's counter, so that each acquire pays the
+//! 7. lockcore's `lock()` and guard;
+//! 8. step 6 with a token floor above every node's counter, so that each acquire pays the
 //!    fence write-back round (which a plain uncontended acquire skips: its nodes agree).
 //!
 //! The steps alternate in blocks of 200 pairs, in a new order each round; each prints its
@@ -31,14 +34,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use backend_redis::config::{Deployment, RedisConfig};
+use futures_util::StreamExt as _;
 use futures_util::future::join_all;
+use futures_util::stream::FuturesUnordered;
 use ladder::{FAIR, FAIR_DELETE, Failure, OWNER};
 use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, Wait};
 use redis::Script;
 use redis::aio::MultiplexedConnection;
 
-const STEPS: [&str; 8] = [
+const STEPS: [&str; 9] = [
     "floor: fan-out SET NX PX + INCR script, then compare-and-delete",
+    "  its deletes decided at a majority (the rest in a task)",
     "+ EXISTS queue in both scripts (the least that keeps the queue)",
     "  with the real try script (owner echo)",
     "  with the real release script (token check, queue upkeep)",
@@ -50,6 +56,8 @@ const STEPS: [&str; 8] = [
 
 /// The scripts of the inline steps.
 struct Scripts {
+    floor_fenced: Script,
+    floor_delete: Script,
     fair: Script,
     fair_delete: Script,
     try_fast: Script,
@@ -122,6 +130,53 @@ async fn inline_pair(
     Ok(())
 }
 
+/// The fenced floor on every connection at once, its delete round decided as soon as a
+/// majority deleted: the deletes still unanswered finish in a task of their own.
+async fn majority_floor_pair(
+    scripts: &Scripts,
+    cons: &[MultiplexedConnection],
+) -> Result<(), Failure> {
+    let [key, fence] = ["lock", "fence"].map(|k| format!("{{ladder-rl-majority}}:{k}"));
+    let taken = join_all(cons.iter().map(|con| {
+        let mut con = con.clone();
+        let mut call = scripts.floor_fenced.prepare_invoke();
+        call.key(&key).key(&fence).arg(OWNER).arg(10_000);
+        async move { call.invoke_async::<i64>(&mut con).await }
+    }))
+    .await;
+    for t in taken {
+        if t? == 0 {
+            return Err("the majority floor's key was held".into());
+        }
+    }
+    let mut deletes: FuturesUnordered<_> = cons
+        .iter()
+        .map(|con| {
+            let (mut con, script, key) = (con.clone(), scripts.floor_delete.clone(), key.clone());
+            async move {
+                script
+                    .key(&key)
+                    .arg(OWNER)
+                    .invoke_async::<i64>(&mut con)
+                    .await
+            }
+        })
+        .collect();
+    let quorum = cons.len() / 2 + 1;
+    let mut deleted = 0;
+    while deleted < quorum {
+        match deletes.next().await {
+            Some(Ok(1)) => deleted += 1,
+            Some(other) => return Err(format!("not deleted: {other:?}").into()),
+            None => return Err("fewer deletes than a majority".into()),
+        }
+    }
+    if !deletes.is_empty() {
+        tokio::spawn(async move { while deletes.next().await.is_some() {} });
+    }
+    Ok(())
+}
+
 async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
     let config = RedisConfig::parse(&url)?;
     let Deployment::Redlock { nodes, .. } = &config.deployment else {
@@ -135,6 +190,8 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
     let with_common =
         |body: &str| body.replacen("--@common", include_str!("../src/lua/common.lua"), 1);
     let scripts = Scripts {
+        floor_fenced: Script::new(include_str!("../src/lua/floor_fenced.lua")),
+        floor_delete: Script::new(include_str!("../src/lua/floor_delete.lua")),
         fair: Script::new(FAIR),
         fair_delete: Script::new(FAIR_DELETE),
         try_fast: Script::new(include_str!("../src/lua/try_fast.lua")),
@@ -162,18 +219,19 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
         let t = Instant::now();
         match step {
             0 => floor.pair(&floor_name).await?,
-            1 => inline_pair(&scripts, false, false, &cons).await?,
-            2 => inline_pair(&scripts, true, false, &cons).await?,
-            3 => inline_pair(&scripts, false, true, &cons).await?,
-            4 => inline_pair(&scripts, true, true, &cons).await?,
-            5 => {
+            1 => majority_floor_pair(&scripts, &cons).await?,
+            2 => inline_pair(&scripts, false, false, &cons).await?,
+            3 => inline_pair(&scripts, true, false, &cons).await?,
+            4 => inline_pair(&scripts, false, true, &cons).await?,
+            5 => inline_pair(&scripts, true, true, &cons).await?,
+            6 => {
                 let lease = backend
                     .try_acquire(&name, &direct_opts)
                     .await?
                     .ok_or("the backend's name was held")?;
                 backend.release(&lease).await?;
             }
-            6 => {
+            7 => {
                 let guard = backend.lock("ladder-lockcore", &opts).await?;
                 guard.release().await?;
             }

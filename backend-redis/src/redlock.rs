@@ -27,7 +27,8 @@
 //!   votes for ever. After a split vote, both sides back off for a random time before trying
 //!   again, so they do not retry in lockstep.
 //! * **Extend** counts only when a majority extends within the lease's remaining validity;
-//!   **release** goes to every node in parallel and returns once a majority answered. Both check
+//!   **release** goes to every node in parallel and returns once a majority deleted the lock.
+//!   Both check
 //!   owner and token on each node, as the single-server scripts do (the write-back leaves every
 //!   granting node's counter at the token).
 
@@ -788,8 +789,13 @@ impl DistributedLock for RedlockLock {
     async fn release(&self, lease: &Lease) -> Result<Released> {
         let inner = &self.inner;
         let limit = inner.node_limit(lease.ttl());
-        // Once a majority deleted, the others get the same grace as in a vote; a node still not
-        // done then finishes its release in a task of its own.
+        // Decided once a majority deleted: the lock is no longer held, since no majority can
+        // name this lease any more. The caller is not kept waiting for the slowest node. Every
+        // request is on its node's connection by then (each future is polled at once, and a
+        // connection sends in order, so this client's next request to that node comes after
+        // it); those still unanswered finish in a task of their own, where their answers change
+        // nothing. Another client meanwhile finds at most a minority still holding, and a
+        // majority free.
         let mut pending: FuturesUnordered<_> = inner
             .nodes
             .iter()
@@ -807,17 +813,12 @@ impl DistributedLock for RedlockLock {
                 Some(false) => kept += 1,
                 None => failed += 1,
             }
-            if deleted >= q {
-                Flow::Grace
-            } else {
-                Flow::More
-            }
+            if deleted >= q { Flow::Stop } else { Flow::More }
         })
         .await;
         if !pending.is_empty() {
             tokio::spawn(async move { while pending.next().await.is_some() {} });
         }
-        let q = inner.quorum;
         if deleted >= q {
             Ok(Released::Released)
         } else if deleted + failed >= q {

@@ -650,3 +650,29 @@ async fn lost_says_quorum_lost_when_renewals_stop_reaching_a_majority() {
     assert_eq!(reason, lockcore::LostReason::QuorumLost);
     assert!(!guard.is_held());
 }
+
+/// A release is decided by a majority: with one node paused it returns `Released`, and the
+/// paused node's delete, already on its connection, lands once the node resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_returns_at_a_majority_and_the_slow_node_still_gets_its_delete() {
+    let set = RedisSet::start(3, &[]).await.expect("kit masters");
+    let client = connect(&url_of(&addrs(&set), "node_timeout=1s&timeout=30s")).await;
+    let name = "slow-release";
+    let guard = client
+        .try_lock(name, &once(60 * SEC))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let slow = &set.nodes()[2];
+    assert!(exists(slow, &lock_key(name)).await, "held on every node");
+    slow.pause();
+    let released = within(20 * SEC, "release", guard.release()).await;
+    slow.resume();
+    assert_eq!(released.expect("release"), Released::Released);
+    within(20 * SEC, "the slow node's delete", async {
+        while exists(slow, &lock_key(name)).await {
+            tokio::time::sleep(ms(20)).await;
+        }
+    })
+    .await;
+}
