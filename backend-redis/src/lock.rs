@@ -403,6 +403,7 @@ impl Inner {
             .owner_arg(lease.owner())
             .arg(lease.token().0)
             .arg(self.wakes.as_str())
+            .arg(self.client.as_str())
     }
 
     pub(crate) fn extend_call(&self, lease: &Lease, ttl: Duration) -> Call {

@@ -243,12 +243,24 @@ impl Inner {
 
     /// Leaves the queue and deletes the lock if it was granted to `owner`.
     pub(crate) async fn cancel(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
+        self.give_back(name, owner, false).await
+    }
+
+    /// Deletes the lock if it was granted to `owner`, and leaves the queue unless `keep_place`
+    /// (a Redlock waiter that lost a split vote keeps its place for its next attempt).
+    pub(crate) async fn give_back(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        keep_place: bool,
+    ) -> Result<bool> {
         let keys = Keys::new(&self.prefix, name);
         let call = keys
             .call(&scripts::CANCEL, &[Key::Lock, Key::Queue, Key::Alive])
             .owner_arg(owner)
             .arg(self.client.as_str())
-            .arg(self.wakes.as_str());
+            .arg(self.wakes.as_str())
+            .arg(u8::from(keep_place));
         let value = self
             .store
             .eval(&call)

@@ -24,13 +24,16 @@
 //!   the head of that node's queue (one message, to one client); waiters also re-check on a
 //!   bounded timer. A newcomer never jumps a live queue, but any queued waiter may win: the
 //!   nodes may order waiters differently, so insisting on each node's head could split the
-//!   votes for ever. After a split vote, both sides back off for a random time before trying
-//!   again, so they do not retry in lockstep.
+//!   votes for ever. A waiter keeps its place in every node's queue until it has won (a grant
+//!   to a queued waiter leaves its entry, and a split vote gives back the lock but not the
+//!   place), so one lost vote does not send it to the back of some queues and not others.
+//!   After a split vote, both sides back off for a random time before trying again, so they
+//!   do not retry in lockstep.
 //! * **Extend** counts only when a majority extends within the lease's remaining validity;
-//!   **release** goes to every node in parallel and returns once a majority deleted the lock.
-//!   Both check
-//!   owner and token on each node, as the single-server scripts do (the write-back leaves every
-//!   granting node's counter at the token).
+//!   **release** goes to every node in parallel and returns once a majority deleted the lock
+//!   (it also takes the holder's leftover queue entries off the nodes). Both check owner and
+//!   token on each node, as the single-server scripts do (the write-back leaves every granting
+//!   node's counter at the token).
 
 use std::fmt;
 use std::sync::Arc;
@@ -72,8 +75,22 @@ pub const MIN_GRACE: Duration = Duration::from_millis(2);
 /// How many times a non-waiting acquire tries after split votes before it says `None`.
 const SPLIT_RETRIES: usize = 5;
 
-/// Longest random pause after a split vote before trying again.
+/// The random pause after a split vote is drawn from a window this many times as long as the
+/// vote took: contenders must come back more than a vote apart, or they split again.
+const SPLIT_WINDOW_ROUNDS: u32 = 10;
+
+/// Bounds of that window: at least this (a vote on loopback takes a fraction of a
+/// millisecond)...
+const SPLIT_BACKOFF_MIN: Duration = Duration::from_millis(2);
+
+/// ...and at most this (a slow vote must not stretch the pause without bound).
 const SPLIT_BACKOFF: Duration = Duration::from_millis(15);
+
+/// A random pause after a split vote that took `round`.
+fn split_pause(round: Duration) -> Duration {
+    let window = (round * SPLIT_WINDOW_ROUNDS).clamp(SPLIT_BACKOFF_MIN, SPLIT_BACKOFF);
+    window.mul_f64(rand::random::<f64>())
+}
 
 struct Node {
     client: RedisLock,
@@ -121,9 +138,11 @@ enum Vote {
 /// What the acquirer decided after a vote; [`Inner::settle`] carries it out on the nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Decision {
-    /// Won: granting nodes keep the lock; the others are left (queue entry, late grant).
+    /// Won: granting nodes keep the lock; the others are left (queue entry, late grant). The
+    /// winner's queue entries go with its release.
     Keep,
-    /// Lost a split vote and will try again: grants are given back, queue entries stay.
+    /// Lost a split vote and will try again: grants are given back, queue entries (this
+    /// waiter's place on every node) stay.
     Retry,
     /// Lost (or the acquirer went away): everything this attempt left on any node goes.
     Undo,
@@ -143,10 +162,12 @@ struct Tally {
 enum Attempt {
     Won(Lease),
     /// Not won. `split`: some node granted (the vote split, so back off at random);
-    /// `wake_hint`: when the holder's lease runs out on a node whose queue this owner heads.
+    /// `wake_hint`: when the holder's lease runs out on a node whose queue this owner heads;
+    /// `round`: how long the attempt took.
     Lost {
         split: bool,
         wake_hint: Option<Duration>,
+        round: Duration,
     },
 }
 
@@ -417,6 +438,7 @@ impl Inner {
         limit: Duration,
     ) {
         let queued = mode != "try";
+        let keep_place = queued && decision == Decision::Retry;
         let mut undo: Vec<usize> = tally.failed.iter().map(|(i, _)| *i).collect();
         undo.extend(&tally.unheard);
         if decision != Decision::Keep {
@@ -433,7 +455,7 @@ impl Inner {
             join_all(undo.into_iter().map(|i| {
                 let (node, name) = (&inner.nodes[i], &name);
                 async move {
-                    if let Err(e) = node.client.inner.cancel(name, owner).await {
+                    if let Err(e) = node.client.inner.give_back(name, owner, keep_place).await {
                         tracing::debug!(lock = %name, node = %node.addr, error = %e, "redlock: undoing a node's part of an acquire failed; its ttl and queue liveness bound it");
                     }
                 }
@@ -580,7 +602,15 @@ impl Inner {
         } else {
             Decision::Retry
         };
-        (decision, Ok(Attempt::Lost { split, wake_hint }))
+        let round = started.elapsed();
+        (
+            decision,
+            Ok(Attempt::Lost {
+                split,
+                wake_hint,
+                round,
+            }),
+        )
     }
 
     /// Leaves every node's queue and deletes any lock granted to `owner` there.
@@ -595,7 +625,7 @@ impl Inner {
 
     /// One acquire that does not wait for a holder. A split vote is not "held by another":
     /// contenders that split the nodes (nobody won a majority) each give their grants back and
-    /// try again after a random pause of up to [`SPLIT_BACKOFF`], up to [`SPLIT_RETRIES`]
+    /// try again after a random pause ([`split_pause`]), up to [`SPLIT_RETRIES`]
     /// times, so that simultaneous `try_lock`s do not all fail. Every attempt uses the
     /// acquisition's one owner id (the caller's, if it chose one); a split vote's grants are
     /// given back before the next attempt, so no undo is still on its way to hit its grant.
@@ -609,8 +639,10 @@ impl Inner {
         for _ in 0..SPLIT_RETRIES {
             match self.attempt(name, owner, opts, "try").await? {
                 Attempt::Won(lease) => return Ok(Some(lease)),
-                Attempt::Lost { split: true, .. } => {
-                    tokio::time::sleep(SPLIT_BACKOFF.mul_f64(rand::random::<f64>())).await;
+                Attempt::Lost {
+                    split: true, round, ..
+                } => {
+                    tokio::time::sleep(split_pause(round)).await;
                 }
                 Attempt::Lost { .. } => return Ok(None),
             }
@@ -628,11 +660,14 @@ impl Inner {
         let owner = opts.owner_or_random();
         let waiter = owner.to_string();
         // Registered before the first request, so a wake-up that names us is never dropped.
-        let registrations: Vec<_> = self
+        let (registrations, subscribed): (Vec<_>, Vec<bool>) = self
             .nodes
             .iter()
-            .map(|n| n.client.inner.hub.register(&waiter).0)
-            .collect();
+            .map(|n| n.client.inner.hub.register(&waiter))
+            .unzip();
+        // Already subscribed everywhere (a client that waited before): every wake-up published
+        // from now on reaches this waiter, so the first lost vote needs no second look.
+        let mut subscribed = subscribed.into_iter().all(|s| s);
         let mut guard = Abandon {
             inner: self.clone(),
             name: name.clone(),
@@ -640,14 +675,17 @@ impl Inner {
             armed: true,
         };
         let limit = self.node_limit(opts.ttl_value());
-        let mut subscribed = false;
         loop {
-            let (split, wake_hint) = match self.attempt(name, owner, opts, "member").await? {
+            let (split, wake_hint, round) = match self.attempt(name, owner, opts, "member").await? {
                 Attempt::Won(lease) => {
                     guard.armed = false;
                     return Ok(Some(lease));
                 }
-                Attempt::Lost { split, wake_hint } => (split, wake_hint),
+                Attempt::Lost {
+                    split,
+                    wake_hint,
+                    round,
+                } => (split, wake_hint, round),
             };
             if !subscribed {
                 // Subscribe on every node, then check again at once: a release between the
@@ -676,7 +714,7 @@ impl Inner {
             }
             let mut wake = if split {
                 // Both sides of a split gave their grants back; whoever comes back first wins.
-                now + SPLIT_BACKOFF.mul_f64(rand::random::<f64>())
+                now + split_pause(round)
             } else {
                 // Jittered, so waiters that missed a wake-up do not all come back at once.
                 now + RECHECK.mul_f64(0.75 + rand::random::<f64>() / 2.0)

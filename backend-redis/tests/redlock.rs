@@ -651,6 +651,99 @@ async fn lost_says_quorum_lost_when_renewals_stop_reaching_a_majority() {
     assert!(!guard.is_held());
 }
 
+/// `name`'s queue on `node`: each entry with its arrival ticket.
+async fn queue_entries(node: &Redis, name: &str) -> Vec<(String, String)> {
+    let queue = lock_key(name).replace(":lock", ":queue");
+    let reply = redis_command(node.addr(), &["ZRANGE", &queue, "0", "-1", "WITHSCORES"])
+        .await
+        .expect("ZRANGE");
+    let RedisReply::Array(Some(items)) = reply else {
+        panic!("ZRANGE replied {reply:?}");
+    };
+    let words: Vec<String> = items
+        .iter()
+        .map(|i| i.as_text().expect("a bulk string"))
+        .collect();
+    words
+        .chunks(2)
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .collect()
+}
+
+async fn fence_of(node: &Redis, name: &str) -> u64 {
+    let key = lock_key(name).replace(":lock", ":fence");
+    get(node, &key)
+        .await
+        .map_or(0, |v| v.parse().expect("a counter"))
+}
+
+/// A waiter that loses a split vote gives the lock back but keeps its place: with the holder
+/// gone from one node only, every re-check wins that node and loses the others (a split), and
+/// the waiters' entries there keep their arrival tickets throughout. Before, each split sent
+/// the loser to the back of that node's queue (a new ticket), so the nodes' queues drifted
+/// apart and votes split more. Once the holder releases, both waiters get the lock and their
+/// releases leave no queue entry behind on any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_vote_keeps_the_waiters_places_and_releases_leave_no_entries() {
+    let set = RedisSet::start(3, &[]).await.expect("kit masters");
+    let url = url_of(&addrs(&set), "node_timeout=1s");
+    let holder = connect(&url).await;
+    let name = "keeps-place";
+    let held = holder
+        .try_lock(name, &once(30 * SEC))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let client = connect(&url).await;
+        waiters.push(tokio::spawn(async move {
+            let opts = once(30 * SEC).wait(Wait::For(30 * SEC));
+            let guard = client.lock(name, &opts).await?;
+            guard.release().await.map(|_| ())
+        }));
+        // Queued in this order on every node.
+        tokio::time::sleep(ms(300)).await;
+    }
+    let node = &set.nodes()[0];
+    let before = queue_entries(node, name).await;
+    assert_eq!(before.len(), 2, "both waiters queued: {before:?}");
+    let fence = fence_of(node, name).await;
+    // The holder's key goes from node 0 only: each waiter's re-check (every 0.5 s or so) wins
+    // node 0 and loses the two others.
+    vacate(node, name).await;
+    within(20 * SEC, "a split vote on node 0", async {
+        while fence_of(node, name).await < fence + 2 {
+            tokio::time::sleep(ms(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a waiter got the lock while a majority was held"
+    );
+    assert_eq!(
+        queue_entries(node, name).await,
+        before,
+        "a split vote moved a waiter in node 0's queue"
+    );
+    held.release().await.expect("release");
+    for waiter in waiters {
+        within(30 * SEC, "a waiter", waiter)
+            .await
+            .expect("task")
+            .expect("the waiter acquires and releases");
+    }
+    for node in set.nodes() {
+        assert_eq!(
+            queue_entries(node, name).await,
+            Vec::<(String, String)>::new(),
+            "a queue entry outlived its waiter's release on {}",
+            node.addr()
+        );
+    }
+}
+
 /// A release is decided by a majority: with one node paused it returns `Released`, and the
 /// paused node's delete, already on its connection, lands once the node resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -675,4 +768,56 @@ async fn release_returns_at_a_majority_and_the_slow_node_still_gets_its_delete()
         }
     })
     .await;
+}
+
+/// A waiter that wins keeps its queue entries until it releases (see the test above); `inspect`
+/// does not count the holder among the waiters meanwhile, and the release takes the entries out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_waited_is_not_counted_as_a_waiter() {
+    let set = RedisSet::start(3, &[]).await.expect("kit masters");
+    let url = url_of(&addrs(&set), "node_timeout=1s");
+    let (holder, waiter) = (connect(&url).await, connect(&url).await);
+    let name = "waited";
+    let first = holder
+        .try_lock(name, &once(30 * SEC))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock(name, &once(30 * SEC).wait(Wait::For(30 * SEC)))
+            .await
+    });
+    within(10 * SEC, "the waiter queues everywhere", async {
+        while futures_util::future::join_all(set.nodes().iter().map(|n| queue_entries(n, name)))
+            .await
+            .iter()
+            .any(Vec::is_empty)
+        {
+            tokio::time::sleep(ms(20)).await;
+        }
+    })
+    .await;
+    first.release().await.expect("release");
+    let second = within(30 * SEC, "the waiter", waiting)
+        .await
+        .expect("task")
+        .expect("the waiter acquires");
+    let lock = LockName::new(name).expect("name");
+    let info = holder
+        .inspect(&lock)
+        .await
+        .expect("inspect")
+        .expect("known");
+    assert_eq!(info.holder, Some(second.lease().owner().to_string()));
+    assert!(
+        !queue_entries(&set.nodes()[0], name).await.is_empty()
+            || !queue_entries(&set.nodes()[1], name).await.is_empty(),
+        "the winner's entries stay until its release"
+    );
+    assert_eq!(info.waiters, Some(0), "{:?}", info.details);
+    second.release().await.expect("release");
+    for node in set.nodes() {
+        assert!(queue_entries(node, name).await.is_empty());
+    }
 }

@@ -12,10 +12,12 @@
 -- 'wait': grant if the lock is free and this owner heads the queue (or the queue is empty);
 --         otherwise join the queue at the tail if not in it (again, if liveness ran out), and
 --         refresh this owner's liveness.
--- 'member': as 'wait', but a free lock goes to any live member of the queue, not only its head.
---         Redlock waits this way: its nodes may order the same waiters differently, and
---         insisting on each node's head could split the votes for ever. Newcomers still never
---         jump a live queue.
+-- 'member': as 'wait', but a free lock goes to any live member of the queue, not only its head,
+--         and the member keeps its entry when granted. Redlock waits this way: its nodes may
+--         order the same waiters differently, and insisting on each node's head could split
+--         the votes for ever. Newcomers still never jump a live queue. The entry stays until the
+--         vote is decided: a split vote gives the lock back but keeps the place (`cancel` with
+--         keep), and the winner's release removes it (`release`).
 --
 -- The common case comes first and touches only the lock, the queue's existence and the fence:
 -- a free lock with nobody waiting is granted in three commands, whatever the mode.
@@ -48,7 +50,7 @@ end
 local rank = redis.call('ZRANK', queue, entry)
 if not held and (rank == 0 or (rank and mode == 'member')
     or (not rank and redis.call('ZCARD', queue) == 0)) then
-  if rank then
+  if rank and mode ~= 'member' then
     redis.call('ZREM', queue, entry)
     redis.call('ZREM', alive, entry)
   end

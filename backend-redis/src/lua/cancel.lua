@@ -1,12 +1,17 @@
--- CANCEL: KEYS lock, queue, alive; ARGV owner, client id, wakes (channel prefix)
+-- CANCEL: KEYS lock, queue, alive; ARGV owner, client id, wakes (channel prefix), keep (1 = keep
+--         the queue entry)
 -- Undoes an acquire whose caller went away: leaves the queue, and deletes the lock if it was
--- granted to this owner meanwhile. Then wakes the next head if the lock is free.
+-- granted to this owner meanwhile. Then wakes the next head if the lock is free. With keep, only
+-- the lock is given back: a Redlock waiter that lost a split vote stays where it was queued.
 -- Returns 1 if a lock granted to the owner was deleted, else 0.
 --@common
 local owner = ARGV[1]
 local entry = owner .. ARGV[2]
-local removed = redis.call('ZREM', KEYS[2], entry)
-redis.call('ZREM', KEYS[3], entry)
+local removed = 0
+if ARGV[4] ~= '1' then
+  removed = redis.call('ZREM', KEYS[2], entry)
+  redis.call('ZREM', KEYS[3], entry)
+end
 local released = 0
 if redis.call('GET', KEYS[1]) == owner then
   redis.call('DEL', KEYS[1])
