@@ -428,13 +428,9 @@ impl ZkLock {
                 let queue = names::queue(&children);
                 let Some(at) = queue.iter().position(|c| c.node == me) else {
                     cleanup.disarm();
-                    return Err(Error::backend(
-                        BACKEND,
-                        "acquire",
-                        Some(name),
-                        false,
-                        "this request's node was deleted while it waited (by an operator, or \
-                         with its session)",
+                    return Err(own_node_gone(
+                        name,
+                        "while it waited (by an operator, or with its session)",
                     ));
                 };
                 // A writer waits for the node just below it; a reader only for the nearest
@@ -457,13 +453,7 @@ impl ZkLock {
                 };
                 let Some(stat) = stat else {
                     cleanup.disarm();
-                    return Err(Error::backend(
-                        BACKEND,
-                        "acquire",
-                        Some(name),
-                        false,
-                        "this request's node was deleted as it became the holder",
-                    ));
+                    return Err(own_node_gone(name, "as it became the holder"));
                 };
                 let ttl = effective_ttl(opts.ttl_value(), client.session_timeout());
                 self.register(&path, checked_at + ttl);
@@ -594,6 +584,18 @@ impl ZkLock {
                 .map(|c| format!("{parent}/{}", c.node))
         }))
     }
+}
+
+/// An acquire whose own queue node was deleted behind its back (`when` says at which point):
+/// not retryable, since whatever deleted it may do so again.
+fn own_node_gone(name: &LockName, when: &str) -> Error {
+    Error::backend(
+        BACKEND,
+        "acquire",
+        Some(name),
+        false,
+        format!("this request's node was deleted {when}"),
+    )
 }
 
 /// How many nodes at the head of `queue` hold the lock: a writer alone, or the readers before
