@@ -1033,11 +1033,43 @@ impl DistributedLock for RedlockLock {
         ))
     }
 
+    /// Forgets the name on every node. A release returns once a majority deleted the lock, so
+    /// right after one (by any client) a minority may still hold it until that release's
+    /// delete lands there: once a majority has forgotten the name (no majority can hold it),
+    /// the nodes that refused are asked again for up to the node timeout. A node that still
+    /// refuses then (a lease left there by a client that died) keeps the answer `false`.
     async fn forget(&self, name: &LockName) -> Result<bool> {
-        let results = join_all(self.inner.nodes.iter().map(|n| n.client.forget(name))).await;
+        let inner = &self.inner;
+        let forget_on = |nodes: Vec<usize>| {
+            join_all(
+                nodes
+                    .into_iter()
+                    .map(|i| async move { (i, inner.nodes[i].client.forget(name).await) }),
+            )
+        };
+        let mut answers: Vec<Option<Result<bool>>> = Vec::new();
+        answers.resize_with(inner.nodes.len(), || None);
+        let mut ask = (0..inner.nodes.len()).collect();
+        let until = Instant::now() + inner.node_limit(inner.defaults.ttl);
+        loop {
+            for (i, answer) in forget_on(ask).await {
+                answers[i] = Some(answer);
+            }
+            let forgotten = answers
+                .iter()
+                .filter(|a| matches!(a, Some(Ok(true))))
+                .count();
+            ask = (0..answers.len())
+                .filter(|&i| matches!(answers[i], Some(Ok(false))))
+                .collect();
+            if ask.is_empty() || forgotten < inner.quorum || Instant::now() >= until {
+                break;
+            }
+            tokio::time::sleep(MIN_GRACE).await;
+        }
         let mut all = true;
-        for r in results {
-            all &= r?;
+        for answer in answers.into_iter().flatten() {
+            all &= answer?;
         }
         Ok(all)
     }
