@@ -147,6 +147,41 @@ impl DualConfig {
     }
 }
 
+impl DualConfig {
+    /// The two stores' URLs to connect with, first store's first. A `ttl` on the dual URL is
+    /// also the default `ttl` of a store whose own URL sets none, so that a session store
+    /// (ZooKeeper, whose session timeout follows its `ttl` unless `session_timeout` is set)
+    /// ends a dead holder's lock after about that ttl too.
+    pub fn store_urls(&self) -> (String, String) {
+        let with_ttl = |url: &str| -> String {
+            let Some(ttl) = self.ttl else {
+                return url.to_owned();
+            };
+            let Ok(parts) = lockcore::UrlParts::split(url) else {
+                return url.to_owned();
+            };
+            let sets_ttl = parts
+                .query
+                .split('&')
+                .any(|pair| pair.split_once('=').map_or(pair, |(k, _)| k) == "ttl");
+            if sets_ttl {
+                return url.to_owned();
+            }
+            let value = if ttl.subsec_nanos() % 1_000_000 == 0 {
+                format!("{}ms", ttl.as_millis())
+            } else {
+                format!("{}ns", ttl.as_nanos())
+            };
+            let query = match parts.query {
+                "" => format!("ttl={value}"),
+                q => format!("{q}&ttl={value}"),
+            };
+            parts.with_query(&query)
+        };
+        (with_ttl(&self.first), with_ttl(&self.second))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +207,29 @@ mod tests {
         assert_eq!(c.drift, None);
         let shown = format!("{c:?}");
         assert!(!shown.contains("pw") && !shown.contains("p%40w"), "{shown}");
+    }
+
+    #[test]
+    fn the_dual_ttl_is_the_default_ttl_of_each_store() {
+        let c = DualConfig::parse(&format!(
+            "dual://?first={}&second={}&ttl=3s",
+            enc("zk://u:a?b@h:2181/app"),
+            enc("redis://h:6379/0?ttl=9s")
+        ))
+        .unwrap();
+        assert_eq!(
+            c.store_urls(),
+            (
+                "zk://u:a?b@h:2181/app?ttl=3000ms".to_owned(),
+                "redis://h:6379/0?ttl=9s".to_owned()
+            )
+        );
+        let c = DualConfig::parse("dual://?first=zk://h/app&second=redis://h").unwrap();
+        assert_eq!(
+            c.store_urls(),
+            ("zk://h/app".to_owned(), "redis://h".to_owned()),
+            "without a dual ttl each store keeps its own"
+        );
     }
 
     #[test]

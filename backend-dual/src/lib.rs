@@ -1,7 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod config;
-mod dual;
+mod lock;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,13 +9,23 @@ use std::sync::Arc;
 use lockcore::{DistributedLock, Result};
 
 pub use config::DualConfig;
-pub use dual::{DualLock, FENCING_ASSUMPTION, Side, UNCARRIED_ASSUMPTION};
+pub use lock::{DualLock, FENCING_ASSUMPTION, Side, UNCARRIED_ASSUMPTION};
 
 /// The backend name in capabilities and error messages.
 pub const BACKEND: &str = "dual";
 
 /// URL schemes this crate serves.
 pub const SCHEMES: &[&str] = &["dual"];
+
+/// What a dual store offers natively, given its two stores' primitives: what both offer, but
+/// reentrancy (dual keeps none of its own).
+pub const fn native_of(
+    first: lockcore::NativePrimitives,
+    second: lockcore::NativePrimitives,
+) -> lockcore::NativePrimitives {
+    let both = first.and(second);
+    lockcore::NativePrimitives::new(false, both.read_write, both.semaphore)
+}
 
 /// Connects a `dual://` URL: parses it (before any I/O), connects the first store, then the
 /// second, with `connect_store` (the facade passes `dlock::connect`), and composes them.
@@ -32,7 +42,8 @@ where
     Fut: Future<Output = Result<Arc<dyn DistributedLock>>>,
 {
     let config = DualConfig::parse(url)?;
-    let first = connect_store(config.first.clone()).await?;
-    let second = connect_store(config.second.clone()).await?;
+    let (first, second) = config.store_urls();
+    let first = connect_store(first).await?;
+    let second = connect_store(second).await?;
     Ok(Arc::new(DualLock::new(first, second, config)?))
 }

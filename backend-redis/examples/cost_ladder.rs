@@ -3,24 +3,22 @@
 //! Starts from `dlock bench`'s raw floor (`SET NX PX`, then an `EVALSHA` compare-and-delete)
 //! and adds one thing per step: drawing a fencing token in the acquire, the FIFO queue check,
 //! the owner echo in the acquire's reply, the token check in the release (these last two make
-//! the backend's real scripts, read from `src/lua/`), then this backend through
-//! `DistributedLock`, then lockcore's `lock()` and guard. The steps alternate in blocks of 200
-//! pairs, in a new order each round, so they see the same machine load; each prints its median,
-//! mean and p90 pair, and its pairs/s relative to the floor's (total pairs over total time).
+//! the backend's real scripts, as `backend_redis::ladder::RealScripts` hands them out), then
+//! this backend through `DistributedLock`, then lockcore's `lock()` and guard. The steps
+//! alternate in blocks of 200 pairs, in a new order each round, so they see the same machine
+//! load; each prints its median, mean and p90 pair, and its pairs/s relative to the floor's
+//! (total pairs over total time).
 //!
 //! ```text
-//! cargo run --release -p backend-redis --example cost_ladder -- redis://127.0.0.1:6379 [rounds=100]
+//! cargo run --release -p fencedlock-redis --example cost_ladder -- redis://127.0.0.1:6379 [rounds=100]
 //! ```
 //!
 //! Use a server nobody else uses: it writes keys under the `{ladder-*}` hash tags and `dlock`.
 
-#[path = "common/ladder.rs"]
-mod ladder;
-
 use std::sync::Arc;
 use std::time::Instant;
 
-use ladder::{FAIR, FAIR_DELETE, Failure, OWNER};
+use backend_redis::ladder::{self, FAIR, FAIR_DELETE, Failure, OWNER, RealScripts};
 use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, Wait};
 use redis::Script;
 use redis::aio::MultiplexedConnection;
@@ -142,15 +140,14 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
     let mut con = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
-    let with_common =
-        |body: &str| body.replacen("--@common", include_str!("../src/lua/common.lua"), 1);
+    let real = RealScripts::load();
     let s = Scripts {
         delete: Script::new(DELETE),
         fenced: Script::new(FENCED),
         fair: Script::new(FAIR),
         fair_delete: Script::new(FAIR_DELETE),
-        try_fast: Script::new(include_str!("../src/lua/try_fast.lua")),
-        release: Script::new(&with_common(include_str!("../src/lua/release.lua"))),
+        try_fast: real.try_fast,
+        release: real.release,
     };
     let name = LockName::new("ladder-backend")?;
     let opts = AcquireOptions::new()

@@ -3,7 +3,7 @@
 //! process's CPU use while holding.
 //!
 //! ```text
-//! cargo run --release -p backend-redis --example many_leases -- \
+//! cargo run --release -p fencedlock-redis --example many_leases -- \
 //!     redis://127.0.0.1:6379 [leases=10000] [ttl_ms=3000] [hold_s=30] [pause_ms]
 //! ```
 //!

@@ -14,6 +14,18 @@ pub const DEFAULT_PREFIX: &str = "dlock";
 /// The port used when a host has none.
 pub const DEFAULT_PORT: u16 = 6379;
 
+/// Every scheme [`RedisConfig::parse`] reads: this crate's ([`crate::SCHEMES`] and
+/// [`crate::tair::SCHEMES`]) and Redlock's (`redlock`, `redlocks`), whose URLs `backend-redlock`
+/// reads here, so that one parser serves every Redis deployment.
+pub const PARSED_SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "redlock",
+    "redlocks",
+    "tair",
+];
+
 /// Options every Redis URL accepts (besides `ca` for `rediss://`).
 const OPTIONS: &str = "prefix, ttl, drift, timeout (node_timeout for redlock://; ca, cert, key for rediss:// and redlocks://)";
 
@@ -123,59 +135,60 @@ impl RedisConfig {
     /// Parses and validates `url` without any I/O.
     ///
     /// # Errors
-    /// [`Error::UnsupportedScheme`] for a scheme other than [`crate::SCHEMES`];
+    /// [`Error::UnsupportedScheme`] for a scheme other than [`PARSED_SCHEMES`];
     /// [`Error::InvalidConfig`] for a URL without a host, a bad port, database, prefix or
     /// percent-encoding, or an unknown or malformed option. Messages never contain the password.
     pub fn parse(url: &str) -> Result<Self> {
         let url = url.trim();
         let redacted = redact_url(url);
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+        // Unsplittable text is not quoted at all: where a password would end is unknown.
+        let parts = lockcore::UrlParts::split(url).map_err(|e| {
+            let scheme = url.split_once("://").map_or("", |(s, _)| s);
             invalid(format!(
-                "`{redacted}` is not a Redis URL; expected redis://host:port, rediss://host:port, redis+cluster://h1:p1,h2:p2 or redlock://h1:p1,h2:p2,h3:p3"
+                "cannot read the {scheme}:// URL ({e}); expected redis://host:port, \
+                 rediss://host:port, redis+cluster://h1:p1,h2:p2 or redlock://h1:p1,h2:p2,h3:p3"
             ))
         })?;
-        let scheme = scheme.to_ascii_lowercase();
-        if !crate::SCHEMES.contains(&scheme.as_str()) {
+        let scheme = parts.scheme.to_ascii_lowercase();
+        if !PARSED_SCHEMES.contains(&scheme.as_str()) {
             return Err(Error::UnsupportedScheme {
                 scheme,
-                available: crate::SCHEMES.to_vec(),
+                available: PARSED_SCHEMES.to_vec(),
             });
         }
-        let (userinfo, after) = match userinfo_end(rest) {
-            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-            None => (None, rest),
-        };
-        if after.contains('#') {
+        // Past the user-info, a message may only quote the path or query when the URL reads
+        // one way only: otherwise they may hold part of a password.
+        Self::parse_parts(&parts, scheme, redacted).map_err(|e| match e {
+            Error::InvalidConfig { reason, .. } if parts.ambiguous => invalid(parts.hint(reason)),
+            e => e,
+        })
+    }
+
+    fn parse_parts(
+        parts: &lockcore::UrlParts<'_>,
+        scheme: String,
+        redacted: String,
+    ) -> Result<Self> {
+        if parts.fragment.is_some() {
             return Err(invalid(format!(
                 "`{redacted}`: URL fragments (#...) are not supported"
             )));
         }
-        let (before_query, query) = after.split_once('?').unwrap_or((after, ""));
-        let (hosts, path) = match before_query.find('/') {
-            Some(i) => (&before_query[..i], &before_query[i..]),
-            None => (before_query, ""),
-        };
-        let (username, password) = match userinfo {
-            None => (None, None),
-            Some(info) => {
-                let (user, pass) = match info.split_once(':') {
-                    Some((u, p)) => (u, Some(p)),
-                    None => (info, None),
-                };
-                let user = lockcore::percent_decode(user)
-                    .map_err(|e| invalid(format!("user name: {e}")))?;
-                let pass = pass
-                    .map(|p| {
-                        lockcore::percent_decode(p)
-                            .map_err(|_| invalid("the password is not valid percent-encoding"))
-                    })
-                    .transpose()?;
-                (
-                    (!user.is_empty()).then_some(user),
-                    pass.filter(|p| !p.is_empty()).map(Secret),
-                )
-            }
-        };
+        let (hosts, path, query) = (parts.hosts, parts.path, parts.query);
+        let username = parts
+            .user
+            .map(|u| lockcore::percent_decode(u).map_err(|e| invalid(format!("user name: {e}"))))
+            .transpose()?
+            .filter(|u| !u.is_empty());
+        let password = parts
+            .password
+            .map(|p| {
+                lockcore::percent_decode(p)
+                    .map_err(|_| invalid("the password is not valid percent-encoding"))
+            })
+            .transpose()?
+            .filter(|p| !p.is_empty())
+            .map(Secret);
         if hosts.is_empty() {
             return Err(invalid(format!(
                 "`{redacted}` has no host; expected e.g. {scheme}://127.0.0.1:6379"
@@ -254,7 +267,7 @@ impl RedisConfig {
             match key {
                 "prefix" => config.prefix = check_prefix(&value)?,
                 "node_timeout" if redlock => {
-                    let limit = lockcore::parse_duration("node_timeout", &value)?;
+                    let limit = lockcore::option_duration(BACKEND, key, &value)?;
                     if limit.is_zero() || limit > std::time::Duration::from_secs(60) {
                         return Err(invalid(format!(
                             "option `node_timeout={value}` must be above 0 and at most 60s"
@@ -391,27 +404,6 @@ fn parse_host_port(text: &str, redacted: &str) -> Result<(String, u16)> {
             })?,
         };
     Ok((host.to_owned(), port))
-}
-
-/// Where the `user:password` part of `rest` (the URL after `://`) ends: the last `@` before the
-/// first `/`; or, when the text before that `/` looks like `user:pass` and has no `@`, the last
-/// `@` before the query (a password with an unencoded `/`). Passwords may contain `?`, `#` and
-/// `,` unencoded.
-fn userinfo_end(rest: &str) -> Option<usize> {
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match authority.rfind('@') {
-        Some(at) => Some(at),
-        None if authority.contains(':') => {
-            let query_start = rest[authority_end..]
-                .find('?')
-                .map_or(rest.len(), |i| authority_end + i);
-            rest[..query_start]
-                .rfind('@')
-                .filter(|&at| at > authority_end)
-        }
-        None => None,
-    }
 }
 
 /// The workspace's one redaction rule (see [`lockcore::redact_url`]).
@@ -580,6 +572,11 @@ mod tests {
             ("redis://u:p#w@h:1", "p#w"),
             ("redis://u:p@w@h:1", "p@w"),
             ("redis+cluster://u:p,w@a:1,b:2", "p,w"),
+            // Q1: the user-info ends at the `@` before the host, whatever it holds.
+            ("redis://user:ab/?s3cr3tXYZ@127.0.0.1:6391", "ab/?s3cr3tXYZ"),
+            ("redis://:ab#cd@127.0.0.1:6391", "ab#cd"),
+            ("redlock://:a/b?c#d@h1:1,h2:2,h3:3", "a/b?c#d"),
+            ("tair://:x?y@h:1/0", "x?y"),
         ] {
             let c = RedisConfig::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
             assert_eq!(

@@ -1,6 +1,7 @@
 //! Fault scenarios only Redis has, against private kit servers: a reply lost during an acquire
-//! (what the armed cleanup does), a subscriber connection that goes silent, and a Cluster master
-//! killed without persistence. Each test's doc comment declares it **safe** or **documented
+//! (what the armed cleanup does), a subscriber connection that goes silent, a Cluster master
+//! killed without persistence, and a server killed while every permit of a semaphore is held,
+//! with and without persistence. Each test's doc comment declares it **safe** or **documented
 //! unsafe**. The scenarios every backend shares (kill -9 with and without AOF, SIGSTOP past the
 //! ttl, blackholed holder, connections killed, holder process killed, client paused) run from
 //! `conformance_tests::faults` through `tests/conformance.rs`, where the declarations live; the
@@ -267,4 +268,159 @@ async fn cluster_master_kill9_resets_the_fence() {
     );
     gb.release().await.expect("release");
     drop(ga);
+}
+
+/// Takes every permit of the semaphore `name` (`permits` of them, ttl 60 s, no keep-alive) on
+/// `c`, after `bumps` grants and releases, retrying while a restarted server still loads.
+async fn fill_semaphore(
+    c: &Arc<dyn DistributedLock>,
+    name: &str,
+    permits: u32,
+    bumps: usize,
+) -> Vec<lockcore::PermitGuard> {
+    use lockcore::SemaphoreExt;
+    let sem = c.semaphore(name, permits).expect("semaphore");
+    let opts = plain_opts(60 * SEC);
+    for _ in 0..bumps {
+        let p = sem.acquire(&opts).await.expect("permit");
+        p.release().await.expect("release");
+    }
+    let mut held = Vec::new();
+    for _ in 0..permits {
+        held.push(sem.acquire(&opts).await.expect("permit"));
+    }
+    held
+}
+
+/// One permit try on `c` once the restarted server answers (`None`: all taken).
+async fn try_permit_after_restart(
+    c: &Arc<dyn DistributedLock>,
+    name: &str,
+    permits: u32,
+) -> Option<lockcore::PermitGuard> {
+    use lockcore::SemaphoreExt;
+    let sem = c.semaphore(name, permits).expect("semaphore");
+    within(60 * SEC, "a permit try after the restart", async {
+        loop {
+            match sem.try_acquire(&plain_opts(60 * SEC)).await {
+                Ok(p) => break p,
+                Err(e) => {
+                    assert!(e.is_retryable(), "unexpected error after the restart: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// **Safe.** kill -9 of a server with `appendonly yes` + `appendfsync always` while every permit
+/// of a semaphore is held, then a restart: the permits come back with their absolute expiry
+/// (the AOF holds each grant's `ZADD`), so a newcomer is still refused; the holders' leases are
+/// still theirs (an extend keeps the token); and the semaphore's counter came back, so the
+/// next grant's token is above every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_survives_kill9_with_persistence() {
+    let redis = Redis::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+        .await
+        .expect("kit redis");
+    let a = client(&redis.url()).await;
+    assert_eq!(a.capabilities().fencing, Fencing::Strict);
+    let name = unique("sem-durable");
+    let held = fill_semaphore(&a, &name, 2, 3).await;
+    let top = held.iter().map(|p| p.fencing_token()).max().unwrap();
+    assert_eq!(top, FencingToken(5));
+
+    redis.kill9();
+    redis.restart().await.expect("restart");
+    let b = client(&redis.url()).await;
+    assert!(
+        try_permit_after_restart(&b, &name, 2).await.is_none(),
+        "a permit was lost by the restart: the semaphore admitted a third holder"
+    );
+    for p in &held {
+        let renewed = within(30 * SEC, "extend after the restart", async {
+            loop {
+                match a.extend(&p.lease(), 60 * SEC).await {
+                    Ok(l) => break l,
+                    Err(e) if e.is_retryable() => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!("extend after the restart: {e}"),
+                }
+            }
+        })
+        .await;
+        assert_eq!(renewed.token(), p.fencing_token());
+    }
+    let mut held = held.into_iter();
+    let first = held.next().unwrap();
+    assert_eq!(first.release().await.expect("release"), Released::Released);
+    let next = try_permit_after_restart(&b, &name, 2)
+        .await
+        .expect("the freed permit");
+    assert!(
+        next.fencing_token() > top,
+        "{} <= {top}",
+        next.fencing_token()
+    );
+    next.release().await.expect("release");
+    for p in held {
+        p.release().await.expect("release");
+    }
+}
+
+/// **Documented unsafe.** The same kill -9 on a server without persistence: the restarted
+/// server has no permits and no counter, so two newcomers get in beside the two old holders
+/// (whose leases are still valid on their clocks), and the next token starts again at 1, below
+/// the old holders' tokens. Why a server without `appendfsync always` declares
+/// `Fencing::Conditional`, for permits as for locks; the old holders' extends say `LockLost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_loses_its_permits_and_counter_without_persistence() {
+    let redis = Redis::start().await.expect("kit redis");
+    let a = client(&redis.url()).await;
+    assert!(matches!(
+        a.capabilities().fencing,
+        Fencing::Conditional { .. }
+    ));
+    let name = unique("sem-volatile");
+    let held = fill_semaphore(&a, &name, 2, 3).await;
+
+    redis.kill9();
+    redis.restart().await.expect("restart");
+    let b = client(&redis.url()).await;
+    let first = try_permit_after_restart(&b, &name, 2)
+        .await
+        .expect("documented unsafe: the restarted server admits a newcomer");
+    let second = try_permit_after_restart(&b, &name, 2)
+        .await
+        .expect("documented unsafe: and a second one, beside the two old holders");
+    assert_eq!(
+        first.fencing_token(),
+        FencingToken(1),
+        "documented unsafe: the semaphore's counter starts again"
+    );
+    assert_eq!(second.fencing_token(), FencingToken(2));
+    let old: Vec<FencingToken> = held.iter().map(|p| p.fencing_token()).collect();
+    assert_eq!(old, [FencingToken(4), FencingToken(5)]);
+    for p in &held {
+        let answer = within(30 * SEC, "extend after the restart", async {
+            loop {
+                match a.extend(&p.lease(), 60 * SEC).await {
+                    Err(e) if e.is_retryable() => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    other => break other,
+                }
+            }
+        })
+        .await;
+        assert!(
+            matches!(answer, Err(lockcore::Error::LockLost { .. })),
+            "an old permit was renewed on a server that lost it: {answer:?}"
+        );
+    }
+    first.release().await.expect("release");
+    second.release().await.expect("release");
+    drop(held);
 }

@@ -1,18 +1,20 @@
 //! Machinery the three dialects share: running one statement with a time limit and internal
-//! retries, closing connections whose statement was interrupted, the cancel-cleanup guard, and
-//! unit conversions.
+//! retries, closing connections whose statement was interrupted, finishing a granting statement
+//! whose caller went away, and unit conversions.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::wait::Backoff;
 use lockcore::{Error, LockName, Result};
+use sqlx::error::DatabaseError;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
 /// How a failed statement should be handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Class {
+pub enum Class {
     /// The connection is broken (server restarted, session terminated): retry at once on another
     /// connection.
     Stale,
@@ -24,6 +26,9 @@ pub(crate) enum Class {
         /// Whether the caller may retry.
         retryable: bool,
     },
+    /// The server refused the credentials or a privilege the lock needs: surface to the
+    /// caller as [`Error::AccessDenied`].
+    Denied,
 }
 
 /// Attempts on broken connections before giving up (a restart leaves every idle pooled
@@ -39,10 +44,6 @@ pub(crate) struct Checked<DB: Database> {
 }
 
 impl<DB: Database> Checked<DB> {
-    fn new(conn: PoolConnection<DB>) -> Self {
-        Checked { conn, clean: false }
-    }
-
     /// The connection to run one statement on.
     pub(crate) fn conn(&mut self) -> &mut DB::Connection {
         &mut self.conn
@@ -58,53 +59,22 @@ impl<DB: Database> Drop for Checked<DB> {
 }
 
 /// A pool plus the rules for running statements on it.
-pub(crate) struct Core<DB: Database> {
+pub struct Core<DB: Database> {
     pub(crate) backend: &'static str,
     pub(crate) pool: Pool<DB>,
+    /// Round-trip budget for one statement, from the `timeout` option.
     pub(crate) timeout: Duration,
-    pub(crate) classify: fn(&sqlx::Error) -> Class,
+    /// How the server's own errors are handled (the dialect's error classes).
+    pub(crate) classify: fn(&dyn DatabaseError) -> Class,
 }
 
 // By hand: a derive would require `DB: Clone`, which the driver marker types are not.
 impl<DB: Database> Clone for Core<DB> {
     fn clone(&self) -> Self {
         Core {
-            backend: self.backend,
             pool: self.pool.clone(),
-            timeout: self.timeout,
-            classify: self.classify,
+            ..*self
         }
-    }
-}
-
-impl<DB: Database> Core<DB>
-where
-    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
-    for<'q> DB::Arguments: sqlx::IntoArguments<DB>,
-{
-    /// Runs each of `statements` in turn with `key` as its one parameter (`forget` clears a
-    /// name's queue, then its row).
-    pub(crate) async fn execute_each<K>(
-        &self,
-        operation: &'static str,
-        name: &LockName,
-        statements: &[&sqlx::SqlStr],
-        key: K,
-    ) -> Result<()>
-    where
-        K: for<'q> sqlx::Encode<'q, DB> + sqlx::Type<DB> + Clone + Send + 'static,
-    {
-        for statement in statements {
-            self.run(operation, Some(name), |mut c| {
-                let q = sqlx::query::<DB>((*statement).clone()).bind(key.clone());
-                async move {
-                    let r = q.execute(c.conn()).await;
-                    (c, r)
-                }
-            })
-            .await?;
-        }
-        Ok(())
     }
 }
 
@@ -129,12 +99,12 @@ impl<DB: Database> Core<DB> {
         loop {
             let once = async {
                 let conn = self.pool.acquire().await?;
-                let (mut checked, result) = attempt(Checked::new(conn)).await;
+                let (mut checked, result) = attempt(Checked { conn, clean: false }).await;
                 checked.clean = match &result {
                     Ok(_) => true,
                     // The server answered in protocol: the connection is fine unless the error
                     // says the session is gone.
-                    Err(e @ sqlx::Error::Database(_)) => (self.classify)(e) != Class::Stale,
+                    Err(e @ sqlx::Error::Database(_)) => self.class(e) != Class::Stale,
                     Err(
                         sqlx::Error::RowNotFound
                         | sqlx::Error::ColumnNotFound(_)
@@ -152,14 +122,14 @@ impl<DB: Database> Core<DB> {
                 Ok(Err(e)) => e,
                 Err(_) => return Err(self.timed_out(operation, name)),
             };
-            let class = (self.classify)(&error);
+            let class = self.class(&error);
             let retry = match class {
                 Class::Stale => {
                     stale += 1;
                     stale < MAX_STALE_ATTEMPTS
                 }
                 Class::Busy => true,
-                Class::Fail { .. } => false,
+                Class::Fail { .. } | Class::Denied => false,
             };
             if retry && Instant::now() < deadline {
                 tracing::debug!(backend = self.backend, operation, lock = ?name.map(LockName::as_str), error = %error, ?class, "retrying statement");
@@ -169,14 +139,7 @@ impl<DB: Database> Core<DB> {
                 }
                 continue;
             }
-            let retryable = !matches!(class, Class::Fail { retryable: false });
-            return Err(Error::backend(
-                self.backend,
-                operation,
-                name,
-                retryable,
-                error,
-            ));
+            return Err(self.surface(operation, name, error));
         }
     }
 
@@ -191,17 +154,7 @@ impl<DB: Database> Core<DB> {
         use sqlx::Connection as _;
         match tokio::time::timeout(self.timeout, opts.connect()).await {
             Err(_) => Err(self.timed_out("connect", None)),
-            Ok(Err(error)) => {
-                let retryable =
-                    !matches!((self.classify)(&error), Class::Fail { retryable: false });
-                Err(Error::backend(
-                    self.backend,
-                    "connect",
-                    None,
-                    retryable,
-                    error,
-                ))
-            }
+            Ok(Err(error)) => Err(self.surface("connect", None, error)),
             Ok(Ok(conn)) => {
                 let _ = conn.close().await;
                 Ok(())
@@ -209,34 +162,45 @@ impl<DB: Database> Core<DB> {
         }
     }
 
-    fn timed_out(&self, operation: &'static str, name: Option<&LockName>) -> Error {
-        Error::backend(
-            self.backend,
-            operation,
-            name,
-            true,
-            format!(
-                "no answer from the database within {:?} (the `timeout` option)",
-                self.timeout
-            ),
-        )
-    }
-}
-
-/// Classification of errors every driver shares (not server error codes).
-pub(crate) fn classify_transport(e: &sqlx::Error) -> Option<Class> {
-    Some(match e {
-        sqlx::Error::Io(e) if is_tls_handshake(e) => Class::Fail { retryable: false },
-        sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => Class::Stale,
-        // TLS errors come from the handshake (an untrusted or mismatched certificate, a server
-        // without TLS where the URL requires it): settings, which a retry does not change.
-        sqlx::Error::Tls(_) => Class::Fail { retryable: false },
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
-            Class::Fail { retryable: true }
+    /// How `e` should be handled: the dialect's classes for the server's own errors, and for
+    /// the rest those every driver shares.
+    fn class(&self, e: &sqlx::Error) -> Class {
+        match e {
+            sqlx::Error::Database(db) => (self.classify)(&**db),
+            sqlx::Error::Io(e) if is_tls_handshake(e) => Class::Fail { retryable: false },
+            sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => Class::Stale,
+            // TLS errors come from the handshake (an untrusted or mismatched certificate, a
+            // server without TLS where the URL requires it): settings, which a retry does not
+            // change.
+            sqlx::Error::Tls(_) => Class::Fail { retryable: false },
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
+                Class::Fail { retryable: true }
+            }
+            _ => Class::Fail { retryable: false },
         }
-        sqlx::Error::Database(_) => return None,
-        _ => Class::Fail { retryable: false },
-    })
+    }
+
+    /// The error a statement that failed surfaces as.
+    fn surface(&self, op: &'static str, name: Option<&LockName>, error: sqlx::Error) -> Error {
+        let class = self.class(&error);
+        if class == Class::Denied {
+            let reason = match &error {
+                sqlx::Error::Database(db) => db.message().to_owned(),
+                other => other.to_string(),
+            };
+            return Error::access_denied(self.backend, op, reason);
+        }
+        let retryable = !matches!(class, Class::Fail { retryable: false });
+        Error::backend(self.backend, op, name, retryable, error)
+    }
+
+    fn timed_out(&self, operation: &'static str, name: Option<&LockName>) -> Error {
+        let why = format!(
+            "no answer from the database within {:?} (the `timeout` option)",
+            self.timeout
+        );
+        Error::backend(self.backend, operation, name, true, why)
+    }
 }
 
 /// An I/O error that carries a TLS failure (the MySQL driver reports an untrusted certificate
@@ -246,116 +210,56 @@ fn is_tls_handshake(e: &std::io::Error) -> bool {
         .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
 }
 
-/// A cleanup armed while an acquire may have written a row for an owner the caller never
-/// hears about. Dropping it armed runs the cleanup (which spawns a task) right away.
-pub(crate) struct CancelCleanup {
-    action: Option<Box<dyn FnOnce() + Send>>,
-}
-
-impl CancelCleanup {
-    pub(crate) fn arm(action: impl FnOnce() + Send + 'static) -> Self {
-        CancelCleanup {
-            action: Some(Box::new(action)),
-        }
-    }
-
-    pub(crate) fn disarm(&mut self) {
-        self.action = None;
-    }
-}
-
-impl Drop for CancelCleanup {
-    fn drop(&mut self) {
-        if let Some(action) = self.action.take() {
-            action();
-        }
-    }
-}
-
 /// Runs `statement` (one that may grant a lock) to completion even if the caller's future is
 /// dropped: it is polled in place, and only if it is dropped unfinished is the rest of it moved
-/// to a task of its own, which then runs `undo` right after it completes if `needs_undo` says the
-/// outcome may have granted the lock, or if it failed (the outcome is then unknown).
+/// to a task of its own (the undo of a [`CleanupGuard`] whose state is the statement in flight),
+/// which then runs `undo` right after it completes if `needs_undo` says the outcome may have
+/// granted the lock, or if it failed (the outcome is then unknown). Nothing polls `undo` unless
+/// it is needed.
 ///
 /// A cleanup started when the caller's future is dropped runs on another connection and can
 /// reach the server before the interrupted statement does; the grant would then land after the
 /// cleanup and hold the lock until its ttl. Undoing after completion closes that window. (The
 /// caller's own armed cleanup still runs as well: for a drop after the result was handed over,
 /// and as a harmless no-op otherwise.)
-pub(crate) async fn detached<T, S, U, UF>(
+pub(crate) async fn detached<T: Send + 'static>(
     backend: &'static str,
     name: &LockName,
-    statement: S,
+    statement: impl Future<Output = Result<T>> + Send + 'static,
     needs_undo: fn(&T) -> bool,
-    undo: U,
-) -> Result<T>
-where
-    T: Send + 'static,
-    S: Future<Output = Result<T>> + Send + 'static,
-    U: FnOnce() -> UF + Send + 'static,
-    UF: Future<Output = Result<bool>> + Send + 'static,
-{
-    let name = name.clone();
-    FinishOnDrop {
-        statement: Some(Box::pin(statement)),
-        on_abandon: Some(Box::new(move |outcome: Result<T>| {
-            // An error leaves the outcome unknown (a timeout may follow a grant): undo too.
-            if outcome.as_ref().map_or(true, needs_undo) {
-                spawn_cleanup(backend, &name, undo());
-            }
-        })),
-    }
-    .await
+    undo: impl Future<Output = Result<bool>> + Send + 'static,
+) -> Result<T> {
+    let in_flight: InFlight<T> = (Box::pin(statement), needs_undo, Box::pin(undo));
+    let mut guard = CleanupGuard::arm(backend, name, in_flight, finish::<T>);
+    let outcome = std::future::poll_fn(|cx| guard.state_mut().0.as_mut().poll(cx)).await;
+    let _done = guard.disarm();
+    outcome
 }
 
-/// The future behind [`detached`].
-struct FinishOnDrop<T: Send + 'static> {
-    statement: Option<std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send>>>,
-    /// Called with the outcome of a statement whose caller went away.
-    on_abandon: Option<Box<dyn FnOnce(Result<T>) + Send>>,
-}
+/// A boxed statement or undo in flight.
+pub(crate) type Pending<T> = std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send>>;
 
-impl<T: Send + 'static> Future for FinishOnDrop<T> {
-    type Output = Result<T>;
+/// A [`detached`] statement in flight, whether its outcome needs undoing, and what undoes the
+/// outcome if its caller went away.
+type InFlight<T> = (Pending<T>, fn(&T) -> bool, Pending<bool>);
 
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<T>> {
-        let Some(statement) = self.statement.as_mut() else {
-            return std::task::Poll::Pending;
-        };
-        let outcome = std::task::ready!(statement.as_mut().poll(cx));
-        self.statement = None;
-        std::task::Poll::Ready(outcome)
-    }
-}
-
-impl<T: Send + 'static> Drop for FinishOnDrop<T> {
-    fn drop(&mut self) {
-        let (Some(statement), Some(on_abandon)) = (self.statement.take(), self.on_abandon.take())
-        else {
-            return;
-        };
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            // The spawned future is 'static and Send: the statement and the undo own all they use.
-            let finish: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> =
-                Box::pin(async move { on_abandon(statement.await) });
-            rt.spawn(finish);
+/// The undo of [`detached`]'s guard: the rest of the statement, then its undo, as one counted
+/// clean-up.
+fn finish<T: Send + 'static>((statement, needs_undo, undo): InFlight<T>) -> Undo {
+    Undo::Spawn(Box::pin(async move {
+        // An error leaves the outcome unknown (a timeout may follow a grant): undo too.
+        if statement.await.as_ref().map_or(true, needs_undo) {
+            undo.await
+        } else {
+            Ok(false)
         }
-    }
+    }))
 }
 
-pub(crate) use lockcore::spawn_cleanup;
-
-/// A ttl in whole microseconds (rounded up), for PostgreSQL and MySQL intervals.
-pub(crate) fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_nanos().div_ceil(1000)).unwrap_or(i64::MAX)
-}
-
-/// A ttl in whole milliseconds (rounded up), for SQLite.
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+/// A ttl in whole `unit`s (rounded up): microseconds for PostgreSQL and MySQL intervals,
+/// milliseconds for SQLite.
+pub(crate) fn whole(d: Duration, unit: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(unit.as_nanos())).unwrap_or(i64::MAX)
 }
 
 /// A database-computed remaining time in microseconds as a `Duration` (`None` if negative).
@@ -386,98 +290,22 @@ pub(crate) fn floor_of(backend: &'static str, opts: &lockcore::AcquireOptions) -
     })
 }
 
-/// Wraps SQL built once per client (with a validated table name) so every call clones an `Arc`.
-pub(crate) fn sql(text: String) -> sqlx::SqlStr {
-    use sqlx::SqlSafeStr;
-    sqlx::AssertSqlSafe(std::sync::Arc::<str>::from(text)).into_sql_str()
-}
-
-/// Splits an `extend_many` batch: leases whose ttl is out of range get their error now, the rest
-/// are returned (with their index) to be extended in one go.
-pub(crate) fn checked_batch(
-    leases: &[(lockcore::Lease, Duration)],
-) -> (Vec<Option<Result<lockcore::Lease>>>, Vec<usize>) {
-    let mut results = Vec::with_capacity(leases.len());
-    let mut todo = Vec::new();
-    for (i, (_, ttl)) in leases.iter().enumerate() {
-        match lockcore::check_ttl(*ttl) {
-            Ok(()) => {
-                results.push(None);
-                todo.push(i);
-            }
-            Err(e) => results.push(Some(Err(e))),
-        }
-    }
-    (results, todo)
-}
-
-/// Turns a batch of owner-checked `UPDATE`s (rows affected per lease in `todo`, or one error for
-/// the whole batch) into each lease's outcome, and returns every lease's result in order.
-pub(crate) fn finish_batch(
-    backend: &'static str,
-    leases: &[(lockcore::Lease, Duration)],
-    mut results: Vec<Option<Result<lockcore::Lease>>>,
-    todo: &[usize],
-    started: Instant,
-    done: Result<Vec<u64>>,
-) -> Vec<Result<lockcore::Lease>> {
-    match done {
-        Ok(done) => {
-            for (&i, n) in todo.iter().zip(done) {
-                let (lease, ttl) = &leases[i];
-                results[i] = Some(if n == 1 {
-                    Ok(lease.renewed(started, *ttl))
-                } else {
-                    Err(Error::lock_lost(backend, lease.name(), "extend"))
-                });
-            }
-        }
-        Err(e) => {
-            for &i in todo {
-                results[i] = Some(Err(batch_error(&e, leases[i].0.name())));
-            }
-        }
-    }
-    results
-        .into_iter()
-        .map(|r| r.expect("every lease has a result"))
-        .collect()
-}
-
-/// Copies a batch-wide failure to every lease it concerned.
-pub(crate) fn batch_error(e: &Error, name: &LockName) -> Error {
-    match e {
-        Error::Backend {
-            backend,
-            operation,
-            retryable,
-            source,
-            ..
-        } => Error::backend(
-            backend,
-            operation,
-            Some(name),
-            *retryable,
-            source.to_string(),
-        ),
-        other => Error::backend(
-            "sql",
-            "extend",
-            Some(name),
-            other.is_retryable(),
-            other.to_string(),
-        ),
-    }
-}
-
 /// The waiters table of lease table `table`: `<table>_waiters`, or, where that would pass the
 /// 63-byte identifier limit (PostgreSQL truncates longer names), the first 46 characters of
 /// `table`, an 8-hex-digit FNV-1a hash of the whole name, and `_waiters`.
 pub(crate) fn queue_table(table: &str) -> String {
-    const SUFFIX: &str = "_waiters";
+    aux_table(table, "_waiters")
+}
+
+/// The table `suffix` names next to lease table `table`: `<table><suffix>`, or, where that would
+/// pass the 63-byte identifier limit, a prefix of `table`, `_`, an 8-hex-digit FNV-1a hash of
+/// the whole table name, and `suffix` (63 bytes in all). The suffixes in use (`_waiters`,
+/// `_semaphores`, `_permits`, `_permit_queue`) are none the end of another, so the tables of
+/// two lease tables never share a name.
+pub(crate) fn aux_table(table: &str, suffix: &str) -> String {
     const MAX: usize = 63;
-    if table.len() + SUFFIX.len() <= MAX {
-        return format!("{table}{SUFFIX}");
+    if table.len() + suffix.len() <= MAX {
+        return format!("{table}{suffix}");
     }
     let mut hash: u32 = 0x811c_9dc5;
     for b in table.bytes() {
@@ -485,8 +313,8 @@ pub(crate) fn queue_table(table: &str) -> String {
         hash = hash.wrapping_mul(0x0100_0193);
     }
     // Table names are validated ASCII identifiers, so byte slicing is on a char boundary.
-    let keep = MAX - SUFFIX.len() - 9;
-    format!("{}_{hash:08x}{SUFFIX}", &table[..keep])
+    let keep = MAX - suffix.len() - 9;
+    format!("{}_{hash:08x}{suffix}", &table[..keep])
 }
 
 #[cfg(test)]
@@ -494,7 +322,13 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    use super::{detached, queue_table};
+    use super::{aux_table, detached, queue_table};
+
+    /// An undo that records in `log` that it ran.
+    async fn undo(log: Arc<Mutex<Vec<&'static str>>>) -> lockcore::Result<bool> {
+        log.lock().unwrap().push("undo");
+        Ok(true)
+    }
 
     /// A statement dropped unfinished still runs to its end, and only then is undone; one that
     /// completes is handed over and not undone.
@@ -511,14 +345,13 @@ mod tests {
                 Ok(true)
             }
         };
-        let undo = {
-            let log = log.clone();
-            move || async move {
-                log.lock().unwrap().push("undo");
-                Ok(true)
-            }
-        };
-        let pending = detached("test", &name, statement, |granted| *granted, undo);
+        let pending = detached(
+            "test",
+            &name,
+            statement,
+            |granted| *granted,
+            undo(log.clone()),
+        );
         assert!(
             tokio::time::timeout(Duration::from_millis(20), pending)
                 .await
@@ -537,14 +370,7 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), ["statement", "undo"]);
 
         let log = Arc::new(Mutex::new(Vec::new()));
-        let undo = {
-            let log = log.clone();
-            move || async move {
-                log.lock().unwrap().push("undo");
-                Ok(true)
-            }
-        };
-        let granted = detached("test", &name, async { Ok(true) }, |g| *g, undo).await;
+        let granted = detached("test", &name, async { Ok(true) }, |g| *g, undo(log.clone())).await;
         assert!(granted.unwrap());
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(
@@ -564,5 +390,15 @@ mod tests {
         assert_ne!(qa, qb);
         assert!(qa.ends_with("_waiters"));
         assert_eq!(queue_table(&"x".repeat(55)).len(), 63);
+        // The semaphore tables of a long table name fit too, and stay apart.
+        let long = "y".repeat(63);
+        let names: Vec<_> = ["_semaphores", "_permits", "_permit_queue", "_waiters"]
+            .iter()
+            .map(|s| aux_table(&long, s))
+            .collect();
+        assert!(names.iter().all(|n| n.len() == 63), "{names:?}");
+        for (i, a) in names.iter().enumerate() {
+            assert!(names[i + 1..].iter().all(|b| a != b), "{names:?}");
+        }
     }
 }

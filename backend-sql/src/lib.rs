@@ -1,23 +1,45 @@
 #![doc = include_str!("../README.md")]
 
+mod client;
 mod common;
 pub mod config;
-mod mysql;
-mod postgres;
+mod dialect;
+mod lock;
 mod queue;
-mod sqlite;
+mod semaphore;
+mod statement;
 
 use std::sync::Arc;
 
 use lockcore::{DistributedLock, Result};
 
 pub use config::{DEFAULT_TABLE, Dialect, SqlConfig, SqlitePath, redact_url};
-pub use mysql::MySqlLock;
-pub use postgres::PostgresLock;
-pub use sqlite::SqliteLock;
+pub use lock::SqlLock;
+
+/// A PostgreSQL lock client: a pool of up to 8 connections for statements plus one listener
+/// connection, started on the first wait, shared by every name this client waits on.
+///
+/// `Debug` shows the URL without its password.
+pub type PostgresLock = SqlLock<dialect::postgres::Postgres>;
+
+/// A MySQL/MariaDB lock client over a pool of up to 8 connections. Sessions run in UTC
+/// (`time_zone = '+00:00'`) so every client compares `DATETIME` expiries alike.
+///
+/// `Debug` shows the URL without its password.
+pub type MySqlLock = SqlLock<dialect::mysql::MySql>;
+
+/// A SQLite lock client. Several clients and processes may share one database file; writers are
+/// serialised by SQLite and "database is locked" is retried within the `timeout` option.
+///
+/// `Debug` shows the URL.
+pub type SqliteLock = SqlLock<dialect::sqlite::Sqlite>;
 
 /// URL schemes this crate serves (`mariadb` uses the MySQL driver).
 pub const SCHEMES: &[&str] = &["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
+
+/// What this backend offers natively besides the mutex (see its capabilities): counting
+/// semaphores (see the crate docs' Semaphores section).
+pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(false, false, true);
 
 /// Connects to the database named by `url` and creates the lease table if needed.
 ///

@@ -1,4 +1,6 @@
-//! The fair (FIFO) waiting acquire shared by the three dialects.
+//! The fair (FIFO) waiting acquire shared by the three dialects, for the lock and for a
+//! semaphore's permits ([`Kind`]): the same loop over the lock's statements or the
+//! semaphore's (`crate::semaphore`), whose waiters queue in a table of their own.
 //!
 //! A waiting acquire first makes one plain attempt (which, like every `try_acquire`, fails while
 //! any live waiter is queued for the name). If that fails it joins the queue: a row in the
@@ -18,14 +20,17 @@
 //! this waiter had already happened. A wait that reaches its deadline leaves the queue before it
 //! returns, so a timed-out waiter is gone by the time the caller sees the timeout.
 
-use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::wait::Backoff;
-use lockcore::{AcquireOptions, DistributedLock, Lease, LockName, OwnerId, Result, WaitMechanism};
-use tokio::sync::{Notify, watch};
+use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 
-use crate::common::{CancelCleanup, detached, floor_of, spawn_cleanup, token};
+use crate::client::{Client, granted, permit};
+use crate::common::{Pending, detached, floor_of, from_micros};
+use crate::dialect::Dialect;
+use crate::statement::Args;
 
 /// How long a waiter row stays live after its last refresh (by the database's clock). A crashed
 /// waiter holds up the queue for at most this long.
@@ -38,6 +43,15 @@ pub(crate) const REFRESH: Duration = Duration::from_secs(1);
 /// With notifications, the longest a waiter sleeps before re-checking anyway (a lost
 /// notification, a dead waiter ahead whose liveness ran out, a lease that expired).
 pub(crate) const RECHECK: Duration = Duration::from_millis(500);
+
+/// What a queue waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The lock: the lease row, queued in `<table>_waiters`.
+    Lock,
+    /// A permit of a semaphore with this count, queued in `<table>_permit_queue`.
+    Permits(u32),
+}
 
 /// What one waiter-mode attempt found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,137 +67,160 @@ pub(crate) enum Attempt {
     },
 }
 
-/// How a waiter learns about releases.
-pub(crate) struct Wake {
-    /// Never notified: the sleep of dialects without notifications.
-    silent: Notify,
-    /// PostgreSQL: this waiter's interest in the name (woken when a release names it the head,
-    /// or wakes everyone on the name).
-    registration: Option<crate::postgres::Registration>,
-    /// PostgreSQL: whether the listener connection is up and LISTENing.
-    ready: Option<watch::Receiver<bool>>,
-}
-
-impl Wake {
-    /// For dialects that poll.
-    pub(crate) fn poll() -> Self {
-        Wake {
-            silent: Notify::new(),
-            registration: None,
-            ready: None,
+/// The queue's statements. Each may retry internally (see `Core::run`), so each must be
+/// idempotent for the same inputs.
+impl<D: Dialect> Client<D> {
+    /// Joins the queue for `name`; returns the ticket. (PostgreSQL also deletes expired waiter
+    /// rows of the name.) A permit waiter joins in a transaction that checks the count.
+    async fn enqueue(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<i64> {
+        if let Kind::Permits(permits) = kind {
+            return self.enqueue_permit(name, waiter, permits, LIVENESS).await;
         }
+        let args = Args::of(name).owner(waiter).ttl(LIVENESS);
+        let reply = self.core.reply("enqueue", &self.sql.enqueue, args).await?;
+        let lost = || Error::backend(D::BACKEND, "enqueue", Some(name), false, "no ticket");
+        reply.value().ok_or_else(lost)
     }
-
-    /// For PostgreSQL: notifications for one name, and the listener's state.
-    pub(crate) fn notify(
-        registration: crate::postgres::Registration,
-        ready: watch::Receiver<bool>,
-    ) -> Self {
-        Wake {
-            silent: Notify::new(),
-            registration: Some(registration),
-            ready: Some(ready),
-        }
-    }
-
-    fn notify_handle(&self) -> &Notify {
-        self.registration
-            .as_ref()
-            .map_or(&self.silent, |r| r.notify())
-    }
-
-    /// Whether a release will be notified: the listener has been LISTENing since before now.
-    fn listening(&self) -> bool {
-        self.ready.as_ref().is_some_and(|r| *r.borrow())
-    }
-}
-
-/// A dialect's queue statements. Every method may retry its statement internally (see
-/// `Core::run`), so each must be idempotent for the same inputs.
-pub(crate) trait Queue: DistributedLock + Clone {
-    /// The backend name, for logs.
-    const BACKEND: &'static str;
-
-    /// Subscribes `waiter` to release notifications for `name` (before the first look at the
-    /// row). Where the dialect can, a release wakes only the queue's head.
-    fn wake(&self, name: &LockName, waiter: OwnerId) -> Wake;
-
-    /// Joins the queue for `name`; returns the ticket. Also deletes expired waiter rows of the
-    /// name.
-    fn enqueue(&self, name: &LockName, waiter: &str) -> impl Future<Output = Result<i64>> + Send;
 
     /// Extends the waiter's liveness; `false` if its row had expired or is gone (the waiter must
     /// rejoin).
-    fn refresh(&self, name: &LockName, waiter: &str) -> impl Future<Output = Result<bool>> + Send;
+    async fn refresh(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<bool> {
+        let args = Args::of(name).owner(waiter).ttl(LIVENESS);
+        let stmt = match kind {
+            Kind::Lock => &self.sql.refresh,
+            Kind::Permits(_) => &self.sql.permits.refresh,
+        };
+        // MySQL sets CLIENT_FOUND_ROWS: a matched row counts even if unchanged.
+        let reply = self.core.reply("refresh waiter", stmt, args);
+        Ok(reply.await?.count() > 0)
+    }
 
     /// One waiter-mode attempt. On dialects where the grant and the dequeue are one statement
     /// (PostgreSQL), a grant has also deleted the waiter's row. The statement that may grant
-    /// runs detached (`common::detached`), undone with [`cancel`](Self::cancel) if the caller
-    /// is gone when it completes. A grant sets the fence to `GREATEST(fence + 1, floor)`
-    /// (`floor` 0 = none, see `common::floor_of`).
-    fn attempt(
-        &self,
+    /// runs detached (`common::detached`), undone with [`leave`](Self::leave) if the caller is
+    /// gone when it completes. A grant sets the fence to `GREATEST(fence + 1, floor)` (`floor` 0
+    /// = none, see `common::floor_of`).
+    async fn attempt(
+        self: &Arc<Self>,
         name: &LockName,
         waiter: OwnerId,
         ticket: i64,
         ttl: Duration,
         floor: i64,
-    ) -> impl Future<Output = Result<Attempt>> + Send;
+        kind: Kind,
+    ) -> Result<Attempt> {
+        if let Kind::Permits(permits) = kind {
+            return self
+                .permit_attempt(name, waiter, ticket, permits, ttl, floor)
+                .await;
+        }
+        let mut ahead = None;
+        if let Some(probe) = &self.sql.probe {
+            // Look first (read-only): only the head of the queue, with the row free, takes the
+            // database's write lock.
+            let args = Args::of(name).owner(waiter).ticket(ticket);
+            let seen = self.core.reply("acquire", probe, args).await?;
+            let holder_left = from_micros(seen.second());
+            let waiting = u64::try_from(seen.count()).unwrap_or(0);
+            if waiting > 0 || holder_left.is_some() {
+                let ahead = Some(waiting);
+                return Ok(Attempt::Blocked { ahead, holder_left });
+            }
+            ahead = Some(0);
+        }
+        let (client, name2) = (self.clone(), name.clone());
+        let statement = async move {
+            let args = Args::of(&name2).owner(waiter).ttl(ttl);
+            let args = args.ticket(ticket).floor(floor);
+            client
+                .core
+                .reply("acquire", &client.sql.wait_acquire, args)
+                .await
+        };
+        let undo = self.leave_later(name, waiter, kind);
+        let reply = detached(D::BACKEND, name, statement, |r| r.value().is_some(), undo).await?;
+        let holder_left = from_micros(reply.second());
+        Ok(match reply.value() {
+            Some(fence) => Attempt::Granted(fence),
+            None => Attempt::Blocked { ahead, holder_left },
+        })
+    }
 
-    /// After a grant: deletes the waiter's rows where `attempt` did not (MySQL, SQLite).
-    fn dequeue(&self, name: &LockName, waiter: &str) -> impl Future<Output = Result<()>> + Send;
+    /// After a grant: deletes the waiter's rows where `attempt` did not (the lock on MySQL and
+    /// SQLite; a permit's grant always has).
+    async fn dequeue(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<()> {
+        if kind != Kind::Lock {
+            return Ok(());
+        }
+        if let Some(dequeue) = &self.sql.dequeue {
+            let args = Args::of(name).owner(waiter);
+            self.core.reply("leave queue", dequeue, args).await?;
+        }
+        Ok(())
+    }
 
     /// Leaves the queue: deletes the waiter's rows (and expired ones of the name), frees the
     /// lease row if it was granted to `waiter`, and wakes the others. Returns whether a lease
     /// was freed.
-    fn cancel(&self, name: &LockName, waiter: OwnerId)
-    -> impl Future<Output = Result<bool>> + Send;
+    async fn leave(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<bool> {
+        if kind != Kind::Lock {
+            return self.leave_permits(name, waiter).await;
+        }
+        let Some(leave) = &self.sql.leave else {
+            self.dequeue(name, waiter, kind).await?;
+            return self.release_owner(name, waiter).await;
+        };
+        let args = Args::of(name).owner(waiter);
+        Ok(self.core.reply("leave queue", leave, args).await?.count() > 0)
+    }
+
+    /// Joins the queue, detached (see `common::detached`): a join whose caller is gone by the
+    /// time it completes is undone at once, rather than left to hold up the queue for its
+    /// liveness.
+    async fn join(self: &Arc<Self>, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<i64> {
+        let (client, name2) = (self.clone(), name.clone());
+        let statement = async move { client.enqueue(&name2, waiter, kind).await };
+        let undo = self.leave_later(name, waiter, kind);
+        detached(D::BACKEND, name, statement, |_| true, undo).await
+    }
+
+    /// [`leave`](Self::leave) as an undo: a future that owns what it needs and does nothing
+    /// until it is polled.
+    pub(crate) fn leave_later(
+        self: &Arc<Self>,
+        name: &LockName,
+        waiter: OwnerId,
+        kind: Kind,
+    ) -> Pending<bool> {
+        let (client, name) = (self.clone(), name.clone());
+        Box::pin(async move { client.leave(&name, waiter, kind).await })
+    }
 }
 
-/// Arms the cleanup that makes `waiter` leave the queue (and give back a grant it never
-/// returned) if the acquire ends without the lease.
-fn arm<Q: Queue>(q: &Q, name: &LockName, waiter: OwnerId) -> CancelCleanup {
-    let q = q.clone();
-    let name = name.clone();
-    CancelCleanup::arm(move || {
-        let task_name = name.clone();
-        spawn_cleanup(Q::BACKEND, &name, async move {
-            q.cancel(&task_name, waiter).await
-        });
-    })
-}
-
-/// Joins the queue, detached (see `common::detached`): a join whose caller is gone by the time
-/// it completes is undone at once, rather than left to hold up the queue for its liveness.
-async fn join<Q: Queue>(q: &Q, name: &LockName, waiter: OwnerId) -> Result<i64> {
-    let statement = {
-        let (q, name) = (q.clone(), name.clone());
-        async move { q.enqueue(&name, &waiter.to_string()).await }
-    };
-    let undo = {
-        let (q, name) = (q.clone(), name.clone());
-        move || async move { q.cancel(&name, waiter).await }
-    };
-    detached(Q::BACKEND, name, statement, |_| true, undo).await
-}
-
-/// The fair waiting acquire (`DistributedLock::acquire_wait`) on top of a dialect's [`Queue`].
+/// The fair waiting acquire (`DistributedLock::acquire_wait`, and with [`Kind::Permits`]
+/// `acquire_permit_wait`) on top of a dialect's queue statements.
 ///
 /// # Cancel safety
 /// Dropping the future leaves no waiter row and no lease behind beyond a cleanup spawned at once
 /// (see the module docs).
 ///
 /// # Errors
-/// The first store error; the waiter has then left the queue (best effort).
-pub(crate) async fn acquire<Q: Queue>(
-    q: &Q,
+/// The first store error, or a permit count that differs from the one recorded for the
+/// semaphore in use; the waiter has then left the queue (best effort).
+pub(crate) async fn acquire<D: Dialect>(
+    q: &Arc<Client<D>>,
     name: &LockName,
+    kind: Kind,
     opts: &AcquireOptions,
     deadline: Option<Instant>,
 ) -> Result<Option<Lease>> {
-    let floor = floor_of(Q::BACKEND, opts)?;
+    let floor = floor_of(D::BACKEND, opts)?;
     // Uncontended (or the queue is empty and the lock free): one round trip, no queue row.
-    if let Some(lease) = q.try_acquire(name, opts).await? {
+    let first = match kind {
+        Kind::Lock => q.try_acquire(name, opts).await?,
+        Kind::Permits(permits) => q.try_acquire_permit(name, permits, opts).await?,
+    };
+    if let Some(lease) = first {
         return Ok(Some(lease));
     }
     if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -191,45 +228,44 @@ pub(crate) async fn acquire<Q: Queue>(
     }
     let ttl = opts.ttl_value();
     // The plain attempt above used the same id if the caller chose one; it left nothing behind
-    // under it (see each dialect's `try_acquire`).
+    // under it (see `try_acquire`).
     let waiter = opts.owner_or_random();
-    let waiter_text = waiter.to_string();
     // Subscribe before joining, so a release after our first look still wakes us.
-    let wake = q.wake(name, waiter);
-    let mut cleanup = arm(q, name, waiter);
-    let mut ticket = join(q, name, waiter).await?;
+    let wake = q.dialect.wake(name, waiter, kind != Kind::Lock);
+    // Makes `waiter` leave the queue (and give back a grant it never returned) if the acquire
+    // ends without the lease; the guard's state is that undo, not yet started.
+    let undo = q.leave_later(name, waiter, kind);
+    let cleanup = CleanupGuard::arm(D::BACKEND, name, undo, Undo::Spawn);
+    let mut ticket = q.join(name, waiter, kind).await?;
     let mut refreshed = Instant::now();
     let poll = Backoff::for_mechanism(WaitMechanism::Poll);
     let mut backoff = poll.clone();
     let mut last_ahead: Option<u64> = None;
     loop {
         // Enabled before the look: a release committed after it wakes the sleep below.
-        let notified = wake.notify_handle().notified();
+        let notified = wake.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let listening = wake.listening();
 
         if refreshed.elapsed() >= REFRESH {
-            if !q.refresh(name, &waiter_text).await? {
-                tracing::debug!(backend = Q::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
-                ticket = join(q, name, waiter).await?;
+            if !q.refresh(name, waiter, kind).await? {
+                tracing::debug!(backend = D::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
+                ticket = q.join(name, waiter, kind).await?;
             }
             refreshed = Instant::now();
         }
 
         let started = Instant::now();
-        let (ahead, holder_left) = match q.attempt(name, waiter, ticket, ttl, floor).await? {
+        let attempt = q.attempt(name, waiter, ticket, ttl, floor, kind);
+        let (ahead, holder_left) = match attempt.await? {
             Attempt::Granted(fence) => {
-                q.dequeue(name, &waiter_text).await?;
-                cleanup.disarm();
-                return Ok(Some(Lease::new(
-                    name.clone(),
-                    waiter,
-                    token(fence),
-                    started,
-                    ttl,
-                    opts.drift_value(),
-                )));
+                q.dequeue(name, waiter, kind).await?;
+                let _left = cleanup.disarm();
+                return Ok(Some(match kind {
+                    Kind::Lock => granted(name, waiter, fence, started, opts),
+                    Kind::Permits(_) => permit(name, waiter, fence, started, opts),
+                }));
             }
             Attempt::Blocked { ahead, holder_left } => (ahead, holder_left),
         };
@@ -238,10 +274,10 @@ pub(crate) async fn acquire<Q: Queue>(
         if deadline.is_some_and(|d| now >= d) {
             // Leave the queue before reporting the timeout; if that fails the armed cleanup
             // tries again in the background (and the row's liveness bounds it anyway).
-            match q.cancel(name, waiter).await {
-                Ok(_) => cleanup.disarm(),
+            match q.leave(name, waiter, kind).await {
+                Ok(_) => drop(cleanup.disarm()),
                 Err(e) => {
-                    tracing::debug!(backend = Q::BACKEND, lock = %name, error = %e, "leaving the queue after a timeout failed; retrying in the background");
+                    tracing::debug!(backend = D::BACKEND, lock = %name, error = %e, "leaving the queue after a timeout failed; retrying in the background")
                 }
             }
             return Ok(None);
@@ -257,14 +293,10 @@ pub(crate) async fn acquire<Q: Queue>(
         } else {
             backoff.next_delay()
         };
-        let mut until = now + step;
-        if let Some(left) = holder_left {
-            until = until.min(now + left + Duration::from_millis(1));
-        }
-        until = until.min(refreshed + REFRESH);
-        if let Some(d) = deadline {
-            until = until.min(d);
-        }
+        // The step, cut short by the holder's expiry, the next refresh and the deadline.
+        let holder_gone = holder_left.map(|left| now + left + Duration::from_millis(1));
+        let sooner = [holder_gone, Some(refreshed + REFRESH), deadline];
+        let until = sooner.into_iter().flatten().fold(now + step, Instant::min);
         tokio::select! {
             _ = &mut notified => {}
             _ = tokio::time::sleep_until(until.into()) => {}

@@ -46,6 +46,8 @@ fn server_faults(target: Target) -> Target {
         .fault("store_connections_killed", Expect::Safe)
         .fault("holder_process_killed", Expect::Safe)
         .fault("client_paused_past_ttl", Expect::Safe)
+        .fault("sem_server_killed_and_restarted", Expect::Safe)
+        .fault("sem_holder_blackholed_past_ttl", Expect::Safe)
 }
 
 fn main() -> ExitCode {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use lockcore::{ClientDefaults, Error, Result};
 
 use crate::BACKEND;
+use crate::names::Layout;
 
 /// Port used for a host given without one.
 pub const DEFAULT_PORT: u16 = 2181;
@@ -41,16 +42,20 @@ impl fmt::Debug for Credentials {
 /// A parsed `zk://[user:pass@]h1:p1,h2:p2/chroot[?options]` URL.
 ///
 /// Options: `session_timeout` (the session timeout to negotiate; default: the `ttl`), `ttl`
-/// (default lease ttl, 30 s), `drift`, `timeout` (limit for one request, default 5 s), `prefix`
-/// (the node under the chroot that holds the locks, default `dlock`).
+/// (default lease ttl, 30 s), `drift`, `timeout` (limit for one request, default 5 s), `layout`
+/// (`dlock`, the default, `curator` or `kazoo`: see [`Layout`]), `prefix` (the node under the
+/// chroot that holds the locks in dlock's layout, default `dlock`; refused with the others,
+/// whose lock names are paths under the chroot).
 #[derive(Clone, PartialEq, Eq)]
 pub struct ZkConfig {
     /// `host:port` of every server, in the given order.
     pub hosts: Vec<String>,
     /// The chroot path (`""` for none, else `/a/b`).
     pub chroot: String,
-    /// Lock nodes live under `{chroot}/{prefix}`.
+    /// In dlock's layout lock nodes live under `{chroot}/{prefix}`; empty in the others.
     pub prefix: String,
+    /// Where lock nodes live and how they are named.
+    pub layout: Layout,
     /// The session timeout asked of the server (the server clamps it to its own bounds).
     pub session_timeout: Duration,
     /// Digest credentials: lock nodes are then created creator-only.
@@ -135,30 +140,42 @@ impl ZkConfig {
     /// message contains the password.
     pub fn parse(url: &str) -> Result<Self> {
         let redacted = lockcore::redact_url(url);
-        let Some(rest) = url.strip_prefix("zk://") else {
+        let Some(after_scheme) = url.strip_prefix("zk://") else {
             let scheme = url.split_once(':').map_or(url, |(s, _)| s);
             return Err(Error::UnsupportedScheme {
                 scheme: scheme.to_owned(),
                 available: crate::SCHEMES.to_vec(),
             });
         };
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        // As `redact_url` reads it: the user-info runs to the last `@`, so a password may
-        // contain `/` (and a chroot may not contain `@`).
-        let (userinfo, rest) = match rest.rsplit_once('@') {
-            Some((u, r)) => (Some(u), r),
-            None => (None, rest),
-        };
-        let (hostlist, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, ""),
-        };
-        let credentials = match userinfo {
-            None => None,
-            Some(u) => {
-                let (user, password) = u.split_once(':').ok_or_else(|| {
-                    invalid("credentials must be user:password (digest authentication)")
-                })?;
+        if after_scheme.is_empty() || after_scheme.starts_with(['/', '?']) {
+            return Err(invalid(format!(
+                "no hosts in `{redacted}`; expected zk://host:port[,host:port...][/chroot]"
+            )));
+        }
+        // The user-info runs to the `@` before the host list (see `lockcore::UrlParts`), so a
+        // password may contain `/`, `?`, `#` or `@` unencoded.
+        // Unsplittable text is not quoted at all: where a password would end is unknown.
+        let parts =
+            lockcore::UrlParts::split(url).map_err(|e| invalid(format!("zk:// URL: {e}")))?;
+        Self::parse_parts(&parts, redacted).map_err(|e| match e {
+            Error::InvalidConfig { reason, .. } if parts.ambiguous => invalid(parts.hint(reason)),
+            e => e,
+        })
+    }
+
+    fn parse_parts(parts: &lockcore::UrlParts<'_>, redacted: String) -> Result<Self> {
+        if parts.fragment.is_some() {
+            return Err(invalid("URL fragments (#...) are not supported"));
+        }
+        let (hostlist, path, query) = (parts.hosts, parts.path, parts.query);
+        let credentials = match (parts.user, parts.password) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(invalid(
+                    "credentials must be user:password (digest authentication)",
+                ));
+            }
+            (Some(user), Some(password)) => {
                 let user = percent_decode(user, "user name")?;
                 if user.is_empty() {
                     return Err(invalid("the user name is empty"));
@@ -186,12 +203,14 @@ impl ZkConfig {
             hosts,
             chroot: chroot.to_owned(),
             prefix: DEFAULT_PREFIX.to_owned(),
+            layout: Layout::Dlock,
             session_timeout: Duration::ZERO,
             credentials,
             defaults: ClientDefaults::default(),
             redacted,
         };
         let mut session_timeout = None;
+        let mut prefix_given = false;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
             if config.defaults.apply(BACKEND, key, value)? {
@@ -199,8 +218,7 @@ impl ZkConfig {
             }
             match key {
                 "session_timeout" => {
-                    let t = humantime::parse_duration(value)
-                        .map_err(|e| invalid(format!("option `session_timeout={value}`: {e}")))?;
+                    let t = lockcore::option_duration(BACKEND, key, value)?;
                     if t < Duration::from_millis(100) || t > Duration::from_secs(3600) {
                         return Err(invalid(format!(
                             "session_timeout {t:?} is outside 100ms ..= 1h"
@@ -214,14 +232,32 @@ impl ZkConfig {
                         check_segment(segment, "prefix")?;
                     }
                     config.prefix = prefix.to_owned();
+                    prefix_given = true;
+                }
+                "layout" => {
+                    config.layout = Layout::parse(value).ok_or_else(|| {
+                        invalid(format!(
+                            "unknown layout `{value}`; expected dlock, curator or kazoo"
+                        ))
+                    })?;
                 }
                 other => {
                     return Err(invalid(format!(
                         "unknown option `{other}`; zk:// accepts session_timeout, ttl, drift, \
-                         timeout, prefix"
+                         timeout, layout, prefix"
                     )));
                 }
             }
+        }
+        if config.layout.names_are_paths() {
+            if prefix_given {
+                return Err(invalid(format!(
+                    "prefix is not used with layout={}: lock names are znode paths under the \
+                     chroot",
+                    config.layout.as_str()
+                )));
+            }
+            config.prefix.clear();
         }
         // Without an explicit session_timeout the default lease ttl is the session timeout:
         // a lease is never trusted longer than the session that backs it.
@@ -241,9 +277,14 @@ impl ZkConfig {
         self.hosts.join(",")
     }
 
-    /// The node holding every lock: `{chroot}/{prefix}`.
+    /// The node under which every lock lives: `{chroot}/{prefix}` in dlock's layout, the
+    /// chroot (`""` for none) in the others.
     pub fn base_path(&self) -> String {
-        format!("{}/{}", self.chroot, self.prefix)
+        if self.layout.names_are_paths() {
+            self.chroot.clone()
+        } else {
+            format!("{}/{}", self.chroot, self.prefix)
+        }
     }
 }
 
@@ -272,6 +313,37 @@ mod tests {
     }
 
     #[test]
+    fn digest_passwords_with_url_characters() {
+        for (url, auth) in [
+            ("zk://u:a/b?c#d@h1:2181/app", &b"u:a/b?c#d"[..]),
+            ("zk://u:x@y@h1,h2:2182?ttl=5s", b"u:x@y"),
+        ] {
+            let c = ZkConfig::parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(c.credentials.unwrap().digest_auth(), auth, "{url}");
+        }
+        let c = ZkConfig::parse("zk://u:a/b?c#d@h1:2181/app?ttl=5s").unwrap();
+        assert_eq!(
+            (c.chroot.as_str(), c.defaults.ttl),
+            ("/app", Duration::from_secs(5))
+        );
+        let c = ZkConfig::parse("zk://h1:2181/app?session_timeout=banana");
+        assert!(
+            matches!(c, Err(Error::InvalidConfig { .. })),
+            "a bad option value is a configuration error: {c:?}"
+        );
+    }
+
+    #[test]
+    fn layouts_put_locks_under_the_chroot() {
+        let c = ZkConfig::parse("zk://h1/app?layout=curator").unwrap();
+        assert_eq!((c.layout, c.base_path()), (Layout::Curator, "/app".into()));
+        let c = ZkConfig::parse("zk://h1?layout=kazoo").unwrap();
+        assert_eq!((c.layout, c.base_path()), (Layout::Kazoo, String::new()));
+        let c = ZkConfig::parse("zk://h1/app?layout=dlock&prefix=p").unwrap();
+        assert_eq!((c.layout, c.base_path()), (Layout::Dlock, "/app/p".into()));
+    }
+
+    #[test]
     fn session_timeout_defaults_to_ttl() {
         let c = ZkConfig::parse("zk://127.0.0.1:2181?ttl=12s").unwrap();
         assert_eq!(c.session_timeout, Duration::from_secs(12));
@@ -290,6 +362,9 @@ mod tests {
             "zk://h1/a/../b",
             "zk://h1?prefix=..",
             "zk://h1?session_timeout=1ms",
+            "zk://h1?layout=zookeeper",
+            "zk://h1/app?layout=curator&prefix=x",
+            "zk://h1/app?prefix=x&layout=kazoo",
             "zk://h1?nope=1",
             "zk://h1?ttl=1ms",
             "zk://user@h1",

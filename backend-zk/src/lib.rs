@@ -11,6 +11,7 @@ use lockcore::{DistributedLock, Result};
 
 pub use config::{Credentials, DEFAULT_PORT, DEFAULT_PREFIX, ZkConfig};
 pub use lock::ZkLock;
+pub use names::Layout;
 /// The ZooKeeper client this crate uses (see [`ZkLock::zk_client`]).
 pub use zookeeper_client;
 
@@ -19,6 +20,9 @@ pub const BACKEND: &str = "zookeeper";
 
 /// URL schemes this crate serves.
 pub const SCHEMES: &[&str] = &["zk"];
+
+/// What the ZooKeeper backend offers besides the mutex, in every layout: read-write locks.
+pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(false, true, false);
 
 /// Connects to the ZooKeeper ensemble named by `url` (see [`ZkConfig`] for the form and
 /// options).

@@ -4,18 +4,26 @@
 //! nearest write node below it. Leases are bounded by the session timeout, and an unrenewed
 //! lease's node is deleted by this client when its ttl runs out.
 //!
-//! Two shortcuts save the re-read of the children on the hot paths; both are sound because no
-//! node can ever be created below an existing one. The `getChildren` that decides an attempt
-//! goes out right behind its `create` (one session's requests are served in order). A waiter
+//! The `getChildren` that decides an attempt goes out right behind its `create` (one session's
+//! requests are served in order), in every layout. In dlock's own layout two more shortcuts
+//! save the re-read of the children when a waiter wakes; both are sound because no node can
+//! ever be created below an existing one, and because only dlock clients queue there. A waiter
 //! holds without reading again when the node it watched was the lowest it saw, or was an
 //! exclusive node released by its holder, which writes [`RELEASED_MARK`] in the transaction
 //! that deletes it (see the crate README, "Round trips").
+//!
+//! In Curator's and kazoo's layouts other clients queue too. They never write the mark, and
+//! they may write to a held node for other reasons (Curator's revocation writes `__REVOKE__`
+//! to it), which would read as the mark; so the mark is off there. The head's-successor
+//! shortcut goes with it, so that in those layouts a waiter holds only on a listing that shows
+//! it first, the rule the other clients follow too.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use lockcore::async_trait;
+use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
     Fencing, FencingToken, Lease, LockInfo, LockName, LostReason, OwnerId, RawFloor, Released,
@@ -26,7 +34,7 @@ use zookeeper_client as zk;
 
 use crate::BACKEND;
 use crate::config::ZkConfig;
-use crate::names::{self, Child, NodeKind};
+use crate::names::{self, Child, Layout, NodeKind, Request};
 use crate::session::{Session, acls, no_answer, timed, zk_error};
 
 /// How many times a create is retried when the lock's parent vanishes in between (the server
@@ -65,63 +73,55 @@ impl std::fmt::Debug for ZkLock {
     }
 }
 
-/// Deletes an attempt's node (or, if the create's reply never came, any node carrying the
-/// attempt's owner id) when the acquire future ends without the lock. Runs on drop: the
-/// client sends a request when it is called, so nothing blocks; the reply is awaited on a
-/// spawned task when a runtime is there.
-struct Cleanup {
+/// What an acquisition has put in its lock's queue so far: the state of its clean-up guard.
+struct Attempt {
     client: zk::Client,
+    layout: Layout,
     parent: String,
     owner: OwnerId,
+    /// The attempt's node, once the create's reply (or a search after a lost one) named it.
     path: Option<String>,
-    armed: bool,
 }
 
-impl Cleanup {
-    fn disarm(&mut self) {
-        self.armed = false;
+/// Undoes an acquisition that ends without the lock: deletes its node or, if the create's reply
+/// never came, the node carrying its owner id. The delete of a known node is sent right here
+/// (the client sends a request when it is called), so it goes out even where no runtime is left
+/// to await its reply; awaiting it, retrying while the connection is down, and finding a node by
+/// its owner id run as a counted clean-up.
+fn undo_attempt(attempt: Attempt) -> Undo {
+    let Attempt {
+        client,
+        layout,
+        parent,
+        owner,
+        path,
+    } = attempt;
+    if let Some(path) = path {
+        let sent = client.delete(&path, None);
+        return Undo::Spawn(Box::pin(async move {
+            let first = sent.await;
+            Ok(retry_delete(client, path, first, "abandoned lock request").await)
+        }));
     }
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let client = self.client.clone();
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            if let Some(path) = &self.path {
-                // Sent now; the reply is not awaited.
-                drop(client.delete(path, None));
+    Undo::Spawn(Box::pin(async move {
+        let found = loop {
+            match client.list_children(&parent).await {
+                Ok(children) => {
+                    break names::queue(layout, &children)
+                        .into_iter()
+                        .find(|c| c.owner == Some(owner))
+                        .map(|c| format!("{parent}/{}", c.node));
+                }
+                Err(zk::Error::NoNode) => break None,
+                Err(e) if retry_cleanup(&client, &e) => tokio::time::sleep(CLEANUP_RETRY).await,
+                Err(_) => break None,
             }
-            return;
         };
-        let (parent, owner, path) = (self.parent.clone(), self.owner, self.path.clone());
-        rt.spawn(async move {
-            let path = match path {
-                Some(p) => Some(p),
-                None => loop {
-                    // The create's reply never came: find the node by its owner id.
-                    match client.list_children(&parent).await {
-                        Ok(children) => {
-                            break names::queue(&children)
-                                .into_iter()
-                                .find(|c| c.owner == owner)
-                                .map(|c| format!("{parent}/{}", c.node));
-                        }
-                        Err(zk::Error::NoNode) => break None,
-                        Err(e) if retry_cleanup(&client, &e) => {
-                            tokio::time::sleep(CLEANUP_RETRY).await
-                        }
-                        Err(_) => break None,
-                    }
-                },
-            };
-            if let Some(p) = path {
-                delete_eventually(client, p, "abandoned lock request").await;
-            }
-        });
-    }
+        Ok(match found {
+            Some(path) => delete_eventually(client, path, "abandoned lock request").await,
+            None => false,
+        })
+    }))
 }
 
 /// The data a holder writes to its exclusive node in the same transaction that deletes it, on
@@ -132,14 +132,22 @@ impl Drop for Cleanup {
 /// is a plain delete, after which the waiter reads the queue.
 const RELEASED_MARK: &[u8] = b"released";
 
-/// Deletes a held lease's node (created empty, so at version 0): an exclusive node in one
-/// transaction with [`RELEASED_MARK`] written first, a shared one with a plain delete (a reader
-/// that held may still have readers below it).
-async fn delete_held(client: &zk::Client, path: &str) -> std::result::Result<(), zk::Error> {
+/// Deletes a held lease's node. In dlock's layout (nodes created empty, so at version 0): an
+/// exclusive node in one transaction with [`RELEASED_MARK`] written first, a shared one with a
+/// plain delete (a reader that held may still have readers below it). In the path layouts, a
+/// plain delete: the other libraries' waiters know no mark.
+async fn delete_held(
+    client: &zk::Client,
+    layout: Layout,
+    path: &str,
+) -> std::result::Result<(), zk::Error> {
+    if layout.names_are_paths() {
+        return client.delete(path, None).await;
+    }
     let exclusive = path
         .rsplit('/')
         .next()
-        .and_then(names::parse_child)
+        .and_then(|node| names::parse_child(layout, node))
         .is_some_and(|c| c.kind == NodeKind::Exclusive);
     if !exclusive {
         return client.delete(path, Some(0)).await;
@@ -231,9 +239,23 @@ impl ZkLock {
         self.inner.session.peek()
     }
 
-    /// The znode that holds `name`'s queue: `{chroot}/{prefix}/n-{escaped name}`.
+    /// The znode that holds `name`'s queue: `{chroot}/{prefix}/n-{escaped name}` in dlock's
+    /// layout, `{chroot}/{name}` in Curator's and kazoo's. (There a name that is no znode path,
+    /// which every acquisition refuses, gets the path it would have had.)
     pub fn parent_path(&self, name: &LockName) -> String {
-        format!("{}/{}", self.inner.base, names::node_name(name))
+        self.lock_path(name)
+            .unwrap_or_else(|_| format!("{}/{}", self.inner.base, name.as_str()))
+    }
+
+    /// The layout this client's locks use.
+    pub fn layout(&self) -> Layout {
+        self.inner.config.layout
+    }
+
+    /// [`parent_path`](Self::parent_path), or [`Error::InvalidName`] in the path layouts for a
+    /// name that is no znode path (checked before any I/O).
+    fn lock_path(&self, name: &LockName) -> Result<String> {
+        names::lock_path(self.layout(), &self.inner.base, name)
     }
 
     fn limit(&self) -> Duration {
@@ -278,44 +300,52 @@ impl ZkLock {
     ) -> Result<Option<String>> {
         let children = self.children(client, parent, name, "acquire").await?;
         Ok(children.and_then(|c| {
-            names::queue(&c)
+            names::queue(self.layout(), &c)
                 .into_iter()
-                .find(|c| c.owner == owner)
+                .find(|c| c.owner == Some(owner))
                 .map(|c| format!("{parent}/{}", c.node))
         }))
     }
 
-    /// Creates the attempt's node, making the parent container if needed; after a connection
-    /// loss it looks for its own node (by owner id) before creating again, so one attempt
-    /// never leaves two nodes.
+    /// Creates the attempt's node, making the parent if needed; after a connection loss it
+    /// looks for its own node (by owner id) before creating again, so one attempt never leaves
+    /// two nodes.
     ///
     /// The `getChildren` that decides the attempt is sent right behind the `create`, without
     /// waiting for its reply: ZooKeeper serves a session's requests in the order it sent them,
     /// so the listing already contains the new node and every lower one still there, exactly
     /// as a listing sent after the reply would. An uncontended acquire thus costs two round
     /// trips, not three.
+    ///
+    /// In the path layouts the node holds the owner id as its data, where Curator keeps its
+    /// client's address and kazoo its `identifier`, so that their tools see who queued.
     async fn create_request(
         &self,
         client: &zk::Client,
         name: &LockName,
         parent: &str,
-        kind: NodeKind,
-        cleanup: &mut Cleanup,
+        request: Request,
+        guard: &mut CleanupGuard<Attempt>,
     ) -> Result<Created> {
-        let owner = cleanup.owner;
-        let prefix = format!("{parent}/{}", names::request_prefix(kind, owner));
+        let owner = guard.state().owner;
+        let layout = self.layout();
+        let prefix = format!("{parent}/{}", names::request_prefix(layout, request, owner));
+        let data = if layout.names_are_paths() {
+            owner.to_string().into_bytes()
+        } else {
+            Vec::new()
+        };
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(acls(&self.inner.config));
-        let parent_opts = zk::CreateMode::Container.with_acls(acls(&self.inner.config));
         for _ in 0..PARENT_RETRIES {
             // Both requests are on the wire once the two calls return.
-            let create = client.create(&prefix, &[], &node_opts);
+            let create = client.create(&prefix, &data, &node_opts);
             let list = client.list_children(parent);
             let (created, listed) =
                 tokio::join!(timed(self.limit(), create), timed(self.limit(), list));
             match created {
                 Ok(Ok((stat, seq))) => {
                     let path = format!("{prefix}{seq}");
-                    cleanup.path = Some(path.clone());
+                    guard.state_mut().path = Some(path.clone());
                     // CREATE2's stat is right on its own on 3.8.0 (only inside a MULTI is it
                     // invalid, ZOOKEEPER-4026); an invalid one is read again with `exists`.
                     return Ok(Created {
@@ -326,25 +356,11 @@ impl ZkLock {
                         children: listed.ok().and_then(|l| l.ok()),
                     });
                 }
-                Ok(Err(zk::Error::NoNode)) => {
-                    match timed(self.limit(), client.create(parent, &[], &parent_opts)).await {
-                        Ok(Ok(_) | Err(zk::Error::NodeExists)) => {}
-                        Ok(Err(e)) => {
-                            return Err(zk_error("create the lock's node", Some(name), e));
-                        }
-                        Err(()) => {
-                            return Err(no_answer(
-                                "create the lock's node",
-                                Some(name),
-                                self.limit(),
-                            ));
-                        }
-                    }
-                }
+                Ok(Err(zk::Error::NoNode)) => self.make_parent(client, parent, name).await?,
                 Ok(Err(e)) if crate::session::is_connection_loss(&e) => {
                     // The create may or may not have been applied: look before trying again.
                     if let Some(path) = self.find_own(client, parent, name, owner).await? {
-                        cleanup.path = Some(path.clone());
+                        guard.state_mut().path = Some(path.clone());
                         return Ok(Created {
                             path,
                             stat: None,
@@ -353,7 +369,7 @@ impl ZkLock {
                     }
                 }
                 Ok(Err(e)) => return Err(zk_error("acquire", Some(name), e)),
-                // Still pending in the client: the armed cleanup finds and deletes it by owner.
+                // Still pending in the client: the armed guard finds and deletes it by owner.
                 Err(()) => return Err(no_answer("acquire", Some(name), self.limit())),
             }
         }
@@ -364,6 +380,44 @@ impl ZkLock {
             true,
             "the lock's parent node kept disappearing",
         ))
+    }
+
+    /// Makes a lock's parent node as the layout's library would: in dlock's layout one
+    /// CONTAINER under the base node; in Curator's, the path and every missing ancestor as
+    /// CONTAINERs (`creatingParentContainersIfNeeded`); in kazoo's, the path as a PERSISTENT
+    /// node (`ensure_path`: a kazoo `Lock` remembers that its path exists and would fail if the
+    /// server removed an empty container behind it), its missing ancestors as CONTAINERs, so
+    /// that nothing of a forgotten name stays behind.
+    async fn make_parent(&self, client: &zk::Client, parent: &str, name: &LockName) -> Result<()> {
+        const OP: &str = "create the lock's node";
+        let config = &self.inner.config;
+        let containers = zk::CreateMode::Container.with_acls(acls(config));
+        let create = |mode: &zk::CreateOptions<'_>| {
+            let sent = client.create(parent, &[], mode);
+            async move { timed(self.limit(), sent).await.map(|r| r.map(drop)) }
+        };
+        let made = match self.layout() {
+            Layout::Dlock => create(&containers).await,
+            Layout::Curator => timed(self.limit(), client.mkdir(parent, &containers)).await,
+            Layout::Kazoo => {
+                let persistent = zk::CreateMode::Persistent.with_acls(acls(config));
+                let ancestor = &parent[..parent.rfind('/').unwrap_or(0)];
+                match create(&persistent).await {
+                    Ok(Err(zk::Error::NoNode)) if !ancestor.is_empty() => {
+                        match timed(self.limit(), client.mkdir(ancestor, &containers)).await {
+                            Ok(Ok(()) | Err(zk::Error::NodeExists)) => create(&persistent).await,
+                            failed => failed,
+                        }
+                    }
+                    made => made,
+                }
+            }
+        };
+        match made {
+            Ok(Ok(()) | Err(zk::Error::NodeExists)) => Ok(()),
+            Ok(Err(e)) => Err(zk_error(OP, Some(name), e)),
+            Err(()) => Err(no_answer(OP, Some(name), self.limit())),
+        }
     }
 
     /// The node's stat (its czxid is the fencing token), with a separate `exists`: for a node
@@ -381,7 +435,7 @@ impl ZkLock {
         }
     }
 
-    /// One acquisition of `kind`: create the node, then until nothing blocks it (or
+    /// One acquisition of `request`: create the node, then until nothing blocks it (or
     /// `deadline`, or after one look when `wait` is false) watch the node that blocks it.
     async fn acquire(
         &self,
@@ -389,29 +443,32 @@ impl ZkLock {
         opts: &AcquireOptions,
         deadline: Option<Instant>,
         wait: bool,
-        kind: NodeKind,
+        request: Request,
     ) -> Result<Option<Lease>> {
+        let parent = self.lock_path(name)?;
         let client = self.inner.session.client().await?;
         let owner = opts.owner_or_random();
-        let parent = self.parent_path(name);
-        let mut cleanup = Cleanup {
+        let layout = self.layout();
+        let kind = request.kind();
+        let attempt = Attempt {
             client: client.clone(),
+            layout,
             parent: parent.clone(),
             owner,
             path: None,
-            armed: true,
         };
+        let mut guard = CleanupGuard::arm(BACKEND, name, attempt, undo_attempt);
         let Created {
             path,
             stat: created,
             children: mut listed,
         } = self
-            .create_request(&client, name, &parent, kind, &mut cleanup)
+            .create_request(&client, name, &parent, request, &mut guard)
             .await?;
         let me = path.rsplit('/').next().unwrap_or_default().to_owned();
         // Set when the node this request waited for was the lowest in the queue and went away:
         // no node can be created below it, so nothing blocks this request any more and there
-        // is nothing to read again.
+        // is nothing to read again. Only in dlock's layout (see the module docs).
         let mut head_gone = false;
         loop {
             let checked_at = Instant::now();
@@ -425,9 +482,9 @@ impl ZkLock {
                         .await?
                         .unwrap_or_default(),
                 };
-                let queue = names::queue(&children);
+                let queue = names::queue(layout, &children);
                 let Some(at) = queue.iter().position(|c| c.node == me) else {
-                    cleanup.disarm();
+                    guard.disarm();
                     return Err(own_node_gone(
                         name,
                         "while it waited (by an operator, or with its session)",
@@ -452,12 +509,12 @@ impl ZkLock {
                     None => self.czxid(&client, &path, name).await?,
                 };
                 let Some(stat) = stat else {
-                    cleanup.disarm();
+                    guard.disarm();
                     return Err(own_node_gone(name, "as it became the holder"));
                 };
                 let ttl = effective_ttl(opts.ttl_value(), client.session_timeout());
                 self.register(&path, checked_at + ttl);
-                cleanup.disarm();
+                guard.disarm();
                 let lease = Lease::new(
                     name.clone(),
                     owner,
@@ -474,7 +531,7 @@ impl ZkLock {
                 if let Ok(Ok(()) | Err(zk::Error::NoNode)) =
                     timed(self.limit(), client.delete(&path, None)).await
                 {
-                    cleanup.disarm();
+                    guard.disarm();
                 }
                 return Ok(None);
             }
@@ -483,11 +540,12 @@ impl ZkLock {
                 .await?;
             // An exclusive node that held had nothing below it; nothing can be created below
             // it later either. (A shared one may have had readers below it.)
-            head_gone = match woke {
-                Woke::BlockerGone => blocker_is_head,
-                Woke::BlockerReleasedByHolder => blocker_exclusive,
-                Woke::Other => false,
-            };
+            head_gone = layout == Layout::Dlock
+                && match woke {
+                    Woke::BlockerGone => blocker_is_head,
+                    Woke::BlockerReleasedByHolder => blocker_exclusive,
+                    Woke::Other => false,
+                };
         }
     }
 
@@ -564,6 +622,46 @@ impl ZkLock {
         }
     }
 
+    /// The lock paths under the chroot (see [`DistributedLock::names`]), one level of the tree
+    /// per round trip: the listings of a level are sent together.
+    async fn lock_paths(&self, client: &zk::Client) -> Result<Vec<LockName>> {
+        let base = &self.inner.base;
+        let mut found = Vec::new();
+        let mut level = vec![base.clone()];
+        while !level.is_empty() {
+            let listings: Vec<_> = level.iter().map(|p| client.get_children(p)).collect();
+            let mut next = Vec::new();
+            for (path, listing) in level.iter().zip(listings) {
+                let (children, stat) = match timed(self.limit(), listing).await {
+                    Ok(Ok(listed)) => listed,
+                    // Gone since its parent was listed.
+                    Ok(Err(zk::Error::NoNode)) => continue,
+                    Ok(Err(e)) => return Err(zk_error("list names", None, e)),
+                    Err(()) => return Err(no_answer("list names", None, self.limit())),
+                };
+                let contenders = names::queue(self.layout(), &children);
+                let free_container = children.is_empty() && stat.ephemeral_owner == CONTAINER;
+                if path != base && (!contenders.is_empty() || free_container) {
+                    let relative = &path[base.len() + 1..];
+                    if let Ok(name) = LockName::new(relative) {
+                        found.push(name);
+                    }
+                }
+                for child in &children {
+                    // Lock nodes have no children; without a chroot, the server's own
+                    // `/zookeeper` is not walked.
+                    let skip = contenders.iter().any(|c| &c.node == child)
+                        || base.is_empty() && child == "zookeeper";
+                    if !skip {
+                        next.push(format!("{path}/{child}"));
+                    }
+                }
+            }
+            level = next;
+        }
+        Ok(found)
+    }
+
     /// The node a lease names: its handle, or (for a lease made elsewhere) the node in the
     /// queue carrying its owner id.
     async fn node_of(
@@ -575,12 +673,12 @@ impl ZkLock {
         if let Some((_, path)) = lease.handle().and_then(parse_handle) {
             return Ok(Some(path.to_owned()));
         }
-        let parent = self.parent_path(lease.name());
+        let parent = self.lock_path(lease.name())?;
         let children = self.children(client, &parent, lease.name(), op).await?;
         Ok(children.and_then(|c| {
-            names::queue(&c)
+            names::queue(self.layout(), &c)
                 .into_iter()
-                .find(|c: &Child| c.owner == lease.owner())
+                .find(|c: &Child| c.owner == Some(lease.owner()))
                 .map(|c| format!("{parent}/{}", c.node))
         }))
     }
@@ -611,6 +709,15 @@ fn holding(queue: &[Child]) -> usize {
     }
 }
 
+/// The exclusive request `opts` asks for: a write lock's, or a plain lock's.
+fn exclusive(opts: &AcquireOptions) -> Request {
+    if opts.is_write_side() {
+        Request::Write
+    } else {
+        Request::Mutex
+    }
+}
+
 /// A lease's handle: the session that created its node, and the node's path.
 fn handle(session: i64, path: &str) -> String {
     format!("{session:x}:{path}")
@@ -628,6 +735,9 @@ fn session_ended(state: zk::SessionState) -> bool {
     )
 }
 
+/// The `ephemeralOwner` ZooKeeper reports for a CONTAINER node.
+const CONTAINER: i64 = i64::MIN;
+
 /// Pause between clean-up attempts while the session is disconnected.
 const CLEANUP_RETRY: Duration = Duration::from_millis(200);
 
@@ -639,18 +749,33 @@ fn retry_cleanup(client: &zk::Client, e: &zk::Error) -> bool {
 
 /// Deletes `path`, retrying while the connection is down and the session lives (a node left
 /// behind would block the queue for the session's whole life); gives up when the session
-/// ends, which deletes the node anyway.
-async fn delete_eventually(client: zk::Client, path: String, what: &'static str) {
+/// ends, which deletes the node anyway. `true` when this call deleted the node.
+async fn delete_eventually(client: zk::Client, path: String, what: &'static str) -> bool {
+    let first = client.delete(&path, None).await;
+    retry_delete(client, path, first, what).await
+}
+
+/// [`delete_eventually`] for a delete already sent, which answered `result`.
+async fn retry_delete(
+    client: zk::Client,
+    path: String,
+    mut result: std::result::Result<(), zk::Error>,
+    what: &'static str,
+) -> bool {
     loop {
-        match client.delete(&path, None).await {
-            Ok(()) | Err(zk::Error::NoNode) => {
+        match result {
+            Ok(()) => {
                 tracing::debug!(node = %path, "{what} node deleted");
-                return;
+                return true;
             }
-            Err(e) if retry_cleanup(&client, &e) => tokio::time::sleep(CLEANUP_RETRY).await,
+            Err(zk::Error::NoNode) => return false,
+            Err(e) if retry_cleanup(&client, &e) => {
+                tokio::time::sleep(CLEANUP_RETRY).await;
+                result = client.delete(&path, None).await;
+            }
             Err(e) => {
                 tracing::warn!(node = %path, error = %e, "{what} node not deleted; the session's end removes it");
-                return;
+                return false;
             }
         }
     }
@@ -703,9 +828,11 @@ impl DistributedLock for ZkLock {
             Fairness::Fifo,
             WaitMechanism::Watch,
         )
-        .native(false, true, false)
+        .native(crate::NATIVE)
+        .path_names(self.inner.config.layout.names_are_paths())
         // The token is the node's czxid, which the server assigns: it cannot carry a floor.
         .token_floor(false)
+        .session_timeout(Some(self.session_timeout()))
     }
 
     fn defaults(&self) -> ClientDefaults {
@@ -731,8 +858,7 @@ impl DistributedLock for ZkLock {
     }
 
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
-        self.acquire(name, opts, None, false, NodeKind::Exclusive)
-            .await
+        self.acquire(name, opts, None, false, exclusive(opts)).await
     }
 
     async fn acquire_wait(
@@ -741,7 +867,7 @@ impl DistributedLock for ZkLock {
         opts: &AcquireOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Lease>> {
-        self.acquire(name, opts, deadline, true, NodeKind::Exclusive)
+        self.acquire(name, opts, deadline, true, exclusive(opts))
             .await
     }
 
@@ -750,8 +876,7 @@ impl DistributedLock for ZkLock {
         name: &LockName,
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
-        self.acquire(name, opts, None, false, NodeKind::Shared)
-            .await
+        self.acquire(name, opts, None, false, Request::Read).await
     }
 
     async fn acquire_shared_wait(
@@ -760,7 +885,7 @@ impl DistributedLock for ZkLock {
         opts: &AcquireOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Lease>> {
-        self.acquire(name, opts, deadline, true, NodeKind::Shared)
+        self.acquire(name, opts, deadline, true, Request::Read)
             .await
     }
 
@@ -790,17 +915,21 @@ impl DistributedLock for ZkLock {
             expired
         };
         // Lock nodes are created empty and written only as their holder releases them.
-        match timed(self.limit(), delete_held(&client, &path)).await {
+        match timed(self.limit(), delete_held(&client, self.layout(), &path)).await {
             Ok(Ok(())) if !expired => Ok(Released::Released),
             Ok(Ok(()) | Err(zk::Error::NoNode | zk::Error::BadVersion)) => Ok(Released::NotHeld),
             Ok(Err(e)) => {
                 if crate::session::is_retryable(&e) {
-                    tokio::spawn(delete_eventually(client, path, "released"));
+                    lockcore::cleanup::spawn_counted(async move {
+                        delete_eventually(client, path, "released").await;
+                    });
                 }
                 Err(zk_error("release", Some(lease.name()), e))
             }
             Err(()) => {
-                tokio::spawn(delete_eventually(client, path, "released"));
+                lockcore::cleanup::spawn_counted(async move {
+                    delete_eventually(client, path, "released").await;
+                });
                 Err(no_answer("release", Some(lease.name()), self.limit()))
             }
         }
@@ -850,13 +979,16 @@ impl DistributedLock for ZkLock {
         }
     }
 
+    /// The holder is the first node's owner id; in the path layouts, the node's data when it
+    /// has some (what Curator records there: its client's address; kazoo: its `identifier`;
+    /// dlock: the owner id), else the id in its name.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let parent = self.lock_path(name)?;
         let client = self.inner.session.client().await?;
-        let parent = self.parent_path(name);
         let Some(children) = self.children(&client, &parent, name, "inspect").await? else {
             return Ok(None);
         };
-        let queue = names::queue(&children);
+        let queue = names::queue(self.layout(), &children);
         let Some(first) = queue.first() else {
             // Free: the parent's pzxid (the zxid of the last change to its children) is at
             // least every token handed out for this name and below every later one, which is
@@ -867,21 +999,42 @@ impl DistributedLock for ZkLock {
                 .map(|s| FencingToken(s.pzxid as u64));
             return Ok(Some(LockInfo::new(name, None, pzxid, None, Some(0))));
         };
-        let stat = self
-            .czxid(&client, &format!("{parent}/{}", first.node), name)
-            .await?;
+        let node = format!("{parent}/{}", first.node);
+        let from_name = || {
+            first
+                .owner
+                .map_or_else(|| first.node.clone(), |o| o.to_string())
+        };
+        let holder = if self.layout().names_are_paths() {
+            match timed(self.limit(), client.get_data(&node)).await {
+                Ok(Ok((data, stat))) => Some((
+                    String::from_utf8(data)
+                        .ok()
+                        .filter(|d| !d.is_empty())
+                        .unwrap_or_else(from_name),
+                    stat,
+                )),
+                Ok(Err(zk::Error::NoNode)) => None,
+                Ok(Err(e)) => return Err(zk_error("read the lock node", Some(name), e)),
+                Err(()) => return Err(no_answer("read the lock node", Some(name), self.limit())),
+            }
+        } else {
+            self.czxid(&client, &node, name)
+                .await?
+                .map(|stat| (from_name(), stat))
+        };
         Ok(Some(LockInfo::new(
             name,
-            stat.map(|_| first.owner.to_string()),
-            stat.map(|s| FencingToken(s.czxid as u64)),
+            holder.as_ref().map(|(h, _)| h.clone()),
+            holder.map(|(_, s)| FencingToken(s.czxid as u64)),
             None,
             Some(queue.len() - holding(&queue)),
         )))
     }
 
     async fn forget(&self, name: &LockName) -> Result<bool> {
+        let parent = self.lock_path(name)?;
         let client = self.inner.session.client().await?;
-        let parent = self.parent_path(name);
         match self.children(&client, &parent, name, "forget").await? {
             None => return Ok(true),
             Some(c) if !c.is_empty() => return Ok(false),
@@ -895,10 +1048,15 @@ impl DistributedLock for ZkLock {
         }
     }
 
-    /// The children of the lock root that are lock parents, decoded; hashed (very long) names
-    /// are left out.
+    /// In dlock's layout: the children of the lock root that are lock parents, decoded; hashed
+    /// (very long) names are left out. In the path layouts: every path under the chroot that
+    /// has contender nodes, or is an empty CONTAINER (what Curator and dlock leave of a free
+    /// lock until the server removes it), found by walking the tree.
     async fn names(&self) -> Result<Vec<LockName>> {
         let client = self.inner.session.client().await?;
+        if self.layout().names_are_paths() {
+            return self.lock_paths(&client).await;
+        }
         let children = match timed(self.limit(), client.list_children(&self.inner.base)).await {
             Ok(Ok(c)) => c,
             Ok(Err(zk::Error::NoNode)) => Vec::new(),

@@ -34,7 +34,21 @@ pub(crate) fn is_retryable(e: &zk::Error) -> bool {
 
 /// A client error as a dlock error naming the operation and the lock.
 pub(crate) fn zk_error(operation: &'static str, name: Option<&LockName>, e: zk::Error) -> Error {
-    Error::backend(BACKEND, operation, name, is_retryable(&e), e)
+    match e {
+        zk::Error::NoAuth => Error::access_denied(
+            BACKEND,
+            operation,
+            "the server's ACL does not let these credentials use the lock nodes (NoAuth): the \
+             lock path was made by another user (zk://USER:PASSWORD@host for digest \
+             credentials)",
+        ),
+        zk::Error::AuthFailed => Error::access_denied(
+            BACKEND,
+            operation,
+            "the server refused the credentials (AuthFailed)",
+        ),
+        e => Error::backend(BACKEND, operation, name, is_retryable(&e), e),
+    }
 }
 
 /// The current session and how to make a new one.
@@ -46,7 +60,8 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// Connects, and makes the base node (`{chroot}/{prefix}`) if it is missing.
+    /// Connects, and makes the base node (`{chroot}/{prefix}`, or the chroot in the path
+    /// layouts) if it is missing.
     pub(crate) async fn connect(config: &ZkConfig) -> Result<Self> {
         let client = Self::open(config).await?;
         Ok(Session {
@@ -67,6 +82,9 @@ impl Session {
         let limit = config.defaults.timeout.max(config.session_timeout);
         let client = match tokio::time::timeout(limit, connector.connect(&hosts)).await {
             Ok(Ok(client)) => client,
+            Ok(Err(e @ (zk::Error::AuthFailed | zk::Error::NoAuth))) => {
+                return Err(zk_error("connect", None, e));
+            }
             Ok(Err(e)) => {
                 return Err(Error::backend(
                     BACKEND,
@@ -87,6 +105,9 @@ impl Session {
             }
         };
         let base = config.base_path();
+        if base.is_empty() {
+            return Ok(client);
+        }
         // Another identity may own the base node: look before creating (a create under a
         // parent one may not write to is refused before its existence is checked).
         if let Ok(Ok(Some(_))) = timed(config.defaults.timeout, client.check_stat(&base)).await {

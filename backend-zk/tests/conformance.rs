@@ -1,7 +1,9 @@
 //! The shared suite (every case and fault scenario of `conformance_tests::registry`) against a
 //! standalone ZooKeeper server and a 3-node ensemble, both started by the test kit and shared
-//! by every case of this test binary (fault scenarios start private servers). Every client has
-//! its own session. This is where each declares, once, how it fares in every fault scenario.
+//! by every case of this test binary (fault scenarios start private servers), and on the
+//! standalone server again in Curator's and kazoo's layouts (`layout=curator|kazoo`). Every
+//! client has its own session. This is where each declares, once, how it fares in every fault
+//! scenario.
 
 use std::process::ExitCode;
 
@@ -40,17 +42,26 @@ fn declare(target: Target) -> Target {
         .fault("client_paused_past_ttl", TTL_SCENARIO)
 }
 
-fn main() -> ExitCode {
+/// A target on the kit's standalone server: `label`, in the chroot `/{chroot}`, with the URL
+/// options `options` (`""`, or `layout=...`) on every URL, fault scenarios' included.
+fn standalone(label: &str, chroot: &'static str, options: &'static str) -> Target {
     let connect = |url: String| async move { backend_zk::connect(&url).await };
-    let standalone = Target::lazy(
-        "zookeeper",
-        || async {
+    let query = move |first: char| {
+        if options.is_empty() {
+            String::new()
+        } else {
+            format!("{first}{options}")
+        }
+    };
+    Target::lazy(
+        label,
+        move || async move {
             let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
-            format!("{}/conformance", zk.url())
+            format!("{}/{chroot}{}", zk.url(), query('?'))
         },
         connect,
     )
-    .spawn_with(|persistence| async move {
+    .spawn_with(move |persistence| async move {
         if persistence == Persistence::None {
             return Err(KitError::new(
                 KitErrorKind::InvalidArgument,
@@ -59,11 +70,15 @@ fn main() -> ExitCode {
         }
         let zk = ZooKeeper::start().await?;
         Ok(Spawned {
-            url: format!("{}/faults?session_timeout=4s", zk.url()),
+            url: format!("{}/faults?session_timeout=4s{}", zk.url(), query('&')),
             server: Box::new(zk),
             keep: None,
         })
-    });
+    })
+}
+
+fn main() -> ExitCode {
+    let connect = |url: String| async move { backend_zk::connect(&url).await };
     let ensemble = Target::lazy(
         "zookeeper_ensemble",
         || async {
@@ -87,7 +102,20 @@ fn main() -> ExitCode {
     .fault("holder_process_killed", TTL_SCENARIO)
     .fault("client_paused_past_ttl", TTL_SCENARIO);
     conformance_tests::harness::main(
-        vec![declare(standalone), ensemble],
+        vec![
+            declare(standalone("zookeeper", "conformance", "")),
+            ensemble,
+            declare(standalone(
+                "zookeeper_curator",
+                "conformance-curator",
+                "layout=curator",
+            )),
+            declare(standalone(
+                "zookeeper_kazoo",
+                "conformance-kazoo",
+                "layout=kazoo",
+            )),
+        ],
         env!("CARGO_TARGET_TMPDIR"),
     )
 }

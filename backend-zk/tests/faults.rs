@@ -154,11 +154,9 @@ async fn acl_other_identities_cannot_delete_or_take() {
             .try_lock(&name, &plain(30 * SEC, Wait::No))
             .await
         {
-            Err(Error::Backend {
-                retryable: false, ..
-            }) => {}
+            Err(Error::AccessDenied { .. }) => {}
             Ok(Some(_)) => panic!("{who} took alice's lock"),
-            r => panic!("{who} try_lock: expected a non-retryable error, got {r:?}"),
+            r => panic!("{who} try_lock: expected access denied, got {r:?}"),
         }
     }
     assert!(g.is_held());

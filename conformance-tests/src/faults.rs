@@ -39,6 +39,8 @@ pub const NEED_A_SERVER: &[&str] = &[
     "holder_replies_blackholed_past_ttl",
     "holder_requests_blackholed_past_ttl",
     "store_connections_killed",
+    "sem_server_killed_and_restarted",
+    "sem_holder_blackholed_past_ttl",
 ];
 
 /// What `lost()` may say when the store stopped answering: the lease ran out, renewals could

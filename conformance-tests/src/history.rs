@@ -3,7 +3,9 @@
 //! Every acquisition is recorded with monotonic timestamps: when the acquire call returned, the
 //! lease's `valid_until`, and when the holder stopped relying on it (just before it asked to
 //! release). A holder's window is `[acquired, min(end, valid_until)]`. The checker asserts that,
-//! per lock name, no two windows overlap and that fencing tokens grow with acquisition order.
+//! per lock name, no two windows overlap and that fencing tokens grow with acquisition order;
+//! for a semaphore ([`check_permits`]), that no more windows than its permits are open at once
+//! and that no token is handed out twice.
 
 use std::fmt;
 use std::sync::Mutex;
@@ -54,6 +56,46 @@ pub enum Violation {
         /// The later acquisition.
         later: Hold,
     },
+    /// More holders of a semaphore's permits at once than it has permits.
+    TooManyHolders {
+        /// The semaphore's count.
+        permits: usize,
+        /// The holds whose windows were open together, in acquisition order (the last one
+        /// made them too many).
+        holds: Vec<Hold>,
+    },
+    /// Two permit grants of one semaphore got the same token.
+    TokenReused {
+        /// The earlier acquisition.
+        first: Hold,
+        /// The later acquisition with the same token.
+        second: Hold,
+    },
+}
+
+impl Violation {
+    /// The acquisition that revealed the violation: when it happened, for reports.
+    pub fn at(&self) -> Instant {
+        match self {
+            Violation::Overlap { second, .. } | Violation::TokenReused { second, .. } => {
+                second.acquired
+            }
+            Violation::TokenNotIncreasing { later, .. } => later.acquired,
+            Violation::TooManyHolders { holds, .. } => {
+                holds.last().map_or_else(Instant::now, |h| h.acquired)
+            }
+        }
+    }
+
+    /// A short kind name (`overlap`, `token-order`, `too-many-holders`, `token-reused`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Violation::Overlap { .. } => "overlap",
+            Violation::TokenNotIncreasing { .. } => "token-order",
+            Violation::TooManyHolders { .. } => "too-many-holders",
+            Violation::TokenReused { .. } => "token-reused",
+        }
+    }
 }
 
 impl fmt::Display for Violation {
@@ -76,19 +118,42 @@ impl fmt::Display for Violation {
                 "token order on {:?}: client {} got token {} after client {} had token {}",
                 earlier.name, later.client, later.token, earlier.client, earlier.token
             ),
+            Violation::TooManyHolders { permits, holds } => write!(
+                f,
+                "{} holders of {:?} at once with {permits} permits: {}",
+                holds.len(),
+                holds.first().map_or("", |h| h.name.as_str()),
+                holds
+                    .iter()
+                    .map(|h| format!("client {} (token {})", h.client, h.token))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Violation::TokenReused { first, second } => write!(
+                f,
+                "token {} of {:?} handed out twice: to client {} and to client {}",
+                first.token, first.name, first.client, second.client
+            ),
         }
     }
 }
 
-/// Checks a set of holds (any order, any names).
-pub fn check(holds: &[Hold]) -> Vec<Violation> {
+/// The holds of each name, in acquisition order.
+fn by_name(holds: &[Hold]) -> impl Iterator<Item = Vec<&Hold>> {
     let mut by_name: std::collections::BTreeMap<&str, Vec<&Hold>> = Default::default();
     for h in holds {
         by_name.entry(&h.name).or_default().push(h);
     }
-    let mut out = Vec::new();
-    for (_, mut hs) in by_name {
+    by_name.into_values().map(|mut hs| {
         hs.sort_by_key(|h| h.acquired);
+        hs
+    })
+}
+
+/// Checks a set of holds (any order, any names).
+pub fn check(holds: &[Hold]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for hs in by_name(holds) {
         for pair in hs.windows(2) {
             let (a, b) = (pair[0], pair[1]);
             if b.token <= a.token {
@@ -107,6 +172,45 @@ pub fn check(holds: &[Hold]) -> Vec<Violation> {
                         second: (*b).clone(),
                     });
                 }
+            }
+        }
+    }
+    out
+}
+
+/// Checks the holds of semaphores that have `permits` permits each (any order, any names): per
+/// name, never more than `permits` windows open at once, and no token given twice. (Grants that
+/// race may return in another order than their tokens, so token order is checked only where
+/// one grant came after another: a case does that with grants in sequence.)
+pub fn check_permits(holds: &[Hold], permits: usize) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for hs in by_name(holds) {
+        let mut seen: std::collections::HashMap<u64, &Hold> = Default::default();
+        for h in &hs {
+            if let Some(first) = seen.insert(h.token, h) {
+                out.push(Violation::TokenReused {
+                    first: first.clone(),
+                    second: (*h).clone(),
+                });
+            }
+        }
+        // At each acquisition, the holds acquired before it whose windows are still open.
+        let mut reported_until: Option<Instant> = None;
+        for (i, b) in hs.iter().enumerate() {
+            let open: Vec<&Hold> = hs[..i]
+                .iter()
+                .copied()
+                .filter(|a| a.window_end() > b.acquired)
+                .collect();
+            // One report per stretch of excess, not one per holder in it.
+            if open.len() >= permits && reported_until.is_none_or(|t| b.acquired >= t) {
+                reported_until = open.iter().map(|a| a.window_end()).min();
+                let mut together: Vec<Hold> = open.into_iter().cloned().collect();
+                together.push((*b).clone());
+                out.push(Violation::TooManyHolders {
+                    permits,
+                    holds: together,
+                });
             }
         }
     }
@@ -176,17 +280,27 @@ impl History {
 
     /// Panics with every violation listed if there is any.
     pub fn assert_safe(&self) {
-        let v = self.violations();
-        assert!(
-            v.is_empty(),
-            "{} safety violation(s):\n{}",
-            v.len(),
-            v.iter()
-                .map(|v| format!("  {v}"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
+        report(&self.violations());
     }
+
+    /// Panics with every violation listed if the holds break a semaphore of `permits` permits
+    /// (see [`check_permits`]).
+    pub fn assert_at_most(&self, permits: usize) {
+        report(&check_permits(&self.holds(), permits));
+    }
+}
+
+/// Panics with every violation in `v` listed, if there is any.
+fn report(v: &[Violation]) {
+    assert!(
+        v.is_empty(),
+        "{} safety violation(s):\n{}",
+        v.len(),
+        v.iter()
+            .map(|v| format!("  {v}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 #[cfg(test)]
@@ -283,5 +397,44 @@ mod tests {
         h.push(hold(0, 2, 0, 10, base));
         h.push(hold(1, 1, 5, 20, base));
         h.assert_safe();
+    }
+
+    #[test]
+    fn permits_allow_that_many_holders_and_no_more() {
+        let base = Instant::now();
+        // Two permits: 0 and 1 overlap (fine), 2 starts after 0 ended (fine).
+        let fine = [
+            hold(0, 1, 0, 10, base),
+            hold(1, 2, 5, 20, base),
+            hold(2, 3, 12, 30, base),
+        ];
+        assert!(check_permits(&fine, 2).is_empty());
+        assert!(
+            matches!(&check(&fine)[..], [Violation::Overlap { .. }, ..]),
+            "the mutex checker still calls it an overlap"
+        );
+        // A third holder while two are in: reported once, naming all three.
+        let crowded = [
+            hold(0, 1, 0, 10, base),
+            hold(1, 2, 5, 20, base),
+            hold(2, 3, 8, 30, base),
+        ];
+        let v = check_permits(&crowded, 2);
+        assert!(
+            matches!(&v[..], [Violation::TooManyHolders { permits: 2, holds }] if holds.len() == 3 && holds[2].client == 2),
+            "{v:?}"
+        );
+        assert!(check_permits(&crowded, 3).is_empty());
+    }
+
+    #[test]
+    fn a_permit_token_given_twice_is_reported() {
+        let base = Instant::now();
+        let h = [hold(0, 4, 0, 10, base), hold(1, 4, 2, 30, base)];
+        let v = check_permits(&h, 2);
+        assert!(
+            matches!(&v[..], [Violation::TokenReused { first, second }] if first.client == 0 && second.client == 1),
+            "{v:?}"
+        );
     }
 }

@@ -11,7 +11,8 @@
 //!   named test per case × target.
 //! * [`table`]: the case × backend table, from reports.
 //! * [`history`], [`fenced`]: the safety tooling (recorder, checker, fenced resource).
-//! * [`kit`]: real servers as child processes and a fault-injecting TCP proxy.
+//! * [`kit`]: real servers as child processes and a fault-injecting TCP proxy; [`spawn`]: the
+//!   backends a command starts with it (`dlock soak --spawn`).
 //!
 //! A backend crate's `tests/conformance.rs` (with `harness = false` in its `Cargo.toml`):
 //!
@@ -34,6 +35,8 @@ pub mod kit;
 pub mod mutants;
 pub mod registry;
 pub mod runner;
+pub mod sem_faults;
+pub mod spawn;
 pub mod table;
 mod target;
 
@@ -43,7 +46,7 @@ use std::sync::Arc;
 
 pub use counting::CountingLock;
 pub use fenced::{FencedResource, StaleWrite};
-pub use history::{History, Hold, HoldId, Violation, check};
+pub use history::{History, Hold, HoldId, Violation, check, check_permits};
 use lockcore::DistributedLock;
 pub use registry::{Case, Kind, Needs, registry};
 pub use runner::{CASE_TIMEOUT, Outcome, Report, run_all, run_case};

@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use lockcore::{
-    AcquireOptions, Capabilities, DistributedLock, Error, Expiry, Fairness, Fencing, FencingToken,
-    Lease, LockInfo, LockName, OwnerId, Released, Result, WaitMechanism, async_trait,
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
+    Fencing, FencingToken, Lease, LockInfo, LockName, LostReason, OwnerId, RawFloor, Released,
+    Result, WaitMechanism, async_trait,
 };
 
 use crate::Target;
@@ -259,10 +260,56 @@ impl Default for BlindReaders {
     }
 }
 
+// A delegating double: every method forwarded, so only the defect differs from memory.
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl DistributedLock for BlindReaders {
     fn capabilities(&self) -> Capabilities {
         self.writers.capabilities()
+    }
+
+    fn defaults(&self) -> ClientDefaults {
+        self.writers.defaults()
+    }
+
+    async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
+        self.writers.wait_for_release(name, until).await
+    }
+
+    fn lost_reason(&self, lease: &Lease, error: &Error) -> LostReason {
+        self.store_of(lease).lost_reason(lease, error)
+    }
+
+    async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
+        let mut out = Vec::with_capacity(leases.len());
+        for (lease, ttl) in leases {
+            out.push(self.store_of(lease).extend(lease, *ttl).await);
+        }
+        out
+    }
+
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<lockcore::SemaphoreInfo>> {
+        self.writers.inspect_semaphore(name).await
+    }
+
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        Ok(self.writers.forget(name).await? && self.readers.forget(name).await?)
+    }
+
+    async fn names(&self) -> Result<Vec<LockName>> {
+        let mut names = self.writers.names().await?;
+        names.extend(self.readers.names().await?);
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        names.dedup();
+        Ok(names)
+    }
+
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        self.writers.raw_floor()
+    }
+
+    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        self.writers.fenced_floor()
     }
 
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
@@ -300,6 +347,27 @@ impl DistributedLock for BlindReaders {
         Ok(lease.map(|l| l.with_handle(READERS)))
     }
 
+    async fn try_acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.writers.try_acquire_permit(name, permits, opts).await
+    }
+
+    async fn acquire_permit_wait(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.writers
+            .acquire_permit_wait(name, permits, opts, deadline)
+            .await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<Released> {
         self.store_of(lease).release(lease).await
     }
@@ -318,4 +386,170 @@ pub fn blind_readers_target() -> Target {
     Target::new("mutant-BlindReaders", "", |_| async {
         Ok(Arc::new(BlindReaders::new()) as Arc<dyn DistributedLock>)
     })
+}
+
+/// What a [`SemaphoreMutant`] gets wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SemaphoreDefect {
+    /// Admits one holder more than the count.
+    Overbooked,
+    /// Ignores the caller's count (every semaphore has a thousand permits), so callers that
+    /// disagree are never told.
+    CountIgnored,
+    /// A waiting acquire runs on in a task of its own when dropped, and keeps what it gets.
+    LeakyWait,
+}
+
+/// The memory backend with one semaphore defect; clients with the same defect share a store.
+#[derive(Debug)]
+pub struct SemaphoreMutant {
+    inner: lockcore::MemoryLock,
+    defect: SemaphoreDefect,
+}
+
+impl SemaphoreMutant {
+    /// A client of the store of `defect`.
+    pub fn new(defect: SemaphoreDefect) -> Self {
+        SemaphoreMutant {
+            inner: lockcore::MemoryLock::new(&format!("mutant-semaphore-{defect:?}")),
+            defect,
+        }
+    }
+
+    fn count(&self, permits: u32) -> u32 {
+        match self.defect {
+            SemaphoreDefect::Overbooked => permits + 1,
+            SemaphoreDefect::CountIgnored => 1000,
+            SemaphoreDefect::LeakyWait => permits,
+        }
+    }
+}
+
+// A delegating double: every method forwarded, so only the defect differs from memory.
+#[deny(clippy::missing_trait_methods)]
+#[async_trait]
+impl DistributedLock for SemaphoreMutant {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn defaults(&self) -> ClientDefaults {
+        self.inner.defaults()
+    }
+
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        self.inner.try_acquire(name, opts).await
+    }
+
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.inner.acquire_wait(name, opts, deadline).await
+    }
+
+    async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
+        self.inner.wait_for_release(name, until).await
+    }
+
+    async fn try_acquire_shared(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.inner.try_acquire_shared(name, opts).await
+    }
+
+    async fn acquire_shared_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.inner.acquire_shared_wait(name, opts, deadline).await
+    }
+
+    async fn try_acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        let permits = self.count(permits);
+        self.inner.try_acquire_permit(name, permits, opts).await
+    }
+
+    async fn acquire_permit_wait(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        let permits = self.count(permits);
+        if self.defect != SemaphoreDefect::LeakyWait {
+            return self
+                .inner
+                .acquire_permit_wait(name, permits, opts, deadline)
+                .await;
+        }
+        let (inner, name, opts) = (self.inner.clone(), name.clone(), opts.clone());
+        let detached = tokio::spawn(async move {
+            inner
+                .acquire_permit_wait(&name, permits, &opts, deadline)
+                .await
+        });
+        detached.await.unwrap_or(Ok(None))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        self.inner.release(lease).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        self.inner.extend(lease, ttl).await
+    }
+
+    fn lost_reason(&self, lease: &Lease, error: &Error) -> LostReason {
+        self.inner.lost_reason(lease, error)
+    }
+
+    async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
+        self.inner.extend_many(leases).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<lockcore::SemaphoreInfo>> {
+        self.inner.inspect_semaphore(name).await
+    }
+
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        self.inner.forget(name).await
+    }
+
+    async fn names(&self) -> Result<Vec<LockName>> {
+        self.inner.names().await
+    }
+
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        self.inner.raw_floor()
+    }
+
+    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        self.inner.fenced_floor()
+    }
+}
+
+/// A target whose clients share the [`SemaphoreMutant`] store of `defect`.
+pub fn semaphore_target(defect: SemaphoreDefect) -> Target {
+    Target::new(
+        &format!("mutant-semaphore-{defect:?}"),
+        "",
+        move |_| async move { Ok(Arc::new(SemaphoreMutant::new(defect)) as Arc<dyn DistributedLock>) },
+    )
 }

@@ -7,7 +7,7 @@
 
 use lockcore::{Capabilities, Expiry, Fairness};
 
-use crate::{BoxFuture, Ctx, cases, faults};
+use crate::{BoxFuture, Ctx, cases, faults, sem_faults};
 
 /// Whether an entry is a conformance case or a fault scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -56,6 +56,27 @@ impl Needs {
     pub const READ_WRITE: Needs = Needs {
         label: "read-write locks",
         admits: |c| c.native.read_write,
+    };
+    /// Counting semaphores ([`lockcore::NativePrimitives::semaphore`]).
+    pub const SEMAPHORE: Needs = Needs {
+        label: "semaphores",
+        admits: |c| c.native.semaphore,
+    };
+    /// Counting semaphores with FIFO waiters.
+    pub const SEMAPHORE_FIFO: Needs = Needs {
+        label: "semaphores with FIFO fairness",
+        admits: |c| c.native.semaphore && c.fairness == Fairness::Fifo,
+    };
+    /// Counting semaphores whose permits end at their ttl.
+    pub const SEMAPHORE_TTL: Needs = Needs {
+        label: "semaphores with ttl expiry",
+        admits: |c| c.native.semaphore && c.expiry == Expiry::Ttl,
+    };
+    /// Any [`lockcore::LockName`], kept distinct by escaping, rather than names that must be
+    /// paths in the store's tree ([`Capabilities::path_names`]).
+    pub const ANY_NAME: Needs = Needs {
+        label: "any lock name (names are not store paths)",
+        admits: |c| !c.path_names,
     };
     /// Ttl leases on a store other OS processes share.
     pub const TTL_SHARED: Needs = Needs {
@@ -113,11 +134,12 @@ static REGISTRY: &[Case] = entries! {
     Case cases::dropped_acquire_leaves_nothing needs ANY;
     Case cases::dropping_guard_releases needs ANY;
     Case cases::keep_alive_holds_past_ttl needs ANY;
+    Case cases::long_waiter_keeps_its_lease needs ANY;
     Case cases::lost_fires_taken needs ANY;
     Case cases::with_lock_returns_and_releases needs ANY;
     Case cases::bad_names_rejected_before_io needs ANY;
     Case cases::bad_options_rejected_before_io needs ANY;
-    Case cases::unusual_names_usable_and_distinct needs ANY;
+    Case cases::unusual_names_usable_and_distinct needs ANY_NAME;
     Case cases::history_is_safe_under_contention needs ANY;
     Case cases::forget_removes_only_free_names needs ANY;
     Case cases::ttl_expiry_frees_lock needs TTL;
@@ -132,6 +154,14 @@ static REGISTRY: &[Case] = entries! {
     Case cases::rw_no_writer_starvation needs READ_WRITE;
     Case cases::rw_tokens_increase_across_writers needs READ_WRITE;
     Case cases::rw_unsupported_says_so needs ANY;
+    Case cases::sem_permits_fill_then_refuse needs SEMAPHORE;
+    Case cases::sem_history_never_exceeds_permits needs SEMAPHORE;
+    Case cases::sem_waiter_woken_when_a_permit_frees needs SEMAPHORE;
+    Case cases::sem_fifo_waiters_served_in_order needs SEMAPHORE_FIFO;
+    Case cases::sem_expired_permit_comes_back needs SEMAPHORE_TTL;
+    Case cases::sem_mismatched_permits_rejected needs SEMAPHORE;
+    Case cases::sem_dropped_acquire_leaves_nothing needs SEMAPHORE;
+    Case cases::sem_unsupported_or_bad_count_says_so needs ANY;
     Case cases::chosen_owner_is_recorded needs ANY;
     Case cases::token_floor_carries_the_counter needs ANY;
     Fault faults::client_paused_past_ttl needs TTL;
@@ -142,6 +172,8 @@ static REGISTRY: &[Case] = entries! {
     Fault faults::holder_replies_blackholed_past_ttl needs TTL;
     Fault faults::holder_requests_blackholed_past_ttl needs TTL;
     Fault faults::store_connections_killed needs ANY;
+    Fault sem_faults::sem_server_killed_and_restarted needs SEMAPHORE;
+    Fault sem_faults::sem_holder_blackholed_past_ttl needs SEMAPHORE_TTL;
 };
 
 /// Every case and fault scenario, in a stable order (cases first).

@@ -67,25 +67,33 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// Why `case` does not run on `target` before anything is connected, if it does not.
-fn not_applicable_up_front(target: &Target, case: &Case) -> Result<Option<String>, String> {
+fn not_applicable_up_front(target: &Target, case: &Case) -> Option<String> {
     if case.kind != Kind::Fault {
-        return Ok(None);
+        return None;
     }
     if !target.runs_faults() {
-        return Ok(Some(
+        return Some(
             "needs --spawn: a fault scenario breaks a server dlock started itself".to_owned(),
-        ));
+        );
     }
     match target.expectation(case.name) {
-        None => Err(format!(
+        Some(Expect::NotApplicable(reason)) => Some(reason.to_owned()),
+        // Undeclared is an error only where the scenario applies (see `outcome_of`): a store
+        // without semaphores need not declare the semaphore scenarios.
+        _ => None,
+    }
+}
+
+/// The error for a fault scenario that applies to `target` but is not declared there.
+fn undeclared(target: &Target, case: &Case) -> Option<String> {
+    (case.kind == Kind::Fault && target.expectation(case.name).is_none()).then(|| {
+        format!(
             "fault scenario {} is not declared for {}: add `.fault(\"{}\", Expect::…)` to its target",
             case.name,
             target.label(),
             case.name
-        )),
-        Some(Expect::NotApplicable(reason)) => Ok(Some(reason.to_owned())),
-        Some(_) => Ok(None),
-    }
+        )
+    })
 }
 
 /// Runs `case` against `target` within `limit` on the current tokio runtime and reports the
@@ -112,10 +120,8 @@ pub async fn run_case(target: &Target, case: &'static Case, limit: Duration) -> 
 }
 
 async fn outcome_of(target: &Target, case: &'static Case, limit: Duration) -> Outcome {
-    match not_applicable_up_front(target, case) {
-        Err(message) => return Outcome::Failed { message },
-        Ok(Some(reason)) => return Outcome::NotApplicable { reason },
-        Ok(None) => {}
+    if let Some(reason) = not_applicable_up_front(target, case) {
+        return Outcome::NotApplicable { reason };
     }
     let url = match tokio::time::timeout(limit, target.url()).await {
         Ok(url) => url,
@@ -142,6 +148,9 @@ async fn outcome_of(target: &Target, case: &'static Case, limit: Duration) -> Ou
         return Outcome::NotApplicable {
             reason: format!("needs {}", case.needs.label),
         };
+    }
+    if let Some(message) = undeclared(target, case) {
+        return Outcome::Failed { message };
     }
     let ctx = Ctx::new(target.clone(), case.name);
     let mut task = tokio::spawn((case.run)(ctx));

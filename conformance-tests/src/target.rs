@@ -162,7 +162,8 @@ impl Target {
     }
 
     /// Declares how this backend fares in the fault scenario `scenario` (a name from the
-    /// registry). Every fault scenario must be declared on a target that runs them.
+    /// registry). On a target that runs fault scenarios, every scenario that applies to its
+    /// store (whose capabilities the scenario needs) must be declared.
     ///
     /// # Panics
     /// When `scenario` is not a fault scenario of the registry.
@@ -242,8 +243,8 @@ impl Target {
         self.inner.spawn.is_some()
     }
 
-    /// Whether this target runs fault scenarios (it declared at least one; then every one must
-    /// be declared).
+    /// Whether this target runs fault scenarios (it declared at least one; then every one that
+    /// applies to its store must be declared).
     pub fn runs_faults(&self) -> bool {
         !self.inner.faults.is_empty()
     }

@@ -6,25 +6,31 @@
 use std::time::Duration;
 
 use conformance_tests::mutants::{Defect, target};
-use conformance_tests::{Outcome, registry, run_case};
+use conformance_tests::{Outcome, Target, registry, run_case};
 
-/// Runs `case` against the mutant with `defect` and asserts that it fails.
-fn must_fail(case: &'static str, defect: Defect) {
+/// Runs `case` against `target` (a backend broken in the way the case is about) and asserts
+/// that it fails, rather than passing or hanging; `what` names the defect in messages.
+fn fails_against(case: &'static str, target: &Target, what: &str) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     let entry = registry::find(case).expect("a registry case");
-    let report = rt.block_on(run_case(&target(defect), entry, Duration::from_secs(120)));
+    let report = rt.block_on(run_case(target, entry, Duration::from_secs(120)));
     rt.shutdown_timeout(Duration::from_secs(1));
     match report.outcome {
         Outcome::Failed { message } => assert!(
             !message.contains("did not finish within"),
-            "case {case} hung against {defect:?} instead of failing"
+            "case {case} hung against {what} instead of failing"
         ),
-        other => panic!("case {case} did not fail against a backend with {defect:?}: {other:?}"),
+        other => panic!("case {case} did not fail against {what}: {other:?}"),
     }
+}
+
+/// Runs `case` against the mutant with `defect` and asserts that it fails.
+fn must_fail(case: &'static str, defect: Defect) {
+    fails_against(case, &target(defect), &format!("a backend with {defect:?}"));
 }
 
 macro_rules! caught_by {
@@ -66,22 +72,8 @@ fn read_write_cases_catch_blind_readers() {
         "rw_readers_share_writer_waits",
         "rw_writer_excludes_readers_and_writers",
     ] {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let entry = registry::find(case).expect("a registry case");
         let target = conformance_tests::mutants::blind_readers_target();
-        let report = rt.block_on(run_case(&target, entry, Duration::from_secs(120)));
-        rt.shutdown_timeout(Duration::from_secs(1));
-        match report.outcome {
-            Outcome::Failed { message } => assert!(
-                !message.contains("did not finish within"),
-                "case {case} hung against blind readers instead of failing"
-            ),
-            other => panic!("case {case} did not fail against blind readers: {other:?}"),
-        }
+        fails_against(case, &target, "blind readers");
     }
 }
 
@@ -106,4 +98,33 @@ fn paused_client_scenario_catches_immortal_leases_and_constant_tokens() {
             report.outcome
         );
     }
+}
+
+/// Runs `case` against the semaphore mutant with `defect` and asserts that it fails.
+fn semaphore_case_must_fail(
+    case: &'static str,
+    defect: conformance_tests::mutants::SemaphoreDefect,
+) {
+    let target = conformance_tests::mutants::semaphore_target(defect);
+    fails_against(case, &target, &format!("a semaphore with {defect:?}"));
+}
+
+#[test]
+fn semaphore_cases_catch_overbooking() {
+    use conformance_tests::mutants::SemaphoreDefect::Overbooked;
+    semaphore_case_must_fail("sem_permits_fill_then_refuse", Overbooked);
+    semaphore_case_must_fail("sem_history_never_exceeds_permits", Overbooked);
+    semaphore_case_must_fail("sem_waiter_woken_when_a_permit_frees", Overbooked);
+}
+
+#[test]
+fn semaphore_cases_catch_an_ignored_count() {
+    use conformance_tests::mutants::SemaphoreDefect::CountIgnored;
+    semaphore_case_must_fail("sem_mismatched_permits_rejected", CountIgnored);
+}
+
+#[test]
+fn semaphore_cases_catch_a_leaky_wait() {
+    use conformance_tests::mutants::SemaphoreDefect::LeakyWait;
+    semaphore_case_must_fail("sem_dropped_acquire_leaves_nothing", LeakyWait);
 }

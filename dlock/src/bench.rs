@@ -84,6 +84,8 @@ pub struct BenchOptions {
     pub hold: Duration,
     /// Lock name prefix; default `dlock-bench/<random>` so runs on a shared store do not collide.
     pub name: Option<String>,
+    /// Measure a semaphore of this many permits instead of the lock.
+    pub permits: Option<u32>,
 }
 
 impl fmt::Debug for BenchOptions {
@@ -96,6 +98,7 @@ impl fmt::Debug for BenchOptions {
             .field("clients", &self.clients)
             .field("hold", &self.hold)
             .field("name", &self.name)
+            .field("permits", &self.permits)
             .finish()
     }
 }
@@ -111,6 +114,7 @@ impl BenchOptions {
             clients: 8,
             hold: Duration::from_millis(1),
             name: None,
+            permits: None,
         }
     }
 
@@ -144,6 +148,16 @@ impl BenchOptions {
         self.name = Some(prefix.into());
         self
     }
+    /// Measures a semaphore of `permits` permits instead of the lock.
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.permits = Some(permits);
+        self
+    }
+
+    /// How many may hold at once: the permits, or 1 for the lock.
+    fn holders(&self) -> usize {
+        self.permits.map_or(1, |p| p as usize)
+    }
 
     /// The lease ttl used in the contended phase: comfortably above the hold time
     /// (20 × hold, at least 5 s), so no lease expires while held.
@@ -162,6 +176,9 @@ impl BenchOptions {
         }
         if self.hold * 20 > lockcore::MAX_TTL {
             return Err(Error::invalid_argument("hold", "must be below 8 hours"));
+        }
+        if let Some(p) = self.permits {
+            lockcore::check_permits(p)?;
         }
         Ok(())
     }
@@ -285,6 +302,11 @@ pub struct FloorReport {
 pub struct ContendedReport {
     /// Lock name used.
     pub name: String,
+    /// The semaphore's permits, when a semaphore was measured (`None`: the lock).
+    pub permits: Option<u32>,
+    /// The time-weighted mean number of holders at once over the measured window (at most
+    /// the permits, or 1 for the lock), from the recorded holds.
+    pub mean_holders: f64,
     /// Clients.
     pub clients: usize,
     /// Hold time per acquisition, milliseconds.
@@ -296,7 +318,8 @@ pub struct ContendedReport {
     /// Acquisitions per second.
     pub acquisitions_per_sec: f64,
     /// Time from one client starting its release to a *different* client's acquire returning
-    /// (includes the release's round trip; never negative).
+    /// (includes the release's round trip; never negative). Empty for a semaphore, where several
+    /// hold at once and no one release hands over to one acquire.
     pub handoff: LatencySummary,
     /// Time from an acquire call's start to its return.
     pub wait: LatencySummary,
@@ -310,7 +333,7 @@ pub struct ContendedReport {
     pub fairness: f64,
     /// Clients with at least one acquisition.
     pub clients_that_acquired: usize,
-    /// Times a client acquired while another still held the lock. Must be 0.
+    /// Times a client acquired while the lock (or every permit) was still held. Must be 0.
     pub violations: u64,
     /// Failed acquires or releases (including releases that found the lease gone).
     pub errors: u64,
@@ -319,7 +342,8 @@ pub struct ContendedReport {
     /// Median pair of the floor with the lock's guarantee (the fenced floor where there is one,
     /// else the raw floor), microseconds; `None` without a floor.
     pub floor_pair_p50_us: Option<f64>,
-    /// The most acquisitions/s any lock could reach here: 1 / (hold + the floor's median pair).
+    /// The most acquisitions/s any lock could reach here: 1 / (hold + the floor's median pair);
+    /// for a semaphore, permits times that.
     pub limit_per_sec: Option<f64>,
     /// Acquisitions/s ÷ that limit.
     pub of_limit: Option<f64>,
@@ -607,8 +631,9 @@ async fn uncontended(
         .wait(Wait::No)
         .keep_alive(KeepAlive::Off);
     let (name_ref, opts_ref) = (name.as_str(), &lock_opts);
+    let permits = opts.permits;
     let dlock_pair = || async move {
-        let guard = backend.lock(name_ref, opts_ref).await?;
+        let guard = hold_one(backend, name_ref, permits, opts_ref).await?;
         match guard.release().await? {
             Released::Released => Ok(()),
             Released::NotHeld => Err(Error::LockLost {
@@ -677,6 +702,24 @@ async fn uncontended(
     })
 }
 
+/// The lock `name`, or a permit of the semaphore `name` of `permits` permits, per `opts`.
+async fn hold_one(
+    backend: &Arc<dyn DistributedLock>,
+    name: &str,
+    permits: Option<u32>,
+    opts: &AcquireOptions,
+) -> Result<crate::LockGuard> {
+    use crate::SemaphoreExt;
+    match permits {
+        Some(n) => Ok(backend
+            .semaphore(name, n)?
+            .acquire(opts)
+            .await?
+            .into_inner()),
+        None => backend.lock(name, opts).await,
+    }
+}
+
 /// Holds for `d` precisely: the timer sleeps through all but the last 1.5 ms (tokio's timer wheel
 /// rounds a sleep up to the next millisecond tick, so `sleep(1ms)` lasts about 2 ms), then the
 /// task yields until the deadline. The yielding keeps the runtime free for the other clients.
@@ -707,8 +750,18 @@ struct Shared {
     holding: AtomicUsize,
     violations: AtomicU64,
     slot: Mutex<Slot>,
+    occupancy: Mutex<Occupancy>,
     measure_from: Instant,
     end: Instant,
+}
+
+/// The number of holders over time, integrated over the measured window.
+struct Occupancy {
+    /// Holders since `since`.
+    holders: usize,
+    since: Instant,
+    /// Holder-seconds within the measured window so far.
+    area: f64,
 }
 
 impl Shared {
@@ -718,6 +771,33 @@ impl Shared {
 
     fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The holders changed by `delta` at `now`.
+    fn occupied(&self, delta: isize, now: Instant) {
+        let mut o = self
+            .occupancy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        o.area += self.window_overlap(o.since, now) * o.holders as f64;
+        o.holders = o.holders.saturating_add_signed(delta);
+        o.since = now;
+    }
+
+    /// Seconds of `[from, to]` inside the measured window.
+    fn window_overlap(&self, from: Instant, to: Instant) -> f64 {
+        let (from, to) = (from.max(self.measure_from), to.min(self.end));
+        to.saturating_duration_since(from).as_secs_f64()
+    }
+
+    /// The time-weighted mean number of holders over the measured window.
+    fn mean_holders(&self) -> f64 {
+        let o = self
+            .occupancy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let area = o.area + self.window_overlap(o.since, self.end) * o.holders as f64;
+        area / self.end.duration_since(self.measure_from).as_secs_f64()
     }
 
     /// `client`'s acquire returned at `now`; the handoff latency if a different client was
@@ -814,6 +894,11 @@ async fn contended(
         holding: AtomicUsize::new(0),
         violations: AtomicU64::new(0),
         slot: Mutex::new(Slot::Free),
+        occupancy: Mutex::new(Occupancy {
+            holders: 0,
+            since: start,
+            area: 0.0,
+        }),
         measure_from: start + opts.warmup,
         end: start + opts.warmup + opts.duration,
     });
@@ -822,9 +907,9 @@ async fn contended(
         let shared = shared.clone();
         let name = name.clone();
         let lock_opts = lock_opts.clone();
-        let hold = opts.hold;
+        let (hold, permits) = (opts.hold, opts.permits);
         tasks.push(Spawned(tokio::spawn(async move {
-            contend(id, client, &name, &lock_opts, hold, &shared).await
+            contend(id, client, &name, permits, &lock_opts, hold, &shared).await
         })));
     }
 
@@ -865,9 +950,12 @@ async fn contended(
     let acquisitions: u64 = per_client.iter().sum();
     let per_client_min = per_client.iter().copied().min().unwrap_or(0);
     let per_client_max = per_client.iter().copied().max().unwrap_or(0);
-    let limit = floor_p50_us.map(|f| 1e6 / (opts.hold.as_secs_f64() * 1e6 + f));
+    let limit =
+        floor_p50_us.map(|f| opts.holders() as f64 * 1e6 / (opts.hold.as_secs_f64() * 1e6 + f));
     Ok(ContendedReport {
         name,
+        permits: opts.permits,
+        mean_holders: shared.mean_holders(),
         clients: per_client.len(),
         hold_ms: opts.hold.as_secs_f64() * 1000.0,
         ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
@@ -898,6 +986,7 @@ async fn contend(
     id: usize,
     client: Arc<dyn DistributedLock>,
     name: &str,
+    permits: Option<u32>,
     opts: &AcquireOptions,
     hold: Duration,
     shared: &Shared,
@@ -914,7 +1003,7 @@ async fn contend(
         let t0 = Instant::now();
         // Stop waiting at the end of the window: dropping the acquire future is cancel-safe.
         let acquired = tokio::select! {
-            r = client.lock(name, opts) => r,
+            r = hold_one(&client, name, permits, opts) => r,
             _ = tokio::time::sleep_until(end.into()) => break,
         };
         let t1 = Instant::now();
@@ -927,14 +1016,19 @@ async fn contend(
                 continue;
             }
         };
-        if shared.holding.fetch_add(1, Ordering::SeqCst) != 0 {
+        let most = permits.map_or(1, |p| p as usize);
+        if shared.holding.fetch_add(1, Ordering::SeqCst) >= most {
             shared.violations.fetch_add(1, Ordering::SeqCst);
             tracing::error!(
                 client = id,
-                "mutual exclusion violated: two clients hold the lock"
+                "exclusion violated: more clients hold than the lock (or semaphore) admits"
             );
         }
-        let handoff = shared.acquired(id, t1);
+        shared.occupied(1, t1);
+        let handoff = match permits {
+            Some(_) => None,
+            None => shared.acquired(id, t1),
+        };
         let measured = shared.measuring(t1);
         if measured {
             stats.acquisitions += 1;
@@ -950,7 +1044,9 @@ async fn contend(
         }
         // Leave the critical section before the store can hand the lock to someone else.
         shared.holding.fetch_sub(1, Ordering::SeqCst);
-        shared.releasing(id, Instant::now());
+        let now = Instant::now();
+        shared.occupied(-1, now);
+        shared.releasing(id, now);
         match guard.release().await {
             Ok(Released::Released) => {}
             Ok(Released::NotHeld) => {

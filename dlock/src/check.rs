@@ -56,6 +56,9 @@ pub struct CheckRun {
     pub left_held: Vec<String>,
     /// Names of this run removed from the store afterwards, fence counters included.
     pub forgotten: usize,
+    /// Wall time of the whole run, in seconds (the unit of each case's `seconds`): every case
+    /// plus the clean-up afterwards.
+    pub seconds: f64,
 }
 
 impl CheckRun {
@@ -93,6 +96,7 @@ pub async fn run(
     options: &CheckOptions,
     mut progress: impl FnMut(usize, usize, &Report),
 ) -> CheckRun {
+    let started = Instant::now();
     let cases = selected(options);
     let mut reports = Vec::with_capacity(cases.len());
     for (i, case) in cases.iter().enumerate() {
@@ -112,6 +116,7 @@ pub async fn run(
         not_applicable,
         left_held,
         forgotten,
+        seconds: started.elapsed().as_secs_f64(),
     }
 }
 
@@ -171,6 +176,7 @@ pub fn render(run: &CheckRun) -> String {
             run.left_held.join(", ")
         ));
     }
+    out.push_str(&format!("total {:.2}s\n", run.seconds));
     out
 }
 

@@ -183,11 +183,17 @@ fn merge_query(url: &str, overrides: &[(String, String)]) -> String {
     if overrides.is_empty() {
         return url.to_owned();
     }
-    let (body, fragment) = match url.find('#') {
-        Some(i) => url.split_at(i),
-        None => (url, ""),
+    // The query is found by the one URL rule (a password may contain `?` or `#`).
+    let parts = match lockcore::UrlParts::split(url) {
+        Ok(parts) => parts,
+        // Connecting will say what is wrong with it; the options are added at the end.
+        Err(_) => {
+            let params: Vec<String> = overrides.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let sep = if url.contains('?') { '&' } else { '?' };
+            return format!("{url}{sep}{}", params.join("&"));
+        }
     };
-    let (base, query) = body.split_once('?').unwrap_or((body, ""));
+    let query = parts.query;
     let mut params: Vec<String> = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let key = pair.split_once('=').map_or(pair, |(k, _)| k);
@@ -206,7 +212,7 @@ fn merge_query(url: &str, overrides: &[(String, String)]) -> String {
         }
     }
     params.extend(overrides.iter().map(|(k, v)| format!("{k}={v}")));
-    format!("{base}?{}{fragment}", params.join("&"))
+    parts.with_query(&params.join("&"))
 }
 
 /// `d` as the largest exact unit humantime parses back: `30s`, `250ms`, `1500us`, `7ns`.
@@ -253,6 +259,19 @@ mod tests {
         assert_eq!(
             merge_query("memory://a?x=1&ttl=9s&y=2#f", &o),
             "memory://a?x=1&y=2&ttl=5s#f"
+        );
+    }
+
+    #[test]
+    fn merge_finds_the_query_after_a_password_with_url_characters() {
+        let o = vec![("ttl".to_owned(), "3s".to_owned())];
+        assert_eq!(
+            merge_query("redis://:a?b#c@h:1/0", &o),
+            "redis://:a?b#c@h:1/0?ttl=3s"
+        );
+        assert_eq!(
+            merge_query("zk://u:p/w@h/app?ttl=9s&prefix=x", &o),
+            "zk://u:p/w@h/app?prefix=x&ttl=3s"
         );
     }
 

@@ -4,13 +4,16 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use crate::{DistributedLock, Error, LockConfig, MemoryLock, Result, redact};
+use crate::{DistributedLock, Error, LockConfig, MemoryLock, NativePrimitives, Result, redact};
 
 /// A connection in progress.
 type Connecting<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>>> + Send + 'a>>;
 
 /// A backend's constructor: takes the full URL, returns a connected client.
 type ConnectFn = for<'a> fn(&'a str) -> Connecting<'a>;
+
+/// What a backend offers natively for a URL, read from the URL alone (no I/O).
+type NativeFn = fn(&str) -> Result<NativePrimitives>;
 
 /// One compiled-in backend and the URL schemes it serves.
 #[derive(Clone, Copy)]
@@ -20,6 +23,7 @@ pub struct Backend {
     /// Schemes it serves, lowercase, without `://`.
     pub schemes: &'static [&'static str],
     connect: ConnectFn,
+    native: NativeFn,
 }
 
 impl std::fmt::Debug for Backend {
@@ -45,9 +49,24 @@ fn connect_redis(url: &str) -> Connecting<'_> {
     Box::pin(backend_redis::connect(url))
 }
 
+#[cfg(feature = "redlock")]
+fn connect_redlock(url: &str) -> Connecting<'_> {
+    Box::pin(backend_redlock::connect(url))
+}
+
 #[cfg(feature = "zk")]
 fn connect_zk(url: &str) -> Connecting<'_> {
     Box::pin(backend_zk::connect(url))
+}
+
+#[cfg(feature = "dual")]
+fn native_dual(url: &str) -> Result<NativePrimitives> {
+    let config = backend_dual::DualConfig::parse(url)?;
+    let (first, second) = (
+        native_primitives(&config.first)?,
+        native_primitives(&config.second)?,
+    );
+    Ok(backend_dual::native_of(first, second))
 }
 
 #[cfg(feature = "dual")]
@@ -66,30 +85,50 @@ static BACKENDS: &[Backend] = &[
         name: "memory",
         schemes: &["memory"],
         connect: connect_memory,
+        native: |_| Ok(lockcore::memory::NATIVE),
     },
     #[cfg(feature = "sql")]
     Backend {
         name: "sql",
         schemes: backend_sql::SCHEMES,
         connect: connect_sql,
+        native: |_| Ok(backend_sql::NATIVE),
     },
     #[cfg(feature = "redis")]
     Backend {
         name: "redis",
         schemes: backend_redis::SCHEMES,
         connect: connect_redis,
+        native: |_| Ok(backend_redis::NATIVE),
+    },
+    #[cfg(feature = "redlock")]
+    Backend {
+        name: "redlock",
+        schemes: backend_redlock::SCHEMES,
+        connect: connect_redlock,
+        native: |_| Ok(backend_redlock::NATIVE),
+    },
+    // The Tair emulation is backend-redis's too; its `connect` serves both.
+    #[cfg(feature = "redis")]
+    Backend {
+        name: "tair",
+        schemes: backend_redis::tair::SCHEMES,
+        connect: connect_redis,
+        native: |_| Ok(backend_redis::tair::NATIVE),
     },
     #[cfg(feature = "zk")]
     Backend {
         name: "zk",
         schemes: backend_zk::SCHEMES,
         connect: connect_zk,
+        native: |_| Ok(backend_zk::NATIVE),
     },
     #[cfg(feature = "dual")]
     Backend {
         name: "dual",
         schemes: backend_dual::SCHEMES,
         connect: connect_dual,
+        native: native_dual,
     },
 ];
 
@@ -133,6 +172,24 @@ pub fn scheme_of(url: &str) -> Result<String> {
         ));
     }
     Ok(scheme.to_ascii_lowercase())
+}
+
+/// What the store at `url` offers besides the mutex (read-write locks, semaphores), read from
+/// the URL alone, so that a command can refuse what the store cannot do before any I/O. The
+/// connected client's [`Capabilities::native`](crate::Capabilities) says the same.
+///
+/// # Errors
+/// As [`connect`] for a malformed URL or an unknown scheme; no I/O.
+pub fn native_primitives(url: &str) -> Result<NativePrimitives> {
+    let scheme = scheme_of(url)?;
+    let backend = BACKENDS
+        .iter()
+        .find(|b| b.schemes.contains(&scheme.as_str()))
+        .ok_or_else(|| Error::UnsupportedScheme {
+            scheme,
+            available: schemes(),
+        })?;
+    (backend.native)(url.trim())
 }
 
 /// Connects to the lock store named by `url`; the scheme picks the backend.

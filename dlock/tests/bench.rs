@@ -191,3 +191,38 @@ async fn dropping_the_bench_stops_its_clients() {
         "the name was acquired after the drop"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_bench_counts_holders_and_never_more_than_its_permits() {
+    let opts = short("memory://bench-sem", Mode::All).clients(6).permits(3);
+    let report = bench::run(&opts).await.unwrap();
+    let u = report.uncontended.expect("uncontended phase ran");
+    assert!(u.pairs > 0);
+    assert_eq!(u.errors, 0, "{:?}", u.first_error);
+    let c = report.contended.expect("contended phase ran");
+    assert_eq!(c.permits, Some(3));
+    assert_eq!(c.violations, 0);
+    assert_eq!(c.errors, 0, "{:?}", c.first_error);
+    assert!(c.acquisitions > 0);
+    assert_eq!(
+        c.handoff.count, 0,
+        "no one-to-one handoff with several holders"
+    );
+    // Never more than the permits at once; more than one at once on average, which a
+    // semaphore that behaved as a mutex could not reach.
+    assert!(c.mean_holders <= 3.0 + 1e-9, "{}", c.mean_holders);
+    assert!(c.mean_holders > 1.0, "{}", c.mean_holders);
+    assert!(c.limit_per_sec.is_some());
+    // The lock's bench says one holder at most.
+    let lock = bench::run(&short("memory://bench-sem-lock", Mode::Contended))
+        .await
+        .unwrap()
+        .contended
+        .expect("contended phase ran");
+    assert_eq!(lock.permits, None);
+    assert!(lock.mean_holders <= 1.0 + 1e-9, "{}", lock.mean_holders);
+    assert!(matches!(
+        bench::run(&short("memory://x", Mode::All).permits(0)).await,
+        Err(dlock::Error::InvalidArgument { .. })
+    ));
+}

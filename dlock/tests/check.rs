@@ -61,6 +61,13 @@ fn assert_complete_json(o: &Output, caps: &lockcore::Capabilities) {
     }
     assert_eq!(json["failed"], 0);
     assert_eq!(json["left_held"].as_array().map(Vec::len), Some(0));
+    // The run's total, in the cases' unit: at least their sum (it adds the clean-up).
+    let sum: f64 = cases.iter().filter_map(|c| c["seconds"].as_f64()).sum();
+    assert!(
+        json["seconds"].as_f64().is_some_and(|t| t >= sum),
+        "the run's total seconds ({}) is missing or below the cases' sum ({sum})",
+        json["seconds"]
+    );
     // Every case that ran made names; all of them were removed afterwards.
     assert!(
         json["forgotten"]
@@ -88,8 +95,12 @@ fn check_sqlite_file_passes_every_applicable_case_and_prints_a_table() {
     let rows: Vec<&str> = table.lines().collect();
     assert_eq!(
         rows.len(),
-        4,
-        "two cases, the totals and the clean-up:\n{table}"
+        5,
+        "two cases, the totals, the clean-up and the run's time:\n{table}"
+    );
+    assert!(
+        rows[4].starts_with("total ") && rows[4].ends_with('s'),
+        "{table}"
     );
     assert!(rows[0].starts_with("fencing_tokens_increase ") && rows[0].contains(" pass "));
     assert!(

@@ -220,12 +220,12 @@ fn wait_for(path: &Path, within: Duration) {
 }
 
 #[test]
-fn sigterm_is_forwarded_the_child_finishes_and_dlock_exits_143() {
+fn sigterm_is_forwarded_and_dlock_exits_with_the_commands_status() {
     let dir = tempfile::tempdir().unwrap();
     let started = dir.path().join("started");
     let got = dir.path().join("got-term");
     let script = format!(
-        "trap 'echo term > {got}; exit 0' TERM; touch {started}; while :; do sleep 0.05; done",
+        "trap 'echo term > {got}; exit 3' TERM; touch {started}; while :; do sleep 0.05; done",
         got = got.display(),
         started = started.display()
     );
@@ -254,7 +254,12 @@ fn sigterm_is_forwarded_the_child_finishes_and_dlock_exits_143() {
         .unwrap();
     assert!(kill.success());
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the command handled SIGTERM and exited 3: {}",
+        stderr(&out)
+    );
     assert!(got.exists(), "the command did not get SIGTERM");
 }
 
@@ -290,6 +295,11 @@ fn a_command_ignoring_sigterm_is_killed_after_grace() {
         .status()
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(137),
+        "the command ended by SIGKILL: {}",
+        stderr(&out)
+    );
     assert!(stderr(&out).contains("SIGKILL"), "{}", stderr(&out));
 }

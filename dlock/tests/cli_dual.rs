@@ -12,19 +12,7 @@ use dlock::{AcquireOptions, DistributedLock, KeepAlive, LockExt, Wait};
 
 mod common;
 
-use common::{dlock, run, text};
-
-fn enc(url: &str) -> String {
-    url.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
+use common::{dlock, enc, run, text};
 
 struct Stores {
     _zk: ZooKeeper,

@@ -236,3 +236,30 @@ fn lock_config_debug_is_redacted() {
     assert!(!shown.contains("hunter2"), "{shown}");
     assert!(shown.contains("u:***@h"), "{shown}");
 }
+
+/// What `native_primitives` reads from a URL (no I/O) is what the connected client says, for
+/// the stores that need no server; a malformed URL is the same error as `connect`'s.
+#[tokio::test]
+async fn native_primitives_from_the_url_match_the_connected_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite = format!("sqlite://{}", dir.path().join("native.db").display());
+    let dual = format!(
+        "dual://?first={}&second={}",
+        dlock::percent_encode("memory://native-first"),
+        dlock::percent_encode(&sqlite)
+    );
+    for url in ["memory://native", sqlite.as_str(), dual.as_str()] {
+        let from_url = dlock::native_primitives(url).unwrap();
+        let connected = dlock::connect(url).await.unwrap().capabilities().native;
+        assert_eq!(from_url, connected, "{url}");
+    }
+    assert!(dlock::native_primitives("memory://x").unwrap().semaphore);
+    assert!(matches!(
+        dlock::native_primitives("nosuch://x"),
+        Err(Error::UnsupportedScheme { .. })
+    ));
+    assert!(matches!(
+        dlock::native_primitives("dual://?first=memory://a"),
+        Err(Error::InvalidConfig { .. })
+    ));
+}

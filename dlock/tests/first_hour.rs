@@ -174,7 +174,7 @@ fn ttl_out_of_bounds_is_a_usage_error_before_connecting() {
 }
 
 #[test]
-fn an_empty_url_is_a_usage_error_not_the_default_store() {
+fn an_empty_url_is_a_configuration_error_not_the_default_store() {
     let home = tempfile::tempdir().unwrap();
     for (flag, env) in [(Some(""), None), (None, Some("")), (Some("  "), None)] {
         let mut cmd = dlock();
@@ -188,7 +188,7 @@ fn an_empty_url_is_a_usage_error_not_the_default_store() {
         }
         cmd.args(["--name", "x", "--", "true"]);
         let o = output(&mut cmd);
-        assert_eq!(o.status.code(), Some(64), "{}", all_text(&o));
+        assert_eq!(o.status.code(), Some(78), "{}", all_text(&o));
         assert!(all_text(&o).contains("URL is empty"), "{}", all_text(&o));
     }
     assert!(

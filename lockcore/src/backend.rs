@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use crate::{
     AcquireOptions, Capabilities, ClientDefaults, Error, Lease, LockInfo, LockName, LostReason,
-    Released, Result,
+    Released, Result, SemaphoreInfo,
 };
 
 /// What a backend implements. Object-safe: `Arc<dyn DistributedLock>` is what `dlock::connect`
@@ -118,6 +118,56 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// One attempt at a permit of the counting semaphore `name` with `permits` permits:
+    /// `Ok(None)` when all are taken (or, on a fair backend, when others are queued). Only for
+    /// backends whose capabilities say
+    /// [`NativePrimitives::semaphore`](crate::NativePrimitives). A semaphore is its own object:
+    /// it does not exclude the lock of the same name, and its fencing tokens are its own
+    /// (unique and increasing per semaphore). The permit's lease is released and extended like
+    /// any other. `permits` is checked by the caller (1 ..= [`MAX_PERMITS`](crate::MAX_PERMITS)).
+    ///
+    /// # Cancel safety
+    /// As [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) by default;
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the store records another
+    /// count for `name` and the semaphore is in use; store failures.
+    async fn try_acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        let _ = (name, permits, opts);
+        Err(crate::Error::Unsupported {
+            operation: "semaphore",
+            backend: self.capabilities().backend,
+        })
+    }
+
+    /// Waits for a permit of the semaphore `name` until `deadline` (`Ok(None)`); `None` means no
+    /// deadline. FIFO where the backend queues.
+    ///
+    /// # Cancel safety
+    /// As [`acquire_wait`](Self::acquire_wait).
+    ///
+    /// # Errors
+    /// As [`try_acquire_permit`](Self::try_acquire_permit).
+    async fn acquire_permit_wait(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        let _ = (name, permits, opts, deadline);
+        Err(crate::Error::Unsupported {
+            operation: "semaphore",
+            backend: self.capabilities().backend,
+        })
+    }
+
     /// Owner-checked release: frees the lock only if `lease` is still the current holder.
     /// Idempotent: a second call returns [`Released::NotHeld`].
     ///
@@ -179,6 +229,23 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// # Errors
     /// Store failures.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>>;
+
+    /// The holders and waiters of the semaphore `name`; `Ok(None)` when the store has never
+    /// seen it. For backends whose capabilities say
+    /// [`NativePrimitives::semaphore`](crate::NativePrimitives).
+    ///
+    /// # Cancel safety
+    /// Read-only; safe to drop.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) by default; store failures.
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>> {
+        let _ = name;
+        Err(crate::Error::Unsupported {
+            operation: "semaphore",
+            backend: self.capabilities().backend,
+        })
+    }
 
     /// Deletes every trace of `name` in the store, its fencing counter included, unless someone
     /// holds it or waits for it (`Ok(false)` then; `Ok(true)` when nothing of it is left).

@@ -71,6 +71,26 @@ pub struct NativePrimitives {
     pub semaphore: bool,
 }
 
+impl NativePrimitives {
+    /// The primitives with these flags (a backend's `NATIVE` constant).
+    pub const fn new(reentrant: bool, read_write: bool, semaphore: bool) -> Self {
+        NativePrimitives {
+            reentrant,
+            read_write,
+            semaphore,
+        }
+    }
+
+    /// What both `self` and `other` offer (a store made of two).
+    pub const fn and(self, other: NativePrimitives) -> Self {
+        NativePrimitives::new(
+            self.reentrant && other.reentrant,
+            self.read_write && other.read_write,
+            self.semaphore && other.semaphore,
+        )
+    }
+}
+
 /// A backend's guarantees.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -97,6 +117,17 @@ pub struct Capabilities {
     /// (the name's counter moves to `max(counter + 1, floor)` in the granting step). Backends
     /// whose tokens the store assigns by itself (ZooKeeper's `czxid`) cannot.
     pub token_floor: bool,
+    /// For [`Expiry::Session`] stores: the session timeout the server granted this client's
+    /// current session, which is how long a lock outlives a holder that died without releasing
+    /// it (the server may have clamped the timeout asked for to its own bounds). `None` for ttl
+    /// stores, whose leases end at their ttl.
+    pub session_timeout: Option<std::time::Duration>,
+    /// Whether lock names are paths in the store's own tree (ZooKeeper in Curator's or kazoo's
+    /// layout, where `a/b` is the znode `{chroot}/a/b` those libraries lock too). Such a store
+    /// refuses names that are no path there (`.`, `..`, an empty segment) with
+    /// [`Error::InvalidName`](crate::Error::InvalidName) before any I/O, instead of keeping
+    /// every [`LockName`](crate::LockName) distinct by escaping it.
+    pub path_names: bool,
 }
 
 impl Capabilities {
@@ -118,6 +149,8 @@ impl Capabilities {
             shared_across_processes: true,
             bounded_requests: false,
             token_floor: false,
+            session_timeout: None,
+            path_names: false,
         }
     }
 
@@ -129,9 +162,23 @@ impl Capabilities {
         self
     }
 
+    /// Records the session timeout granted to a session store's client (see
+    /// [`Capabilities::session_timeout`]).
+    pub fn session_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
     /// Declares that acquisitions honour a token floor (see [`Capabilities::token_floor`]).
     pub fn token_floor(mut self, carries: bool) -> Self {
         self.token_floor = carries;
+        self
+    }
+
+    /// Declares that lock names are paths in the store's tree (see
+    /// [`Capabilities::path_names`]).
+    pub fn path_names(mut self, paths: bool) -> Self {
+        self.path_names = paths;
         self
     }
 
@@ -142,13 +189,25 @@ impl Capabilities {
     }
 
     /// Sets the native primitives.
-    pub fn native(mut self, reentrant: bool, read_write: bool, semaphore: bool) -> Self {
-        self.native = NativePrimitives {
-            reentrant,
-            read_write,
-            semaphore,
-        };
+    pub fn native(mut self, native: NativePrimitives) -> Self {
+        self.native = native;
         self
+    }
+
+    /// `Ok` when `has` (one of [`Capabilities::native`]'s flags) is set, else
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for `operation` on this backend. No I/O.
+    ///
+    /// # Errors
+    /// As said.
+    pub fn require(&self, has: bool, operation: &'static str) -> crate::Result<()> {
+        if has {
+            Ok(())
+        } else {
+            Err(crate::Error::Unsupported {
+                operation,
+                backend: self.backend,
+            })
+        }
     }
 }
 
@@ -159,10 +218,14 @@ impl fmt::Display for Capabilities {
             Fencing::Conditional { assumption } => format!("conditional ({assumption})"),
             Fencing::None => "none".to_owned(),
         };
+        let expiry = match (self.expiry, self.session_timeout) {
+            (Expiry::Session, Some(t)) => format!("Session (timeout {t:?})"),
+            (e, _) => format!("{e:?}"),
+        };
         write!(
             f,
-            "{}: fencing {fencing}; expiry {:?}; fairness {:?}; waiting {:?}",
-            self.backend, self.expiry, self.fairness, self.waiting
+            "{}: fencing {fencing}; expiry {expiry}; fairness {:?}; waiting {:?}",
+            self.backend, self.fairness, self.waiting
         )
     }
 }

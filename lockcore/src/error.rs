@@ -85,6 +85,18 @@ pub enum Error {
         /// Backend name.
         backend: &'static str,
     },
+    /// The store refused this client: a password is needed and none was given, the user name
+    /// or password is wrong, or the store's access control does not let this user do what the
+    /// lock needs. Not retryable: the configuration has to change.
+    #[error("{backend}: access denied for {operation}: {reason}")]
+    AccessDenied {
+        /// Backend name.
+        backend: &'static str,
+        /// The operation that was refused (`connect`, `acquire`, ...).
+        operation: &'static str,
+        /// What the store said and what to do about it (never contains a password).
+        reason: String,
+    },
     /// The store failed (I/O, protocol or server error).
     #[error("{backend}: {operation}{} failed: {source}", name.as_ref().map(|n| format!(" of lock {n:?}")).unwrap_or_default())]
     Backend {
@@ -142,6 +154,19 @@ impl Error {
             name: name.map(|n| n.as_str().to_owned()),
             retryable,
             source: source.into(),
+        }
+    }
+
+    /// Shorthand for [`Error::AccessDenied`].
+    pub fn access_denied(
+        backend: &'static str,
+        operation: &'static str,
+        reason: impl Into<String>,
+    ) -> Self {
+        Error::AccessDenied {
+            backend,
+            operation,
+            reason: reason.into(),
         }
     }
 

@@ -2,106 +2,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::held::{LostReason, Shared, lock};
 use crate::{DistributedLock, Error, FencingToken, KeepAlive, Lease, LockName, Released, Result};
-
-/// Why a lock is no longer held.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// The lease ran out without being renewed.
-    Expired,
-    /// The store says another owner holds it (or nobody does) before our lease ran out.
-    Taken,
-    /// Renewals failed because the store could not be reached, until the lease ran out.
-    ConnectionLost,
-    /// The client session that held the lock ended (session-based backends).
-    SessionExpired,
-    /// A quorum backend lost its majority.
-    QuorumLost,
-    /// The keep-alive cap (renewals or hold time) was reached and the lease then ran out.
-    RenewalLimit,
-}
-
-impl LostReason {
-    /// The reason implied by a failed renewal.
-    pub fn from_error(error: &Error) -> Self {
-        match error {
-            Error::LockLost { .. } => LostReason::Taken,
-            Error::QuorumNotReached { .. } => LostReason::QuorumLost,
-            _ => LostReason::ConnectionLost,
-        }
-    }
-}
-
-impl fmt::Display for LostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = match self {
-            LostReason::Expired => "the lease expired",
-            LostReason::Taken => "the lock was taken by another owner",
-            LostReason::ConnectionLost => "the store could not be reached to renew the lease",
-            LostReason::SessionExpired => "the client session expired",
-            LostReason::QuorumLost => "the quorum was lost",
-            LostReason::RenewalLimit => "the keep-alive limit was reached",
-        };
-        f.write_str(s)
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(crate) struct Shared {
-    backend: &'static str,
-    /// Set when the guard is released or dropped: the renewer stops renewing it.
-    finished: AtomicBool,
-    lease: Mutex<Lease>,
-    /// The reason to report when `valid_until` passes without a renewal.
-    fallback: Mutex<LostReason>,
-    lost: watch::Sender<Option<LostReason>>,
-}
-
-impl Shared {
-    pub(crate) fn is_finished(&self) -> bool {
-        self.finished.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn store_lease(&self, lease: Lease) {
-        *lock(&self.lease) = lease;
-    }
-
-    pub(crate) fn fallback(&self) -> LostReason {
-        *lock(&self.fallback)
-    }
-
-    pub(crate) fn lease(&self) -> Lease {
-        lock(&self.lease).clone()
-    }
-
-    pub(crate) fn set_lost(&self, reason: LostReason) {
-        let changed = self.lost.send_if_modified(|v| {
-            if v.is_none() {
-                *v = Some(reason);
-                true
-            } else {
-                false
-            }
-        });
-        if changed {
-            let lease = self.lease();
-            tracing::warn!(backend = self.backend, lock = %lease.name(), token = lease.token().0, %reason, "lock lost");
-        }
-    }
-
-    pub(crate) fn set_fallback(&self, reason: LostReason) {
-        *lock(&self.fallback) = reason;
-    }
-}
 
 /// A cheap, clonable view of a held lease: validity, token and the lost signal. Obtained from
 /// [`LockGuard::watch`]; it does not keep the lock.
@@ -333,20 +240,62 @@ impl Drop for LockGuard {
             return;
         }
         let lease = self.watch.lease();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                let backend = self.backend.clone();
-                rt.spawn(async move {
-                    match backend.release(&lease).await {
-                        Ok(outcome) => tracing::debug!(lock = %lease.name(), ?outcome, "lock released on drop"),
-                        Err(e) => tracing::warn!(lock = %lease.name(), error = %e, "release on drop failed; the lease will end at its ttl"),
-                    }
-                });
+        let backend = self.backend.clone();
+        let name = lease.name().clone();
+        let spawned = crate::cleanup::spawn_counted(async move {
+            match backend.release(&lease).await {
+                Ok(outcome) => {
+                    tracing::debug!(lock = %lease.name(), ?outcome, "lock released on drop")
+                }
+                Err(e) => {
+                    tracing::warn!(lock = %lease.name(), error = %e, "release on drop failed; the lease will end at its ttl")
+                }
             }
-            Err(_) => tracing::warn!(
-                lock = %lease.name(),
+        });
+        if spawned.is_none() {
+            tracing::warn!(
+                lock = %name,
                 "LockGuard dropped outside a tokio runtime; the lock stays until its ttl runs out"
-            ),
+            );
         }
     }
 }
+
+/// A guard type for one kind of hold (read, write, permit): a [`LockGuard`] under a name that
+/// says what it holds.
+macro_rules! guard_type {
+    ($name:ident, $what:literal) => {
+        #[doc = concat!("A held ", $what, ": a [`LockGuard`](crate::LockGuard) (keep-alive, `lost()`, ")]
+        #[doc = "`extend`, release on drop) under a type that says what it holds. Derefs to the guard."]
+        #[must_use = "dropping the guard releases the lock at once; keep it alive while the work runs"]
+        #[derive(Debug)]
+        pub struct $name(crate::LockGuard);
+
+        impl $name {
+            /// Releases the hold (owner-checked; `Released::NotHeld` if it was already lost).
+            ///
+            /// # Cancel safety
+            /// As [`LockGuard::release`](crate::LockGuard::release).
+            ///
+            /// # Errors
+            /// Store failures (the hold then ends at its ttl).
+            pub async fn release(self) -> crate::Result<crate::Released> {
+                self.0.release().await
+            }
+
+            /// The plain guard.
+            pub fn into_inner(self) -> crate::LockGuard {
+                self.0
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = crate::LockGuard;
+            fn deref(&self) -> &crate::LockGuard {
+                &self.0
+            }
+        }
+    };
+}
+
+pub(crate) use guard_type;

@@ -1,11 +1,14 @@
 #![doc = include_str!("../README.md")]
 
+mod acquire;
+mod authority;
 mod backend;
 mod capabilities;
-mod cleanup;
+pub mod cleanup;
 mod error;
 mod ext;
 mod guard;
+mod held;
 mod lease;
 pub mod memory;
 mod multi;
@@ -16,26 +19,34 @@ mod redact;
 mod reentrant;
 mod renewer;
 mod rw;
+mod semaphore;
 pub mod wait;
 
+pub use acquire::{Access, acquire, lock_name};
+pub use authority::{ENCODE_HINT, UrlError, UrlParts};
 pub use backend::{DistributedLock, RawFloor};
 pub use capabilities::{Capabilities, Expiry, Fairness, Fencing, NativePrimitives, WaitMechanism};
 pub use cleanup::spawn_cleanup;
 pub use error::{BoxError, Error, Result};
-pub use ext::{LockExt, acquire, lock_name};
-pub use guard::{LeaseWatch, LockGuard, LostReason};
+pub use ext::LockExt;
+pub use guard::{LeaseWatch, LockGuard};
+pub use held::LostReason;
 pub use lease::{FencingToken, Lease, LockInfo, OwnerId, Released};
 pub use memory::MemoryLock;
 pub use multi::MultiGuard;
 pub use name::{LockName, MAX_NAME_BYTES};
 pub use options::{
     AcquireOptions, ClientDefaults, DEFAULT_TTL, KeepAlive, MAX_TTL, MIN_TTL, Wait, check_ttl,
-    default_drift, parse_duration,
+    default_drift, option_duration, parse_duration,
 };
-pub use percent::{PercentError, percent_decode};
+pub use percent::{PercentError, percent_decode, percent_encode};
 pub use redact::{redact_url, scrub, secrets_of};
 pub use reentrant::{Owner, ReentrantGuard};
-pub use rw::{Access, ReadGuard, ReadWriteExt, WriteGuard};
+pub use rw::{ReadGuard, ReadWriteExt, WriteGuard};
+pub use semaphore::{
+    MAX_PERMITS, PermitGuard, PermitHolder, Semaphore, SemaphoreExt, SemaphoreInfo, check_permits,
+    permits_mismatch,
+};
 
 /// Re-exported so backends implement the trait with the same macro version.
 pub use async_trait::async_trait;

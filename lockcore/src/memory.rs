@@ -1,5 +1,5 @@
 //! The in-memory reference backend (`memory://namespace`): process-local, strict fencing, FIFO
-//! waiters woken by [`Notify`], TTL expiry, read-write locks. It is the contract's executable
+//! waiters woken by [`Notify`], TTL expiry, read-write locks, counting semaphores. It is the contract's executable
 //! specification and the conformance suite's own test subject.
 
 use std::collections::{HashMap, VecDeque};
@@ -10,13 +10,17 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
+use crate::cleanup::{CleanupGuard, Undo};
 use crate::{
     Access, AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
-    Fencing, FencingToken, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result,
-    WaitMechanism,
+    Fencing, FencingToken, Lease, LockInfo, LockName, NativePrimitives, OwnerId, PermitHolder,
+    RawFloor, Released, Result, SemaphoreInfo, WaitMechanism,
 };
 
 const BACKEND: &str = "memory";
+
+/// What the memory backend offers besides the mutex: read-write locks and semaphores.
+pub const NATIVE: NativePrimitives = NativePrimitives::new(false, true, true);
 
 struct Holder {
     owner: OwnerId,
@@ -28,8 +32,11 @@ struct Holder {
 struct Entry {
     /// The exclusive (write) holder.
     holder: Option<Holder>,
-    /// Shared (read) holders; their leases may have run out (see `live_readers`).
+    /// Shared (read) holders, or a semaphore's permit holders; their leases may have run out
+    /// (see `live_readers`).
     readers: Vec<Holder>,
+    /// A semaphore's count, as its first caller while in use gave it.
+    permits: u32,
     /// Last token handed out; entries are never removed (but by `forget`), so the fence never
     /// resets.
     fence: u64,
@@ -54,7 +61,27 @@ impl Entry {
         match access {
             Access::Exclusive => !writer && !self.live_readers(now),
             Access::Shared => !writer,
+            Access::Permit(n) => {
+                self.live_readers(now);
+                self.readers.len() < n as usize
+            }
         }
+    }
+
+    /// For a semaphore: records `asked` as its count when nobody holds or waits; else refuses
+    /// another count than the recorded one.
+    fn check_count(&mut self, name: &LockName, access: Access, now: Instant) -> Result<()> {
+        let Access::Permit(asked) = access else {
+            return Ok(());
+        };
+        if self.live_readers(now) || !self.queue.is_empty() {
+            if self.permits != asked {
+                return Err(crate::permits_mismatch(name, self.permits.into(), asked));
+            }
+        } else {
+            self.permits = asked;
+        }
+        Ok(())
     }
 
     /// When the earliest current hold that blocks `access` runs out.
@@ -68,6 +95,14 @@ impl Entry {
                 .map(|r| r.expires)
                 .min(),
             Access::Shared => None,
+            // The earliest permit to run out, when all are taken.
+            Access::Permit(n) if self.readers.len() >= n as usize => self
+                .readers
+                .iter()
+                .filter(|r| r.expires > now)
+                .map(|r| r.expires)
+                .min(),
+            Access::Permit(_) => None,
         };
         match (writer, readers) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -84,12 +119,15 @@ impl Entry {
         now: Instant,
     ) -> Lease {
         let lease = self.grant(name, opts, started, now);
-        if access == Access::Shared
+        if access != Access::Exclusive
             && let Some(h) = self.holder.take()
         {
             self.readers.push(h);
         }
-        lease
+        match access {
+            Access::Permit(_) => lease.with_handle(PERMIT),
+            _ => lease,
+        }
     }
 
     fn grant(
@@ -127,6 +165,8 @@ impl Entry {
 #[derive(Default)]
 struct Namespace {
     entries: Mutex<HashMap<LockName, Entry>>,
+    /// Semaphores: objects apart from the locks of the same names.
+    semaphores: Mutex<HashMap<LockName, Entry>>,
     next_waiter: AtomicU64,
 }
 
@@ -134,7 +174,33 @@ impl Namespace {
     fn entries(&self) -> MutexGuard<'_, HashMap<LockName, Entry>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    fn semaphores(&self) -> MutexGuard<'_, HashMap<LockName, Entry>> {
+        self.semaphores
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The locks, or the semaphores for a permit.
+    fn of(&self, access: Access) -> MutexGuard<'_, HashMap<LockName, Entry>> {
+        match access {
+            Access::Permit(_) => self.semaphores(),
+            _ => self.entries(),
+        }
+    }
+
+    /// The map a lease's hold lives in.
+    fn of_lease(&self, lease: &Lease) -> MutexGuard<'_, HashMap<LockName, Entry>> {
+        if lease.handle() == Some(PERMIT) {
+            self.semaphores()
+        } else {
+            self.entries()
+        }
+    }
 }
+
+/// The handle of a permit's lease.
+const PERMIT: &str = "permit";
 
 fn registry() -> &'static Mutex<HashMap<String, Arc<Namespace>>> {
     static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<Namespace>>>> = OnceLock::new();
@@ -213,13 +279,19 @@ impl MemoryLock {
     }
 
     /// One attempt: granted when nobody is queued and the current holds admit `access`.
-    fn try_as(&self, name: &LockName, opts: &AcquireOptions, access: Access) -> Option<Lease> {
+    fn try_as(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        access: Access,
+    ) -> Result<Option<Lease>> {
         let started = Instant::now();
-        let mut entries = self.ns.entries();
+        let mut entries = self.ns.of(access);
         let e = entries.entry(name.clone()).or_default();
         let now = Instant::now();
-        (e.queue.is_empty() && e.admits(access, now))
-            .then(|| e.grant_as(access, name, opts, started, now))
+        e.check_count(name, access, now)?;
+        Ok((e.queue.is_empty() && e.admits(access, now))
+            .then(|| e.grant_as(access, name, opts, started, now)))
     }
 
     /// Queues for `access` and waits to reach the head of the queue with the holds admitting
@@ -236,31 +308,33 @@ impl MemoryLock {
         let id = self.ns.next_waiter.fetch_add(1, Ordering::Relaxed);
         let notify = Arc::new(Notify::new());
         {
-            let mut entries = self.ns.entries();
+            let mut entries = self.ns.of(access);
             let e = entries.entry(name.clone()).or_default();
             let now = Instant::now();
+            e.check_count(name, access, now)?;
             if e.queue.is_empty() && e.admits(access, now) {
                 return Ok(Some(e.grant_as(access, name, opts, started, now)));
             }
             e.queue.push_back((id, access, notify.clone()));
         }
-        let mut cleanup = QueueCleanup {
-            ns: &self.ns,
+        let cleanup = CleanupGuard::arm(
+            BACKEND,
             name,
-            id,
-            armed: true,
-        };
+            (self.ns.clone(), name.clone(), id, access),
+            leave_queue,
+        );
         loop {
             let wake_at = {
-                let mut entries = self.ns.entries();
+                let mut entries = self.ns.of(access);
                 let e = entries.entry(name.clone()).or_default();
                 let now = Instant::now();
                 let at_head = e.queue.front().is_some_and(|(qid, _, _)| *qid == id);
                 if at_head && e.admits(access, now) {
                     e.queue.pop_front();
-                    cleanup.armed = false;
-                    let lease = e.grant_as(access, name, opts, started, now);
-                    if access == Access::Shared {
+                    let _ = cleanup.disarm();
+                    // Counted from this grant, not from when the wait began.
+                    let lease = e.grant_as(access, name, opts, now, now);
+                    if access != Access::Exclusive {
                         e.wake_head();
                     }
                     return Ok(Some(lease));
@@ -293,28 +367,17 @@ impl MemoryLock {
     }
 }
 
-/// Removes a waiter's queue entry if its acquire future ends without the lock.
-struct QueueCleanup<'a> {
-    ns: &'a Namespace,
-    name: &'a LockName,
-    id: u64,
-    armed: bool,
-}
-
-impl Drop for QueueCleanup<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let mut entries = self.ns.entries();
-        if let Some(e) = entries.get_mut(self.name) {
-            let was_head = e.queue.front().is_some_and(|(id, _, _)| *id == self.id);
-            e.queue.retain(|(id, _, _)| *id != self.id);
-            if was_head {
-                e.wake_head();
-            }
+/// Removes waiter `id`'s queue entry of `name` in place (the undo of an interrupted wait).
+fn leave_queue((ns, name, id, access): (Arc<Namespace>, LockName, u64, Access)) -> Undo {
+    let mut entries = ns.of(access);
+    if let Some(e) = entries.get_mut(&name) {
+        let was_head = e.queue.front().is_some_and(|(qid, _, _)| *qid == id);
+        e.queue.retain(|(qid, _, _)| *qid != id);
+        if was_head {
+            e.wake_head();
         }
     }
+    Undo::Done
 }
 
 #[async_trait]
@@ -327,7 +390,7 @@ impl DistributedLock for MemoryLock {
             Fairness::Fifo,
             WaitMechanism::Notify,
         )
-        .native(false, true, false)
+        .native(NATIVE)
         .shared_across_processes(false)
         .token_floor(true)
     }
@@ -337,7 +400,7 @@ impl DistributedLock for MemoryLock {
     }
 
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
-        Ok(self.try_as(name, opts, Access::Exclusive))
+        self.try_as(name, opts, Access::Exclusive)
     }
 
     async fn acquire_wait(
@@ -354,7 +417,7 @@ impl DistributedLock for MemoryLock {
         name: &LockName,
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
-        Ok(self.try_as(name, opts, Access::Shared))
+        self.try_as(name, opts, Access::Shared)
     }
 
     async fn acquire_shared_wait(
@@ -366,8 +429,28 @@ impl DistributedLock for MemoryLock {
         self.wait_as(name, opts, deadline, Access::Shared).await
     }
 
+    async fn try_acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.try_as(name, opts, Access::Permit(permits))
+    }
+
+    async fn acquire_permit_wait(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.wait_as(name, opts, deadline, Access::Permit(permits))
+            .await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<Released> {
-        let mut entries = self.ns.entries();
+        let mut entries = self.ns.of_lease(lease);
         let Some(e) = entries.get_mut(lease.name()) else {
             return Ok(Released::NotHeld);
         };
@@ -390,7 +473,7 @@ impl DistributedLock for MemoryLock {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         crate::options::check_ttl(ttl)?;
         let started = Instant::now();
-        let mut entries = self.ns.entries();
+        let mut entries = self.ns.of_lease(lease);
         let now = Instant::now();
         let is_it = |h: &&mut Holder| {
             h.expires > now && h.owner == lease.owner() && h.token == lease.token().0
@@ -431,16 +514,40 @@ impl DistributedLock for MemoryLock {
         }))
     }
 
-    async fn forget(&self, name: &LockName) -> Result<bool> {
-        let mut entries = self.ns.entries();
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>> {
+        let mut semaphores = self.ns.semaphores();
         let now = Instant::now();
-        let busy = entries.get_mut(name).is_some_and(|e| {
-            e.live_holder(now).is_some() || e.live_readers(now) || !e.queue.is_empty()
-        });
-        if !busy {
-            entries.remove(name);
+        Ok(semaphores.get_mut(name).map(|e| {
+            let in_use = e.live_readers(now) || !e.queue.is_empty();
+            let holders = e
+                .readers
+                .iter()
+                .map(|h| PermitHolder {
+                    owner: h.owner.to_string(),
+                    token: FencingToken(h.token),
+                    remaining: Some(h.expires.saturating_duration_since(now)),
+                })
+                .collect();
+            let permits = in_use.then_some(e.permits);
+            SemaphoreInfo::new(name, permits, holders, Some(e.queue.len()))
+        }))
+    }
+
+    /// Forgets the lock `name` and the semaphore `name`, each unless it is in use.
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        let now = Instant::now();
+        let mut forgotten = true;
+        for map in [&self.ns.entries, &self.ns.semaphores] {
+            let mut entries = map.lock().unwrap_or_else(PoisonError::into_inner);
+            let busy = entries.get_mut(name).is_some_and(|e| {
+                e.live_holder(now).is_some() || e.live_readers(now) || !e.queue.is_empty()
+            });
+            if !busy {
+                entries.remove(name);
+            }
+            forgotten &= !busy;
         }
-        Ok(!busy)
+        Ok(forgotten)
     }
 
     async fn names(&self) -> Result<Vec<LockName>> {

@@ -104,7 +104,7 @@ pub(crate) async fn lock_many(
         .collect::<Result<Vec<_>>>()?;
     names.sort_by(|a, b| a.as_str().as_bytes().cmp(b.as_str().as_bytes()));
     names.dedup();
-    opts.clone().with_defaults(&backend.defaults()).validate()?;
+    let resolved = crate::acquire::resolve(backend, opts)?;
     let deadline = match opts.wait_value() {
         Wait::For(d) => Some(Instant::now() + d),
         _ => None,
@@ -115,7 +115,7 @@ pub(crate) async fn lock_many(
             (Wait::For(_), Some(d)) => Wait::For(d.saturating_duration_since(Instant::now())),
             (w, _) => w,
         };
-        match crate::ext::lock_name(backend, name, &opts.clone().wait(wait)).await {
+        match crate::acquire::lock_resolved(backend, name, &resolved.with_wait(wait)).await {
             Ok(g) => taken.push(g),
             Err(e) => {
                 tracing::debug!(lock = %name, error = %e, held = taken.len(), "lock_many: giving back what was taken");

@@ -12,6 +12,15 @@ pub const MAX_NAME_BYTES: usize = 1024;
 ///
 /// Names are case-sensitive and every backend keeps distinct names distinct (by escaping or by
 /// hashing with a suffix, never by truncating). Cloning is cheap.
+///
+/// One exception: where a store shares its locks with other libraries by path, a name *is* that
+/// path, and names that are no such path are refused with
+/// [`Error::InvalidName`](crate::Error::InvalidName) before any I/O. On `zk://` with
+/// `layout=curator` or `layout=kazoo` the name is the znode path under the chroot (`a/b` is
+/// `{chroot}/a/b`), so an empty, `.` or `..` segment, a character ZooKeeper refuses in a path, or
+/// `zookeeper/...` without a chroot is refused. Such a backend says so in
+/// [`Capabilities::path_names`](crate::Capabilities::path_names), and the shared suite's
+/// unusual-names case does not apply to it.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LockName(Arc<str>);
 

@@ -119,6 +119,7 @@ pub struct AcquireOptions {
     drift: Option<Duration>,
     owner: Option<OwnerId>,
     token_floor: Option<FencingToken>,
+    write_side: bool,
 }
 
 impl AcquireOptions {
@@ -185,6 +186,22 @@ impl AcquireOptions {
     pub fn without_token_floor(mut self) -> Self {
         self.token_floor = None;
         self
+    }
+
+    /// Marks an exclusive acquisition as the write side of a read-write lock
+    /// ([`ReadWriteExt::write_lock`](crate::ReadWriteExt::write_lock) sets it). For dlock it is
+    /// the same exclusive hold as [`LockExt::lock`](crate::LockExt::lock); a backend whose store
+    /// tells the two apart for other clients creates the writer's kind of entry (ZooKeeper in
+    /// Curator's layout, where `InterProcessMutex` and `InterProcessReadWriteLock`'s writer name
+    /// their nodes differently and each sees only its own).
+    pub fn write_side(mut self) -> Self {
+        self.write_side = true;
+        self
+    }
+
+    /// Whether [`write_side`](Self::write_side) was set.
+    pub fn is_write_side(&self) -> bool {
+        self.write_side
     }
 
     /// The owner id set with [`owner`](Self::owner), if any.
@@ -336,10 +353,7 @@ impl ClientDefaults {
     /// # Errors
     /// [`Error::InvalidConfig`] for a value that does not parse or is out of range.
     pub fn apply(&mut self, backend: &'static str, key: &str, value: &str) -> Result<bool> {
-        let parse = |v: &str| {
-            humantime::parse_duration(v)
-                .map_err(|e| Error::invalid_config(backend, format!("option `{key}={v}`: {e}")))
-        };
+        let parse = |v: &str| option_duration(backend, key, v);
         match key {
             "ttl" => {
                 let ttl = parse(value)?;
@@ -361,6 +375,21 @@ impl ClientDefaults {
         }
         Ok(true)
     }
+}
+
+/// Parses the duration value of a URL option (`ttl`, `timeout`, `session_timeout`,
+/// `node_timeout`, ...): the one rule every backend's URL parser uses, so that a bad value is
+/// [`Error::InvalidConfig`] (a configuration error, exit 78 in the CLI) on every scheme.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] naming the option and the value.
+pub fn option_duration(backend: &'static str, key: &str, value: &str) -> Result<Duration> {
+    humantime::parse_duration(value.trim()).map_err(|e| {
+        Error::invalid_config(
+            backend,
+            format!("option `{key}={value}` is not a duration ({e}); try 30s or 250ms"),
+        )
+    })
 }
 
 /// Parses a human duration such as `30s`, `250ms` or `1h 5m`.

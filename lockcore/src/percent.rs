@@ -67,6 +67,25 @@ pub fn percent_decode(text: &str) -> Result<String, PercentError> {
     String::from_utf8(decode(text, true)?).map_err(|_| PercentError::NotUtf8)
 }
 
+/// Percent-encodes every byte of `text` but the unreserved characters (letters, digits, `-`,
+/// `.`, `_`, `~`), so that it can stand anywhere in a URL.
+pub fn percent_encode(text: &str) -> String {
+    encode_keeping(text, b"")
+}
+
+/// As [`percent_encode`], also keeping the bytes in `keep`.
+pub(crate) fn encode_keeping(text: &str, keep: &[u8]) -> String {
+    let mut out = String::with_capacity(text.len() * 3);
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || keep.contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// As [`percent_decode`], but never fails: a malformed escape is kept, bytes that are not UTF-8
 /// become U+FFFD. For looking for secrets in text that may not be a valid URL.
 pub(crate) fn percent_decode_lossy(text: &str) -> String {

@@ -154,15 +154,7 @@ fn nested_url_spans(text: &str) -> Vec<(usize, usize, String)> {
 
 /// Percent-encodes everything but unreserved characters and the mask's `*`.
 fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() * 3);
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'*') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::percent::encode_keeping(text, b"*")
 }
 
 /// The secrets [`redact_url`] hides in `url`, as written and percent-decoded (empty ones left

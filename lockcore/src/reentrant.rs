@@ -83,9 +83,7 @@ impl Owner {
     /// owner held but has lost.
     pub async fn lock(&self, name: &str, opts: &AcquireOptions) -> Result<ReentrantGuard> {
         let name = LockName::new(name)?;
-        opts.clone()
-            .with_defaults(&self.backend.defaults())
-            .validate()?;
+        let opts = crate::acquire::resolve(&self.backend, opts)?;
         let slot = self.slot(&name);
         let _serial = slot.acquiring.lock().await;
         {
@@ -107,7 +105,7 @@ impl Owner {
                 });
             }
         }
-        let guard = crate::ext::lock_name(&self.backend, &name, opts).await?;
+        let guard = crate::acquire::lock_resolved(&self.backend, &name, &opts).await?;
         let watch = guard.watch();
         *slot.held.lock().unwrap_or_else(PoisonError::into_inner) = Some((guard, 1));
         Ok(ReentrantGuard {

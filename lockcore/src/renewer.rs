@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::guard::Shared;
-use crate::{DistributedLock, Error, Lease, LostReason, MIN_TTL};
+use crate::held::{LostReason, Shared};
+use crate::{DistributedLock, Error, Lease, MIN_TTL};
 
 /// A guard's keep-alive policy.
 #[derive(Clone, Copy, Debug)]
@@ -211,6 +211,15 @@ async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
             })
             .min()
             .unwrap_or(now);
+        // While a renewal is out, a lease that runs out did so because the store did not
+        // answer in time: say so before sending, so that `lost()` reports that even when this
+        // task is scheduled late (on a loaded machine the timeout below could fire after the
+        // lease's end, and `lost()` then found the reason of the previous, answered renewal).
+        for (i, _, _) in &batch {
+            if let Some(shared) = entries[*i].shared.upgrade() {
+                shared.set_fallback(LostReason::ConnectionLost);
+            }
+        }
         let requests: Vec<(Lease, Duration)> =
             batch.iter().map(|(_, l, t)| (l.clone(), *t)).collect();
         let started = Instant::now();

@@ -3,61 +3,18 @@
 //! lock of a name *is* its write lock: [`LockExt::lock`](crate::LockExt::lock) and
 //! [`ReadWriteExt::write_lock`] exclude each other and every reader. Readers and writers queue
 //! together in arrival order, so a steady stream of readers cannot starve a writer. Elsewhere
-//! every method here fails with [`Error::Unsupported`] before any I/O.
+//! every method here fails with [`Error::Unsupported`](crate::Error::Unsupported) before any I/O.
 
-use std::ops::Deref;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{AcquireOptions, DistributedLock, Error, LockGuard, LockName, Released, Result, Wait};
+use crate::acquire::{Access, acquire_resolved, resolve, timeout};
+use crate::guard::guard_type;
+use crate::{AcquireOptions, DistributedLock, LockGuard, LockName, Result, Wait};
 
-/// Exclusive (write) or shared (read) access.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Access {
-    /// One holder: a mutex, or the write side of a read-write lock.
-    Exclusive,
-    /// Many holders at once, none of them a writer.
-    Shared,
-}
-
-macro_rules! guard_type {
-    ($name:ident, $what:literal) => {
-        #[doc = concat!("A held ", $what, " lock: a [`LockGuard`] (keep-alive, `lost()`, `extend`, ")]
-        #[doc = "release on drop) under a type that says which side it holds. Derefs to the guard."]
-        #[must_use = "dropping the guard releases the lock at once; keep it alive while the work runs"]
-        #[derive(Debug)]
-        pub struct $name(LockGuard);
-
-        impl $name {
-            /// Releases the hold (owner-checked; `Released::NotHeld` if it was already lost).
-            ///
-            /// # Cancel safety
-            /// As [`LockGuard::release`].
-            ///
-            /// # Errors
-            /// Store failures (the hold then ends at its ttl).
-            pub async fn release(self) -> Result<Released> {
-                self.0.release().await
-            }
-
-            /// The plain guard.
-            pub fn into_inner(self) -> LockGuard {
-                self.0
-            }
-        }
-
-        impl Deref for $name {
-            type Target = LockGuard;
-            fn deref(&self) -> &LockGuard {
-                &self.0
-            }
-        }
-    };
-}
-
-guard_type!(ReadGuard, "read (shared)");
-guard_type!(WriteGuard, "write (exclusive)");
+guard_type!(ReadGuard, "read (shared) lock");
+guard_type!(WriteGuard, "write (exclusive) lock");
 
 /// Read-write locking on a connected backend.
 ///
@@ -83,8 +40,9 @@ pub trait ReadWriteExt {
     /// As [`LockExt::lock`](crate::LockExt::lock).
     ///
     /// # Errors
-    /// [`Error::Unsupported`] (before any I/O) on a backend without read-write locks; otherwise
-    /// as [`LockExt::lock`](crate::LockExt::lock), `Timeout` included.
+    /// [`Error::Unsupported`](crate::Error::Unsupported) (before any I/O) on a backend without
+    /// read-write locks; otherwise as [`LockExt::lock`](crate::LockExt::lock), `Timeout`
+    /// included.
     async fn read_lock(&self, name: &str, opts: &AcquireOptions) -> Result<ReadGuard>;
 
     /// One attempt at a shared hold: `Ok(None)` while a writer holds or waits.
@@ -116,18 +74,6 @@ pub trait ReadWriteExt {
     -> Result<Option<WriteGuard>>;
 }
 
-fn check_supported(backend: &Arc<dyn DistributedLock>, operation: &'static str) -> Result<()> {
-    let caps = backend.capabilities();
-    if caps.native.read_write {
-        Ok(())
-    } else {
-        Err(Error::Unsupported {
-            operation,
-            backend: caps.backend,
-        })
-    }
-}
-
 async fn acquire_rw(
     backend: &Arc<dyn DistributedLock>,
     name: &str,
@@ -136,20 +82,10 @@ async fn acquire_rw(
     operation: &'static str,
 ) -> Result<Option<LockGuard>> {
     let name = LockName::new(name)?;
-    opts.clone().with_defaults(&backend.defaults()).validate()?;
-    check_supported(backend, operation)?;
-    crate::ext::acquire_as(backend, &name, opts, access).await
-}
-
-fn timeout(backend: &Arc<dyn DistributedLock>, name: &str, opts: &AcquireOptions) -> Error {
-    Error::Timeout {
-        backend: backend.capabilities().backend,
-        name: name.to_owned(),
-        waited: match opts.wait_value() {
-            Wait::For(d) => d,
-            _ => std::time::Duration::ZERO,
-        },
-    }
+    let opts = resolve(backend, opts)?;
+    let caps = backend.capabilities();
+    caps.require(caps.native.read_write, operation)?;
+    acquire_resolved(backend, &name, &opts, access).await
 }
 
 #[async_trait]
@@ -169,10 +105,11 @@ impl ReadWriteExt for Arc<dyn DistributedLock> {
     }
 
     async fn write_lock(&self, name: &str, opts: &AcquireOptions) -> Result<WriteGuard> {
-        acquire_rw(self, name, opts, Access::Exclusive, "write_lock")
+        let opts = opts.clone().write_side();
+        acquire_rw(self, name, &opts, Access::Exclusive, "write_lock")
             .await?
             .map(WriteGuard)
-            .ok_or_else(|| timeout(self, name, opts))
+            .ok_or_else(|| timeout(self, name, &opts))
     }
 
     async fn try_write_lock(
@@ -180,7 +117,7 @@ impl ReadWriteExt for Arc<dyn DistributedLock> {
         name: &str,
         opts: &AcquireOptions,
     ) -> Result<Option<WriteGuard>> {
-        let opts = opts.clone().wait(Wait::No);
+        let opts = opts.clone().wait(Wait::No).write_side();
         Ok(
             acquire_rw(self, name, &opts, Access::Exclusive, "write_lock")
                 .await?

@@ -26,13 +26,50 @@ struct Faulty {
     slow_acquire_ms: AtomicU64,
     /// Declare `bounded_requests` in the capabilities.
     bounded: AtomicBool,
+    /// When above zero, an injected acquire failure also spawns, as a backend's armed clean-up
+    /// would, a clean-up that releases whatever the attempt's owner id holds on the name, this
+    /// many milliseconds later (a slow network).
+    cleanup_delay_ms: AtomicU64,
+    namespace: String,
+}
+
+/// Releases whatever `owner` holds on `name` in the memory namespace `ns`, as a backend's
+/// clean-up of an attempt does (by owner id, not by a lease it never got).
+async fn release_owner(ns: String, name: LockName, owner: lockcore::OwnerId) -> Result<bool> {
+    let store = MemoryLock::new(&ns);
+    let Some(info) = store.inspect(&name).await? else {
+        return Ok(false);
+    };
+    let (Some(holder), Some(token)) = (info.holder, info.token) else {
+        return Ok(false);
+    };
+    if holder != owner.to_string() {
+        return Ok(false);
+    }
+    let lease = Lease::new(
+        name,
+        owner,
+        token,
+        Instant::now(),
+        Duration::from_secs(1),
+        Duration::ZERO,
+    );
+    Ok(store.release(&lease).await? == Released::Released)
 }
 
 impl Faulty {
-    fn injected_failure(&self, name: &LockName) -> Result<()> {
+    fn injected_failure(&self, name: &LockName, opts: &AcquireOptions) -> Result<()> {
         let left = self.fail_acquires.load(Ordering::SeqCst);
         if left > 0 {
             self.fail_acquires.store(left - 1, Ordering::SeqCst);
+            let delay = self.cleanup_delay_ms.load(Ordering::SeqCst);
+            if let (true, Some(owner)) = (delay > 0, opts.owner_value()) {
+                let (ns, name) = (self.namespace.clone(), name.clone());
+                lockcore::spawn_cleanup("faulty", &name.clone(), async move {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    release_owner(ns, name, owner).await
+                });
+            }
             let retryable = self.fail_retryable.load(Ordering::SeqCst);
             return Err(Error::backend(
                 "faulty",
@@ -61,10 +98,14 @@ impl Faulty {
             fail_retryable: AtomicBool::new(true),
             slow_acquire_ms: AtomicU64::new(0),
             bounded: AtomicBool::new(false),
+            cleanup_delay_ms: AtomicU64::new(0),
+            namespace: ns.to_owned(),
         })
     }
 }
 
+// A delegating double: every method forwarded, so only the injected faults differ.
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl DistributedLock for Faulty {
     fn capabilities(&self) -> Capabilities {
@@ -83,7 +124,7 @@ impl DistributedLock for Faulty {
         if slow > 0 {
             tokio::time::sleep(Duration::from_millis(slow)).await;
         }
-        self.injected_failure(name)?;
+        self.injected_failure(name, opts)?;
         self.inner.try_acquire(name, opts).await
     }
     async fn acquire_wait(
@@ -95,7 +136,7 @@ impl DistributedLock for Faulty {
         if self.hang_acquire.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
-        self.injected_failure(name)?;
+        self.injected_failure(name, opts)?;
         self.inner.acquire_wait(name, opts, d).await
     }
     async fn release(&self, lease: &Lease) -> Result<Released> {
@@ -127,6 +168,63 @@ impl DistributedLock for Faulty {
     }
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         self.inner.inspect(name).await
+    }
+    async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
+        self.inner.wait_for_release(name, until).await
+    }
+    async fn try_acquire_shared(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.injected_failure(name, opts)?;
+        self.inner.try_acquire_shared(name, opts).await
+    }
+    async fn acquire_shared_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        d: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.injected_failure(name, opts)?;
+        self.inner.acquire_shared_wait(name, opts, d).await
+    }
+    async fn try_acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.injected_failure(name, opts)?;
+        self.inner.try_acquire_permit(name, permits, opts).await
+    }
+    async fn acquire_permit_wait(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+        d: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.injected_failure(name, opts)?;
+        self.inner.acquire_permit_wait(name, permits, opts, d).await
+    }
+    fn lost_reason(&self, lease: &Lease, error: &Error) -> LostReason {
+        self.inner.lost_reason(lease, error)
+    }
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<lockcore::SemaphoreInfo>> {
+        self.inner.inspect_semaphore(name).await
+    }
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        self.inner.forget(name).await
+    }
+    async fn names(&self) -> Result<Vec<LockName>> {
+        self.inner.names().await
+    }
+    fn raw_floor(&self) -> Option<Arc<dyn lockcore::RawFloor>> {
+        self.inner.raw_floor()
+    }
+    fn fenced_floor(&self) -> Option<Arc<dyn lockcore::RawFloor>> {
+        self.inner.fenced_floor()
     }
 }
 
@@ -352,27 +450,32 @@ async fn waiting_acquire_rides_out_retryable_store_errors() {
     let fatal = locks.lock("x", &wait).await;
     assert_store_error(&fatal, false);
 
-    // A caller-chosen owner id is not reused by a retry (the failed attempt's clean-up could
-    // delete the retry's grant): the first store error is returned, and nothing is held.
+    // A caller-chosen owner id: the retry reuses it, so it waits for the failed attempt's
+    // clean-up, which releases whatever that id holds; a clean-up still on its way would
+    // otherwise free the retry's grant.
     f.fail_retryable.store(true, Ordering::SeqCst);
     f.fail_acquires.store(1, Ordering::SeqCst);
-    let chosen = wait.clone().owner(lockcore::OwnerId::random());
-    let out = locks.lock("x", &chosen).await;
-    assert_store_error(&out, true);
+    f.cleanup_delay_ms.store(400, Ordering::SeqCst);
+    let owner = lockcore::OwnerId::random();
+    let chosen = wait.clone().owner(owner);
+    let g = locks
+        .lock("x", &chosen)
+        .await
+        .expect("a store error under a chosen owner is ridden out too");
     assert_eq!(
         f.fail_acquires.load(Ordering::SeqCst),
         0,
-        "one attempt made"
+        "the first attempt failed"
     );
+    tokio::time::sleep(Duration::from_millis(600)).await;
     let info = locks.inspect(&LockName::new("x").unwrap()).await.unwrap();
-    assert!(
-        info.as_ref().is_none_or(|i| i.holder.is_none()),
-        "nothing is held: {info:?}"
+    assert_eq!(
+        info.as_ref().and_then(|i| i.holder.clone()),
+        Some(owner.to_string()),
+        "the failed attempt's clean-up freed the retry's lock: {info:?}"
     );
-    // The next call, with an id of its own, gets the lock.
-    let fresh = wait.clone().owner(lockcore::OwnerId::random());
-    let g = locks.lock("x", &fresh).await.expect("a new call");
-    g.release().await.unwrap();
+    assert_eq!(g.release().await.unwrap(), Released::Released);
+    f.cleanup_delay_ms.store(0, Ordering::SeqCst);
 
     // Still failing when the deadline passes: the store error, not a bare Timeout.
     f.fail_retryable.store(true, Ordering::SeqCst);

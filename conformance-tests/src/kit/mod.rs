@@ -20,6 +20,9 @@
 //!
 //! [`Proxy`] is a TCP proxy for one link that injects [`Fault`]s into live connections.
 //!
+//! [`LockPeer`] runs another library's ZooKeeper lock client (Apache Curator, kazoo) as a child
+//! process a test drives, for backend-zk's interoperability tests.
+//!
 //! ```no_run
 //! # async fn demo() -> conformance_tests::kit::KitResult<()> {
 //! use conformance_tests::kit::{Fault, Postgres, Proxy, Redis};
@@ -42,6 +45,7 @@
 mod control;
 mod error;
 mod mariadb;
+mod peer;
 mod postgres;
 mod process;
 mod proxy;
@@ -55,6 +59,7 @@ mod zookeeper;
 pub use control::ServerControl;
 pub use error::{KitError, KitErrorKind, KitResult};
 pub use mariadb::MariaDb;
+pub use peer::{KAZOO_REQUIREMENT, LockPeer, PeerHold, PeerLibrary, PeerLock};
 pub use postgres::Postgres;
 pub use proxy::{Fault, Proxy};
 pub use redis::{Redis, RedisReply, RedisSet, read_redis_reply, redis_command, redis_encode};

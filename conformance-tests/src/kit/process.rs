@@ -112,11 +112,21 @@ fn reap_everything() {
     }
 }
 
+/// Spawns `cmd` (with the stdio it set) from the kit's long-lived thread with
+/// `PR_SET_PDEATHSIG(SIGKILL)`, registered for the `atexit` reaping: for helper processes a
+/// test talks to over pipes (see `peer.rs`); the caller kills and reaps it, then calls
+/// [`unregister_pid`].
+pub(crate) fn spawn_registered(cmd: Command) -> io::Result<Child> {
+    let child = spawn_child(cmd)?;
+    register_pid(child.id());
+    Ok(child)
+}
+
 fn register_pid(pid: u32) {
     registry().pids.insert(pid);
 }
 
-fn unregister_pid(pid: u32) {
+pub(crate) fn unregister_pid(pid: u32) {
     registry().pids.remove(&pid);
 }
 
@@ -230,7 +240,7 @@ pub(crate) fn process_tree(root: u32) -> Vec<u32> {
     tree
 }
 
-fn send_signal(pid: u32, sig: libc::c_int) {
+pub(crate) fn send_signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) has no memory-safety preconditions; a stale pid yields ESRCH, ignored.
     unsafe {
         libc::kill(pid as libc::pid_t, sig);

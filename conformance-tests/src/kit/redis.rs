@@ -160,10 +160,12 @@ impl Launch for Redis {
     }
 
     async fn ready(&self, server: &Server) -> bool {
-        matches!(
-            redis_command_within(server.addr(), &["PING"], Duration::from_secs(2)).await,
-            Ok(RedisReply::Status(s)) if s == "PONG"
-        )
+        // A server started with `--requirepass` answers NOAUTH once it is up.
+        match redis_command_within(server.addr(), &["PING"], Duration::from_secs(2)).await {
+            Ok(RedisReply::Status(s)) => s == "PONG",
+            Ok(RedisReply::Error(e)) => e.starts_with("NOAUTH"),
+            _ => false,
+        }
     }
 }
 

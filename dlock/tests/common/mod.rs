@@ -22,3 +22,9 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// `url` percent-encoded as a query value (for `dual://?first=...&second=...`).
+#[allow(dead_code)]
+pub fn enc(url: &str) -> String {
+    dlock::percent_encode(url)
+}

@@ -2,7 +2,18 @@
 
 use std::path::PathBuf;
 
+use clap::Args;
+
 use crate::exit;
+
+/// Where the locks live (run and status).
+#[derive(Debug, Args)]
+pub(crate) struct StoreArg {
+    /// Lock store URL, e.g. redis://host:6379, postgres://user:pass@host/db, memory://x.
+    /// Default: $DLOCK_URL, else a per-user SQLite file (shown below).
+    #[arg(long, env = "DLOCK_URL", hide_env_values = true, value_name = "URL")]
+    pub(crate) url: Option<String>,
+}
 
 /// `$XDG_STATE_HOME/dlock/locks.db` (when that is an absolute path), else
 /// `$HOME/.local/state/dlock/locks.db`.
@@ -47,7 +58,7 @@ pub fn resolve(url: Option<String>) -> Result<String, u8> {
             eprintln!(
                 "dlock: the lock store URL is empty (--url or DLOCK_URL); give a URL, or leave both unset for the default SQLite file"
             );
-            return Err(exit::USAGE);
+            return Err(exit::CONFIG);
         }
         Some(url) => return Ok(url),
         None => {}

@@ -1,0 +1,161 @@
+//! What the cost ladders share (`examples/cost_ladder.rs` here, `redlock_ladder.rs` in
+//! `backend-redlock`): the least scripts that keep the backend's queue, the backend's own
+//! scripts to call inline, the shuffled rounds of steps, and the report. Only with the `ladder`
+//! feature: it is measuring code, not part of the lock.
+//!
+//! A ladder starts from `dlock bench`'s floor and adds one guarantee per step; each step runs
+//! in blocks of 200 pairs, in a new order every round, so every step sees the same machine
+//! load; the report gives each step's median, mean and p90 pair and its pairs/s relative to
+//! the first step's, as `dlock bench` reports a ratio.
+
+use std::time::Duration;
+
+use redis::Script;
+
+use crate::node::scripts;
+
+/// A step's failure.
+pub type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+/// The owner id every raw step writes.
+pub const OWNER: &str = "0123456789abcdef0123456789abcdef";
+
+/// The least acquire that keeps the queue: `SET NX PX` + `INCR` of the fence counter, refused
+/// while someone is queued. KEYS lock, fence, queue; ARGV owner, ttl_ms.
+pub const FAIR: &str = "if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end return redis.call('INCR', KEYS[2])";
+
+/// The least release that keeps the queue: compare-and-delete that also looks at the queue (to
+/// wake its head). KEYS lock, queue; ARGV owner.
+pub const FAIR_DELETE: &str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('DEL', KEYS[1]) if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end return 2";
+
+/// The backend's own scripts, exactly as it sends them (shared helpers included), for steps
+/// that call them inline from bare redis-rs.
+#[derive(Clone, Debug)]
+pub struct RealScripts {
+    /// The fast path of a `try` acquire (`lua/try_fast.lua`): KEYS lock, fence, queue; ARGV
+    /// owner, ttl_ms, token floor.
+    pub try_fast: Script,
+    /// The owner- and token-checked release (`lua/release.lua`): KEYS lock, fence, queue,
+    /// alive; ARGV owner, token, wakes, client id.
+    pub release: Script,
+    /// The fenced bench floor's acquire (`lua/floor_fenced.lua`): KEYS key, fence; ARGV value,
+    /// ttl_ms.
+    pub floor_fenced: Script,
+    /// The bench floor's compare-and-delete (`lua/floor_delete.lua`): KEYS key; ARGV value.
+    pub floor_delete: Script,
+}
+
+impl RealScripts {
+    /// The scripts as the backend sends them.
+    pub fn load() -> Self {
+        RealScripts {
+            try_fast: Script::new(&scripts::TRY_FAST.code),
+            release: Script::new(&scripts::RELEASE.code),
+            floor_fenced: Script::new(&scripts::FLOOR_FENCED.code),
+            floor_delete: Script::new(&scripts::FLOOR_DELETE.code),
+        }
+    }
+}
+
+/// Pairs per step and round.
+const BLOCK: usize = 200;
+
+/// The order the steps run in: `rounds` rounds after one warm-up round that is not recorded,
+/// each round every step once in a new order, `BLOCK` pairs at a time, so that no step always
+/// follows another and all see the same machine load.
+///
+/// ```text
+/// while let Some(step) = schedule.next_step() { time one pair of `step`; schedule.record(..) }
+/// ```
+#[derive(Debug)]
+pub struct Schedule {
+    order: Vec<usize>,
+    seed: u64,
+    rounds: usize,
+    round: usize,
+    at: usize,
+    done_in_block: usize,
+    samples: Vec<Vec<Duration>>,
+}
+
+impl Schedule {
+    /// A schedule of `steps` steps over `rounds` recorded rounds.
+    pub fn new(steps: usize, rounds: usize) -> Self {
+        let mut schedule = Schedule {
+            order: (0..steps).collect(),
+            seed: 0x9e37_79b9_7f4a_7c15,
+            rounds,
+            round: 0,
+            at: 0,
+            done_in_block: 0,
+            samples: vec![Vec::new(); steps],
+        };
+        schedule.shuffle();
+        schedule
+    }
+
+    fn shuffle(&mut self) {
+        for i in (1..self.order.len()).rev() {
+            // xorshift64: a fixed, dependency-free sequence of shuffles.
+            self.seed ^= self.seed << 13;
+            self.seed ^= self.seed >> 7;
+            self.seed ^= self.seed << 17;
+            self.order.swap(i, (self.seed % (i as u64 + 1)) as usize);
+        }
+    }
+
+    /// The step whose pair runs next; `None` when all rounds are done.
+    pub fn next_step(&mut self) -> Option<usize> {
+        if self.done_in_block == BLOCK {
+            self.done_in_block = 0;
+            self.at += 1;
+            if self.at == self.order.len() {
+                self.at = 0;
+                self.round += 1;
+                self.shuffle();
+            }
+        }
+        if self.round > self.rounds || self.order.is_empty() {
+            return None;
+        }
+        self.done_in_block += 1;
+        Some(self.order[self.at])
+    }
+
+    /// Records one pair of `step` that took `took` (dropped in the warm-up round).
+    pub fn record(&mut self, step: usize, took: Duration) {
+        if self.round > 0 {
+            self.samples[step].push(took);
+        }
+    }
+
+    /// Each step's recorded pair times.
+    pub fn into_samples(self) -> Vec<Vec<Duration>> {
+        self.samples
+    }
+}
+
+/// Prints each step's median, mean and p90 pair, and its pairs/s relative to the first step's
+/// (total pairs over total time, as `dlock bench` reports it).
+pub fn report(steps: &[&str], samples: Vec<Vec<Duration>>) {
+    let width = steps.iter().map(|s| s.chars().count()).max().unwrap_or(4);
+    println!(
+        "{:<width$} {:>9} {:>9} {:>9} {:>9}",
+        "step", "median", "mean", "p90", "÷ floor"
+    );
+    let mean_of =
+        |v: &[Duration]| v.iter().sum::<Duration>() / u32::try_from(v.len()).unwrap_or(u32::MAX);
+    let floor_mean = mean_of(&samples[0]);
+    for (label, mut v) in steps.iter().zip(samples) {
+        v.sort_unstable();
+        let mean = mean_of(&v);
+        let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
+        let ratio = floor_mean.as_secs_f64() / mean.as_secs_f64();
+        println!(
+            "{label:<width$} {:>9.1?} {:>9.1?} {:>9.1?} {ratio:>9.3}",
+            at(0.5),
+            mean,
+            at(0.9)
+        );
+    }
+}

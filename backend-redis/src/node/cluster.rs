@@ -1,0 +1,227 @@
+//! Redis Cluster: redis-rs's cluster connection (slot map, MOVED/ASK redirects, reconnects) for
+//! commands, and one plain connection to any reachable node for pub/sub (a `PUBLISH` on one
+//! node of a cluster reaches the subscribers of every node).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{PoisonError, RwLock};
+use std::time::Duration;
+
+use redis::aio::PubSub;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult, Value};
+
+use super::single::timeout_error;
+
+/// The number of hash slots in a Redis Cluster.
+pub(crate) const SLOTS: u16 = 16384;
+
+/// A master's address as the cluster announces it.
+pub(crate) type NodeAddr = (String, u16);
+
+/// A cluster connection, the seed nodes for the subscriber, and our own copy of the slot map
+/// (used only to group pipelined renewals by node; redis-rs routes everything else).
+pub(crate) struct Cluster {
+    connection: ClusterConnection,
+    nodes: Vec<ConnectionInfo>,
+    next_node: AtomicUsize,
+    timeout: Duration,
+    slots: RwLock<Vec<(u16, u16, NodeAddr)>>,
+}
+
+impl Cluster {
+    /// Connects to the cluster through `nodes` (seed nodes with credentials already set).
+    pub(crate) async fn connect(
+        nodes: Vec<ConnectionInfo>,
+        timeout: Duration,
+    ) -> RedisResult<Self> {
+        let client = ClusterClient::builder(nodes.clone())
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(3)
+            .build()?;
+        let connection =
+            match tokio::time::timeout(timeout * 2, client.get_async_connection()).await {
+                Ok(r) => r?,
+                Err(_) => return Err(timeout_error("connecting to the cluster", timeout * 2)),
+            };
+        let cluster = Cluster {
+            connection,
+            nodes,
+            next_node: AtomicUsize::new(0),
+            timeout,
+            slots: RwLock::new(Vec::new()),
+        };
+        if let Err(e) = cluster.refresh_slots().await {
+            tracing::debug!(error = %e, "redis cluster: CLUSTER SLOTS failed at connect");
+        }
+        Ok(cluster)
+    }
+
+    /// Reloads the slot map with `CLUSTER SLOTS`.
+    pub(crate) async fn refresh_slots(&self) -> RedisResult<()> {
+        let reply: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut self.connection())
+            .await?;
+        let mut map = Vec::new();
+        if let Value::Array(ranges) = reply {
+            for range in ranges {
+                let Value::Array(items) = range else { continue };
+                let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(master))) =
+                    (items.first(), items.get(1), items.get(2))
+                else {
+                    continue;
+                };
+                let host = match master.first() {
+                    Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                    Some(Value::SimpleString(s)) => s.clone(),
+                    _ => continue,
+                };
+                let Some(Value::Int(port)) = master.get(1) else {
+                    continue;
+                };
+                if let (Ok(lo), Ok(hi), Ok(port)) =
+                    (u16::try_from(*lo), u16::try_from(*hi), u16::try_from(*port))
+                {
+                    map.push((lo, hi, (host, port)));
+                }
+            }
+        }
+        *self.slots.write().unwrap_or_else(PoisonError::into_inner) = map;
+        Ok(())
+    }
+
+    /// The master serving `slot` per our slot map, if known.
+    pub(crate) fn node_of(&self, slot: u16) -> Option<NodeAddr> {
+        self.slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+            .map(|(_, _, node)| node.clone())
+    }
+
+    /// Whether the slot map was loaded.
+    /// The masters of the slot map, refreshed first, each once.
+    pub(crate) async fn masters(&self) -> RedisResult<Vec<NodeAddr>> {
+        self.refresh_slots().await?;
+        let mut masters: Vec<NodeAddr> = self
+            .slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(_, _, node)| node.clone())
+            .collect();
+        masters.sort();
+        masters.dedup();
+        Ok(masters)
+    }
+
+    /// Runs `cmd` on the master at `node`.
+    pub(crate) async fn query_node(&self, node: &NodeAddr, cmd: redis::Cmd) -> RedisResult<Value> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: node.0.clone(),
+            port: node.1,
+        });
+        self.connection().route_command(cmd, routing).await
+    }
+
+    pub(crate) fn has_slots(&self) -> bool {
+        !self
+            .slots
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
+    /// A handle on the shared cluster connection (cheap to clone).
+    pub(crate) fn connection(&self) -> ClusterConnection {
+        self.connection.clone()
+    }
+
+    /// A new pub/sub connection to one of the seed nodes, trying each in turn (starting after
+    /// the one used last, so a dead node is not retried first).
+    pub(crate) async fn pubsub(&self) -> RedisResult<PubSub> {
+        let start = self.next_node.fetch_add(1, Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..self.nodes.len() {
+            let info = self.nodes[(start + i) % self.nodes.len()].clone();
+            let attempt = async {
+                let client = Client::open(info.into_connection_info()?)?;
+                client.get_async_pubsub().await
+            };
+            match tokio::time::timeout(self.timeout, attempt).await {
+                Ok(Ok(pubsub)) => return Ok(pubsub),
+                Ok(Err(e)) => last = Some(e),
+                Err(_) => last = Some(timeout_error("connecting the subscriber", self.timeout)),
+            }
+        }
+        Err(last.unwrap_or_else(|| timeout_error("connecting the subscriber", self.timeout)))
+    }
+
+    /// The seed nodes' addresses (for messages).
+    pub(crate) fn describe(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| match n.addr() {
+                ConnectionAddr::Tcp(h, p)
+                | ConnectionAddr::TcpTls {
+                    host: h, port: p, ..
+                } => {
+                    format!("{h}:{p}")
+                }
+                other => format!("{other}"),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// The Cluster hash slot of `key` (CRC16/XMODEM of the hash tag, or of the whole key).
+pub(crate) fn slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16(tagged) % SLOTS
+}
+
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+    }
+}

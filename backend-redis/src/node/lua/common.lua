@@ -1,0 +1,67 @@
+-- Shared helpers, prepended to every script that needs them.
+--
+-- Keys of one lock (all carry the same `{prefix:name}` hash tag, so they share a Cluster slot):
+--   lock   the holder's owner id (unique per acquisition), with PX = the lease ttl
+--   fence  the fencing counter (INCR on every grant, or raised to the grant's token floor;
+--          never deleted)
+--   queue  ZSET of waiting entries (owner id + client id), scored by arrival ticket (FIFO order)
+--   alive  ZSET of the same entries, scored by the server time (ms) until which each is alive
+--   seq    the arrival ticket counter
+--
+-- A counting semaphore of the same name is an object apart: its keys carry the same hash tag
+-- with a `:sem:` suffix (see `sem_acquire.lua`), and its queue (queue, alive, seq) has the same
+-- shape as a lock's, so `prune` and `wake_first` serve both.
+
+-- The server's clock in milliseconds (scripts replicate by effects, so TIME is allowed).
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Removes waiters whose liveness ran out (crashed or stalled clients); returns how many.
+local function prune(queue, alive, now)
+  local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 100)
+  for _, w in ipairs(dead) do
+    redis.call('ZREM', queue, w)
+    redis.call('ZREM', alive, w)
+  end
+  return #dead
+end
+
+-- Queue entries (the members of queue and alive) are the waiter's owner id (32 hex digits)
+-- followed by the id of its client. Each client listens on its own channel, `wakes` followed by
+-- its id, so a wake-up reaches the head waiter's client only.
+--
+-- If someone waits, tells the head waiter to re-check (the payload is its owner id).
+local function wake_first(queue, wakes)
+  local head = redis.call('ZRANGE', queue, 0, 0)[1]
+  if head then
+    redis.call('PUBLISH', wakes .. string.sub(head, 33), string.sub(head, 1, 32))
+  end
+end
+
+-- If the lock is free and someone waits, tells the head waiter.
+local function wake_head(lock, queue, wakes)
+  if redis.call('EXISTS', lock) == 0 then
+    wake_first(queue, wakes)
+  end
+end
+
+-- The next fencing token of `fence`: INCR, or `floor` (a decimal string, '0' for none) when
+-- that is higher, and the counter moves there with it.
+local function next_token(fence, floor)
+  local token = redis.call('INCR', fence)
+  if token < tonumber(floor) then
+    token = tonumber(floor)
+    redis.call('SET', fence, floor)
+  end
+  return token
+end
+
+-- Takes the lock for `owner`: the next fencing token, then the holder key with its ttl. Tokens
+-- are drawn only here, so while the lock is held the fence counter is its holder's token.
+local function grant(lock, fence, owner, ttl, floor)
+  local token = next_token(fence, floor)
+  redis.call('SET', lock, owner, 'PX', ttl)
+  return token
+end

@@ -1,0 +1,22 @@
+-- FORGET: KEYS lock, fence, queue, alive, seq, then the semaphore's holders, fence, queue, alive,
+--         seq, count
+-- The lock and the semaphore of one name are two objects, forgotten each on its own: the lock's
+-- fence counter, queue and ticket counter unless the lock is held or has live waiters; the
+-- semaphore's keys (its fence counter and recorded count included) unless a permit is live or
+-- it has live waiters.
+-- Returns 1 when nothing of either is left, 0 when either is in use.
+--@common
+local after = string.format('(%d', now_ms())
+local forgotten = 1
+if redis.call('EXISTS', KEYS[1]) == 1 or redis.call('ZCOUNT', KEYS[4], after, '+inf') > 0 then
+  forgotten = 0
+else
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+end
+if redis.call('ZCOUNT', KEYS[6], after, '+inf') > 0
+    or redis.call('ZCOUNT', KEYS[9], after, '+inf') > 0 then
+  forgotten = 0
+else
+  redis.call('DEL', KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11])
+end
+return forgotten

@@ -1,0 +1,844 @@
+//! One Redis master's primitives: everything a lock needs from one server, and what
+//! `backend-redlock` composes a quorum from.
+//!
+//! A [`Node`] is one logical Redis server behind one client: a single master over one
+//! multiplexed connection (what `redis://` and `rediss://` name, and what each Redlock node is),
+//! or a Redis Cluster whose client routes each call by its hash slot (`redis+cluster://`, built
+//! inside this crate only). It holds
+//!
+//! * **the connection** ([`Node::open`]): address, TLS (CA, client certificate), ACL user and
+//!   password, database, and the `timeout` that bounds connecting and every round trip, built
+//!   in this one place from a [`RedisConfig`]; one multiplexed connection that reconnects after
+//!   a failure;
+//! * **the scripts** (`src/node/lua/`): acquire, release, extend, cancel, inspect, forget, the
+//!   fence write-back, the bench floors, and the counting semaphore's (`sem_*.lua`), sent with
+//!   `EVALSHA` and loaded on `NOSCRIPT`;
+//! * **the node operations** over one lock name's keys, each one script call with its reply
+//!   decoded and checked: [`try_once`](Node::try_once), [`acquire`](Node::acquire),
+//!   [`give_back`](Node::give_back), [`release`](Node::release), [`extend`](Node::extend),
+//!   [`extend_many`](Node::extend_many), [`fence_max`](Node::fence_max),
+//!   [`inspect`](Node::inspect), [`forget`](Node::forget), [`names`](Node::names); and over
+//!   the semaphore of the same name (an object apart, with keys of its own under the same hash
+//!   tag): [`acquire_permit`](Node::acquire_permit), [`cancel_permit`](Node::cancel_permit),
+//!   [`inspect_semaphore`](Node::inspect_semaphore), while `release`, `extend` and
+//!   `extend_many` take a permit's lease by its handle ([`PERMIT`]);
+//! * **the wake-up hub**: one subscriber connection listening on the client's own channel
+//!   ([`register`](Node::register), [`ensure_subscribed`](Node::ensure_subscribed)).
+//!
+//! What a node does not decide is left to its caller: the single-server backend
+//! ([`crate::RedisLock`]) turns one node's answers into leases, and Redlock turns a majority's.
+//! Errors name the backend `redis` and the lock; messages name the node by the text given to
+//! [`Node::open`], never with a password.
+
+mod cluster;
+mod connect;
+pub(crate) mod scripts;
+mod single;
+mod store;
+mod waiters;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::{AcquireOptions, Error, Fencing, FencingToken, Lease, LockName, OwnerId, Result};
+use redis::{RedisResult, Value};
+
+use crate::BACKEND;
+use crate::config::RedisConfig;
+use cluster::{Cluster, NodeAddr, slot};
+use scripts::{Call, Key, Keys, PermitAnswer, SEM_KEYS};
+use store::Store;
+use waiters::Hub;
+
+pub use connect::{ASSUMPTION_NO_PERSISTENCE, ASSUMPTION_UNKNOWN};
+use connect::{connect_error, connection_info, open_single};
+pub use scripts::{AcquireReply, InspectReply, MAX_FLOOR, PermitReply, SemaphoreReply, floor_arg};
+pub(crate) use store::{backend_error, protocol_error};
+pub use waiters::Registration;
+
+/// Longest a waiter sleeps between re-checks when no notification comes (also the interval at
+/// which it refreshes its liveness).
+pub const RECHECK: Duration = Duration::from_millis(500);
+
+/// How long a waiter stays in a node's queue after its last re-check: a waiter that crashed (or
+/// stalled longer than this) is dropped from the queue, and rejoins at the tail if it comes back.
+pub const ALIVE: Duration = Duration::from_millis(2000);
+
+/// The handle of a semaphore permit's lease ([`Lease::handle`]): release, extend and
+/// [`extend_many`](Node::extend_many) of such a lease run the semaphore's scripts.
+pub const PERMIT: &str = "permit";
+
+/// Whether `lease` is a semaphore permit's (see [`PERMIT`]).
+pub fn is_permit(lease: &Lease) -> bool {
+    lease.handle() == Some(PERMIT)
+}
+
+/// How the acquire script treats the queue (see `lua/acquire.lua`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Grant only if the lock is free and nobody live is queued: never jump the queue.
+    Try,
+    /// Grant if the lock is free and this owner heads the queue (or it is empty); otherwise
+    /// join the queue at its tail and refresh this owner's liveness. A grant leaves the queue.
+    Wait,
+    /// As [`Mode::Wait`], but a free lock goes to any live member of the queue, and the member
+    /// keeps its entry when granted (Redlock: its nodes may order the same waiters differently).
+    Member,
+}
+
+impl Mode {
+    fn arg(self) -> &'static str {
+        match self {
+            Mode::Try => "try",
+            Mode::Wait => "wait",
+            Mode::Member => "member",
+        }
+    }
+}
+
+/// A bench floor's hold on its key: what [`Node::floor_delete`] deletes.
+#[derive(Debug)]
+pub struct FloorHold {
+    key: String,
+    value: String,
+}
+
+/// One Redis server (or Cluster) as a lock store: its connection, its subscriber hub, and the
+/// key layout under one prefix. Cheap to clone (the clones share everything).
+#[derive(Clone)]
+pub struct Node {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    store: Store,
+    hub: Arc<Hub>,
+    prefix: String,
+    /// This client's id (16 hex digits): queue entries carry it after the owner id.
+    client: String,
+    /// The prefix of every client's wake-up channel (`<prefix>:wake:`); a client's channel is
+    /// this followed by its id.
+    wakes: String,
+    /// How messages name this node (a redacted URL).
+    shown: String,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("node", &self.shared.shown)
+            .field("prefix", &self.shared.prefix)
+            .finish()
+    }
+}
+
+impl Node {
+    /// One master at `host:port` (TLS when `tls`), with the credentials, database, prefix,
+    /// TLS files and `timeout` of `config`; `shown` names it in messages (a redacted URL, never
+    /// a password). No I/O: the connection opens on first use ([`Node::probe`] opens it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for TLS files that cannot be read or used; [`Error::Backend`]
+    /// for an address redis-rs refuses.
+    pub fn open(
+        config: &RedisConfig,
+        host: &str,
+        port: u16,
+        tls: bool,
+        shown: impl Into<String>,
+    ) -> Result<Node> {
+        let single = open_single(config, host, port, tls)?;
+        Ok(Self::over(
+            config,
+            Store::Single(Box::new(single)),
+            shown.into(),
+        ))
+    }
+
+    /// A Redis Cluster through its seed `nodes`, connected (the slot map loaded).
+    pub(crate) async fn cluster(config: &RedisConfig, nodes: &[(String, u16)]) -> Result<Node> {
+        let shown = config.redacted_url();
+        let infos = nodes
+            .iter()
+            .map(|(h, p)| connection_info(config, h, *p, false))
+            .collect::<RedisResult<Vec<_>>>()
+            .map_err(|e| connect_error(shown, e))?;
+        let cluster = Cluster::connect(infos, config.defaults.timeout)
+            .await
+            .map_err(|e| connect_error(shown, e))?;
+        tracing::debug!(nodes = %cluster.describe(), "redis: connected to the cluster");
+        Ok(Self::over(
+            config,
+            Store::Cluster(cluster),
+            shown.to_owned(),
+        ))
+    }
+
+    fn over(config: &RedisConfig, store: Store, shown: String) -> Node {
+        let client = format!("{:016x}", rand::random::<u64>());
+        let wakes = format!("{}:wake:", config.prefix);
+        Node {
+            shared: Arc::new(Shared {
+                store,
+                hub: Arc::new(Hub::new(
+                    format!("{wakes}{client}"),
+                    config.defaults.timeout,
+                )),
+                prefix: config.prefix.clone(),
+                client,
+                wakes,
+                shown,
+            }),
+        }
+    }
+
+    /// How messages name this node.
+    pub fn shown(&self) -> &str {
+        &self.shared.shown
+    }
+
+    /// The key prefix in use.
+    pub fn prefix(&self) -> &str {
+        &self.shared.prefix
+    }
+
+    /// Whether this is a Redis Cluster (whose client retries a request after a timeout).
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.shared.store, Store::Cluster(_))
+    }
+
+    fn keys(&self, name: &LockName) -> Keys {
+        Keys::new(&self.shared.prefix, name)
+    }
+
+    /// Runs one script call for `operation` on `name` (the Tair emulation's calls, too); a
+    /// store failure comes back as the error naming both.
+    pub(crate) async fn run(
+        &self,
+        operation: &'static str,
+        name: &LockName,
+        call: &Call,
+    ) -> Result<Value> {
+        self.shared
+            .store
+            .eval(call)
+            .await
+            .map_err(|e| backend_error(operation, Some(name), e))
+    }
+
+    /// A call of `lua` on the keys of `name` with these suffixes (the Tair emulation's keys).
+    pub(crate) fn call_on(
+        &self,
+        lua: &'static scripts::Lua,
+        name: &LockName,
+        suffixes: &[&str],
+    ) -> Call {
+        self.keys(name).call_suffixed(lua, suffixes.iter().copied())
+    }
+
+    /// Connects if needed and sends `PING`, so a server that wants a password, or refuses
+    /// this one, says so here.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    ///
+    /// # Errors
+    /// [`Error::AccessDenied`] for refused credentials; [`Error::Backend`] (retryable) naming
+    /// the node when it cannot be reached within `timeout`.
+    pub async fn ping(&self) -> Result<()> {
+        self.shared
+            .store
+            .query(&redis::cmd("PING"))
+            .await
+            .map_err(|e| connect_error(&self.shared.shown, e))?;
+        Ok(())
+    }
+
+    /// [`ping`](Node::ping)s, then reads the persistence settings (`CONFIG GET appendonly`,
+    /// `appendfsync`, `maxmemory`, `maxmemory-policy`) to decide the fencing guarantee the node
+    /// gives: `Strict` only for a server that fsyncs every write to its AOF and never evicts
+    /// keys; [`ASSUMPTION_UNKNOWN`] when `CONFIG GET` is not permitted.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    ///
+    /// # Errors
+    /// As [`ping`](Node::ping).
+    pub async fn probe(&self) -> Result<Fencing> {
+        self.ping().await?;
+        Ok(connect::detect_fencing(&self.shared.store).await)
+    }
+
+    /// One run of the acquire script in `mode` for `owner`, with token floor `floor` (0 = none;
+    /// see [`floor_arg`]). The reply must echo `owner`: a reply matched to another request is an
+    /// error, never a grant.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe on its own: a dropped call may still grant the lock or queue `owner`;
+    /// callers arm a clean-up that runs [`give_back`](Node::give_back).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure or a reply that does not decode.
+    pub async fn acquire(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        mode: Mode,
+        floor: u64,
+    ) -> Result<AcquireReply> {
+        let s = &self.shared;
+        let call = self
+            .keys(name)
+            .call(
+                &scripts::ACQUIRE,
+                &[Key::Lock, Key::Fence, Key::Queue, Key::Alive, Key::Seq],
+            )
+            .owner_arg(owner)
+            .arg(millis(opts.ttl_value()))
+            .arg(mode.arg())
+            .arg(millis(ALIVE))
+            .arg(s.client.as_str())
+            .arg(s.wakes.as_str())
+            .arg(floor);
+        let value = self.run("acquire", name, &call).await?;
+        scripts::parse_acquire(&value, owner).map_err(|e| protocol_error("acquire", Some(name), e))
+    }
+
+    /// One `try` for `owner` that never jumps the queue: the short fast script (free and
+    /// nobody queued: three commands, three keys), and the full acquire script in
+    /// [`Mode::Try`] only when someone is queued (it prunes dead waiters and never jumps live
+    /// ones). A refusal carries the node's fence counter, as the full script's does.
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Node::acquire).
+    ///
+    /// # Errors
+    /// As [`acquire`](Node::acquire).
+    pub async fn try_once(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        floor: u64,
+    ) -> Result<AcquireReply> {
+        let keys = self.keys(name);
+        let fast = keys
+            .call(&scripts::TRY_FAST, &[Key::Lock, Key::Fence, Key::Queue])
+            .owner_arg(owner)
+            .arg(millis(opts.ttl_value()))
+            .arg(floor);
+        let value = self.run("acquire", name, &fast).await?;
+        match scripts::parse_try_fast(&value, owner)
+            .map_err(|e| protocol_error("acquire", Some(name), e))?
+        {
+            Some(reply) => Ok(reply),
+            None => self.acquire(name, owner, opts, Mode::Try, floor).await,
+        }
+    }
+
+    /// Leaves the queue and deletes the lock if it was granted to `owner` (the undo of an
+    /// acquire whose caller went away); `true` when a lock was deleted.
+    ///
+    /// # Cancel safety
+    /// The undo either ran on the server or not.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure.
+    pub async fn cancel(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
+        self.give_back(name, owner, false).await
+    }
+
+    /// Deletes the lock if it was granted to `owner`, and leaves the queue unless `keep_place`
+    /// (a Redlock waiter that lost a split vote keeps its place for its next attempt); wakes the
+    /// next head if that frees the lock. `true` when a lock was deleted.
+
+    ///
+    /// # Cancel safety
+    /// The undo either ran on the server or not.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure.
+    pub async fn give_back(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        keep_place: bool,
+    ) -> Result<bool> {
+        let s = &self.shared;
+        let call = self
+            .keys(name)
+            .call(&scripts::CANCEL, &[Key::Lock, Key::Queue, Key::Alive])
+            .owner_arg(owner)
+            .arg(s.client.as_str())
+            .arg(s.wakes.as_str())
+            .arg(u8::from(keep_place));
+        let value = self.run("cancel acquire", name, &call).await?;
+        scripts::parse_flag(&value).map_err(|e| protocol_error("cancel acquire", Some(name), e))
+    }
+
+    /// One run of the semaphore's acquire script for a permit of `name` with `permits` permits,
+    /// for `owner` in `mode` ([`Mode::Try`], or [`Mode::Wait`]: a [`Mode::Member`] waits as
+    /// `Wait` does), with token floor `floor` (0 = none). The semaphore is its own object, apart
+    /// from the lock `name`, with its own queue and fencing counter; a grant's lease must carry
+    /// [`PERMIT`] as its handle. The reply must echo `owner`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe on its own: a dropped call may still grant a permit or queue `owner`;
+    /// callers arm a clean-up that runs [`cancel_permit`](Node::cancel_permit).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] (lockcore's `permits_mismatch`) when the semaphore is in use
+    /// with another count (nothing changed then); [`Error::Backend`] for a store failure or a
+    /// reply that does not decode.
+    pub async fn acquire_permit(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        mode: Mode,
+        floor: u64,
+        permits: u32,
+    ) -> Result<AcquireReply> {
+        let s = &self.shared;
+        let call = self
+            .keys(name)
+            .call(&scripts::SEM_ACQUIRE, &SEM_KEYS)
+            .owner_arg(owner)
+            .arg(millis(opts.ttl_value()))
+            .arg(if mode == Mode::Try { "try" } else { "wait" })
+            .arg(millis(ALIVE))
+            .arg(s.client.as_str())
+            .arg(s.wakes.as_str())
+            .arg(floor)
+            .arg(permits);
+        let value = self.run("acquire permit", name, &call).await?;
+        match scripts::parse_permit(&value, owner)
+            .map_err(|e| protocol_error("acquire permit", Some(name), e))?
+        {
+            PermitAnswer::Acquire(reply) => Ok(reply),
+            PermitAnswer::Counted(recorded) => {
+                Err(lockcore::permits_mismatch(name, recorded, permits))
+            }
+        }
+    }
+
+    /// Leaves the semaphore's queue and frees any permit of `name` granted to `owner` (the undo
+    /// of a permit acquire whose caller went away), then wakes the head waiter if a permit is
+    /// free; `true` when a permit was freed.
+    ///
+    /// # Cancel safety
+    /// The undo either ran on the server or not.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure.
+    pub async fn cancel_permit(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
+        let s = &self.shared;
+        let call = self
+            .keys(name)
+            .call(
+                &scripts::SEM_CANCEL,
+                &[Key::SemHolders, Key::SemQueue, Key::SemAlive, Key::SemCount],
+            )
+            .owner_arg(owner)
+            .arg(s.client.as_str())
+            .arg(s.wakes.as_str());
+        let value = self.run("cancel permit acquire", name, &call).await?;
+        scripts::parse_flag(&value)
+            .map_err(|e| protocol_error("cancel permit acquire", Some(name), e))
+    }
+
+    /// The owner- and token-checked release of `lease`, which also takes the holder's own queue
+    /// entry out and wakes the head waiter; resolves to `true` when this node deleted the lock,
+    /// `false` when it was no longer `lease`'s. The call is built now and the returned future
+    /// owns all it needs, so it can finish in a task of its own.
+    ///
+    /// # Cancel safety
+    /// The release either ran on the server or not.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure or a reply that does not decode.
+    pub fn release(&self, lease: &Lease) -> impl Future<Output = Result<bool>> + Send + 'static {
+        let s = &self.shared;
+        let keys = self.keys(lease.name());
+        let call = if is_permit(lease) {
+            keys.call(
+                &scripts::SEM_RELEASE,
+                &[Key::SemHolders, Key::SemQueue, Key::SemAlive],
+            )
+            .arg(scripts::permit_member(lease.owner(), lease.token().0))
+            .arg(s.wakes.as_str())
+        } else {
+            keys.call(
+                &scripts::RELEASE,
+                &[Key::Lock, Key::Fence, Key::Queue, Key::Alive],
+            )
+            .owner_arg(lease.owner())
+            .arg(lease.token().0)
+            .arg(s.wakes.as_str())
+            .arg(s.client.as_str())
+        };
+        let (node, name) = (self.clone(), lease.name().clone());
+        async move {
+            let value = node.run("release", &name, &call).await?;
+            scripts::parse_flag(&value).map_err(|e| protocol_error("release", Some(&name), e))
+        }
+    }
+
+    /// The extend call of `lease`: a lock's, or a permit's (see [`PERMIT`]), so that one
+    /// pipeline renews both kinds.
+    fn extend_call(&self, lease: &Lease, ttl: Duration) -> Call {
+        let keys = self.keys(lease.name());
+        if is_permit(lease) {
+            return keys
+                .call(&scripts::SEM_EXTEND, &[Key::SemHolders])
+                .arg(scripts::permit_member(lease.owner(), lease.token().0))
+                .arg(millis(ttl));
+        }
+        keys.call(&scripts::EXTEND, &[Key::Lock, Key::Fence])
+            .owner_arg(lease.owner())
+            .arg(lease.token().0)
+            .arg(millis(ttl))
+    }
+
+    /// Sets a new ttl on `lease`'s lock if it is still this lease's (owner and token checked):
+    /// `true` when extended, `false` when expired or taken. Never resurrects a lock.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not have extended the lock.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure or a reply that does not decode.
+    pub async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
+        let reply = self.shared.store.eval(&self.extend_call(lease, ttl)).await;
+        extend_answer(lease, reply)
+    }
+
+    /// [`extend`](Node::extend) for many leases with as few round trips as the deployment
+    /// allows: one pipeline on a single server, one per master in a Cluster (sent at once).
+    /// One answer per lease, in order.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not have extended each lock.
+    ///
+    /// # Errors
+    /// Each answer as [`extend`](Node::extend)'s.
+    pub async fn extend_many(&self, leases: &[(&Lease, Duration)]) -> Vec<Result<bool>> {
+        let calls: Vec<Call> = leases
+            .iter()
+            .map(|(lease, ttl)| self.extend_call(lease, *ttl))
+            .collect();
+        let replies = self.shared.store.eval_many(&calls).await;
+        leases
+            .iter()
+            .zip(replies)
+            .map(|((lease, _), reply)| extend_answer(lease, reply))
+            .collect()
+    }
+
+    /// How many pipelines [`extend_many`](Node::extend_many) sends for `leases`: one on a single
+    /// server, one per master of the slot map in a Cluster.
+    pub(crate) fn pipelines(&self, leases: &[(&Lease, Duration)]) -> u64 {
+        match &self.shared.store {
+            Store::Single(_) => u64::from(!leases.is_empty()),
+            Store::Cluster(c) => {
+                let mut nodes: Vec<Option<NodeAddr>> = leases
+                    .iter()
+                    .map(|(lease, _)| c.node_of(slot(self.keys(lease.name()).tag().as_bytes())))
+                    .collect();
+                nodes.sort_unstable();
+                nodes.dedup();
+                nodes.len() as u64
+            }
+        }
+    }
+
+    /// Raises the fence counter of `name` to `token` unless it is already there or beyond (a
+    /// max-only write: a late or repeated one never lowers a counter); returns the counter
+    /// afterwards.
+    ///
+    /// # Cancel safety
+    /// The write either happened on the server or not; either is safe.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure or a reply that is not an integer.
+    pub async fn fence_max(&self, name: &LockName, token: u64) -> Result<u64> {
+        let call = self
+            .keys(name)
+            .call(&scripts::FENCE_MAX, &[Key::Fence])
+            .arg(token);
+        match self.shared.store.eval(&call).await {
+            Ok(Value::Int(v)) => u64::try_from(v).map_err(|_| {
+                protocol_error("fence write-back", Some(name), format!("counter {v}"))
+            }),
+            Ok(other) => Err(protocol_error(
+                "fence write-back",
+                Some(name),
+                format!("unexpected reply {other:?}"),
+            )),
+            Err(e) => Err(backend_error("fence write-back", Some(name), e)),
+        }
+    }
+
+    /// What this node holds for `name`: holder, its remaining time, the fence counter, live
+    /// waiters and queued entries.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure or a reply that does not decode.
+    pub async fn inspect(&self, name: &LockName) -> Result<InspectReply> {
+        let call = self.keys(name).call(
+            &scripts::INSPECT,
+            &[Key::Lock, Key::Fence, Key::Queue, Key::Alive],
+        );
+        let value = self.run("inspect", name, &call).await?;
+        scripts::parse_inspect(&value).map_err(|e| protocol_error("inspect", Some(name), e))
+    }
+
+    /// The semaphore `name` on this node: its live permits (oldest grant first), fence counter,
+    /// recorded count and waiters. Read-only: expired permits and dead waiters are not reported.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure or a reply that does not decode.
+    pub async fn inspect_semaphore(&self, name: &LockName) -> Result<SemaphoreReply> {
+        let call = self.keys(name).call(
+            &scripts::SEM_INSPECT,
+            &[
+                Key::SemHolders,
+                Key::SemFence,
+                Key::SemQueue,
+                Key::SemAlive,
+                Key::SemCount,
+            ],
+        );
+        let value = self.run("inspect semaphore", name, &call).await?;
+        scripts::parse_sem_inspect(&value)
+            .map_err(|e| protocol_error("inspect semaphore", Some(name), e))
+    }
+
+    /// Deletes what is left of the lock `name` (fence counter, queue, ticket counter) unless
+    /// it is held or waited for, and of the semaphore `name` (its fence counter, recorded count,
+    /// queue and ticket counter) unless a permit is live or a waiter is, each on its own (as
+    /// lockcore's memory backend does); `true` when nothing of either is left.
+    ///
+    /// # Cancel safety
+    /// The deletion either happened on the server or not.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure or a reply that does not decode.
+    pub async fn forget(&self, name: &LockName) -> Result<bool> {
+        let call = self.keys(name).call(
+            &scripts::FORGET,
+            &[
+                Key::Lock,
+                Key::Fence,
+                Key::Queue,
+                Key::Alive,
+                Key::Seq,
+                Key::SemHolders,
+                Key::SemFence,
+                Key::SemQueue,
+                Key::SemAlive,
+                Key::SemSeq,
+                Key::SemCount,
+            ],
+        );
+        let value = self.run("forget", name, &call).await?;
+        match value {
+            Value::Int(n) => Ok(n == 1),
+            other => Err(protocol_error(
+                "forget",
+                Some(name),
+                format!("unexpected reply {other:?}"),
+            )),
+        }
+    }
+
+    /// Every name with a fence counter under this node's prefix (a name gets one with its
+    /// first grant and keeps it until `forget`), found with `SCAN`, which does not block the
+    /// server; in a Cluster, on every master of the slot map.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is written.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure or a reply that does not decode.
+    pub async fn names(&self) -> Result<Vec<LockName>> {
+        let s = &self.shared;
+        let pattern = scripts::fence_pattern(&s.prefix);
+        let mut names = std::collections::BTreeSet::new();
+        let masters = match &s.store {
+            Store::Single(_) => vec![None],
+            Store::Cluster(c) => c
+                .masters()
+                .await
+                .map_err(|e| backend_error("list names", None, e))?
+                .into_iter()
+                .map(Some)
+                .collect(),
+        };
+        for master in &masters {
+            let mut cursor = 0_u64;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let reply = match (&s.store, master) {
+                    (Store::Cluster(c), Some(node)) => c.query_node(node, scan).await,
+                    _ => s.store.query(&scan).await,
+                }
+                .map_err(|e| backend_error("list names", None, e))?;
+                let (next, keys) = scripts::parse_scan(&reply)
+                    .map_err(|e| protocol_error("list names", None, e))?;
+                names.extend(
+                    keys.iter()
+                        .filter_map(|k| scripts::name_of_fence_key(&s.prefix, k)),
+                );
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(names.into_iter().collect())
+    }
+
+    /// Adds `waiter` (an owner id's text) to this node's wake-up hub (no I/O). Returns the
+    /// registration and whether the client's channel is already confirmed subscribed on a live
+    /// subscriber connection: if so, any wake-up published after this call reaches the waiter.
+    /// Register before the first request, so a wake-up that names the waiter is never dropped.
+    pub fn register(&self, waiter: &str) -> (Registration, bool) {
+        self.shared.hub.register(waiter)
+    }
+
+    /// Makes sure the client's wake-up channel is subscribed on a live subscriber connection
+    /// (connecting one if needed) and returns once the server confirmed it.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the channel subscribed or not; the next call finishes the job.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the subscriber cannot connect or subscribe.
+    pub async fn ensure_subscribed(&self) -> Result<()> {
+        let s = &self.shared;
+        s.hub
+            .ensure_subscribed(&s.store)
+            .await
+            .map_err(|e| backend_error("subscribe", None, e))
+    }
+
+    /// Whether the client's wake-up channel is confirmed subscribed on a live connection.
+    pub fn is_subscribed(&self) -> bool {
+        self.shared.hub.is_subscribed()
+    }
+
+    /// Wake-up messages this client received on this node.
+    pub fn wakeups(&self) -> u64 {
+        self.shared.hub.received()
+    }
+
+    /// The bench floor's acquire, plain (`SET NX PX`) or fenced (one script: `SET NX PX` +
+    /// `INCR` of a fence counter), on keys of its own under the prefix.
+    ///
+    /// # Cancel safety
+    /// A dropped call may leave the floor's key until its 10 s ttl.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure, or (retryable) when the floor's key was held.
+    pub async fn floor_acquire(&self, name: &LockName, fenced: bool) -> Result<FloorHold> {
+        let s = &self.shared;
+        let base = format!("{{{}:floor:{}}}", s.prefix, name.escaped());
+        let key = format!("{base}:lock");
+        let value = OwnerId::random().to_string();
+        let taken = if fenced {
+            let take = Call::on(&scripts::FLOOR_FENCED, &[&key, &format!("{base}:fence")])
+                .arg(value.as_str())
+                .arg(10_000);
+            let reply = s.store.eval(&take).await;
+            reply.map(|r| r != Value::Int(0))
+        } else {
+            let mut set = redis::cmd("SET");
+            set.arg(&key).arg(&value).arg("NX").arg("PX").arg(10_000);
+            s.store.query(&set).await.map(|r| r != Value::Nil)
+        };
+        match taken.map_err(|e| backend_error("floor acquire", Some(name), e))? {
+            true => Ok(FloorHold { key, value }),
+            false => Err(Error::backend(
+                BACKEND,
+                "floor acquire",
+                Some(name),
+                true,
+                "the floor key was held",
+            )),
+        }
+    }
+
+    /// The bench floor's compare-and-delete of `hold`.
+    ///
+    /// # Cancel safety
+    /// The delete either ran on the server or not.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure.
+    pub async fn floor_delete(&self, name: &LockName, hold: &FloorHold) -> Result<()> {
+        let del = Call::on(&scripts::FLOOR_DELETE, &[&hold.key]).arg(hold.value.as_str());
+        self.run("floor delete", name, &del).await?;
+        Ok(())
+    }
+}
+
+/// An extend script's reply as an answer for `lease`.
+fn extend_answer(lease: &Lease, reply: RedisResult<Value>) -> Result<bool> {
+    let value = reply.map_err(|e| backend_error("extend", Some(lease.name()), e))?;
+    scripts::parse_flag(&value).map_err(|e| protocol_error("extend", Some(lease.name()), e))
+}
+
+/// The lease of a grant with `token` to `owner`, valid from `started` (the start of the request
+/// that was granted) for the ttl of `opts`, less its drift.
+pub fn lease(
+    name: &LockName,
+    owner: OwnerId,
+    token: u64,
+    started: Instant,
+    opts: &AcquireOptions,
+) -> Lease {
+    Lease::new(
+        name.clone(),
+        owner,
+        FencingToken(token),
+        started,
+        opts.ttl_value(),
+        opts.drift_value(),
+    )
+}
+
+/// The start of an `extend_many`: a slot per lease, filled now with the error of a lease whose
+/// ttl is out of bounds (no I/O for it), and the indices of the leases to send.
+pub fn checked_batch(leases: &[(Lease, Duration)]) -> (Vec<Option<Result<Lease>>>, Vec<usize>) {
+    let mut out = Vec::with_capacity(leases.len());
+    let mut sent = Vec::with_capacity(leases.len());
+    for (i, (_, ttl)) in leases.iter().enumerate() {
+        match lockcore::check_ttl(*ttl) {
+            Ok(()) => {
+                sent.push(i);
+                out.push(None);
+            }
+            Err(e) => out.push(Some(Err(e))),
+        }
+    }
+    (out, sent)
+}
+
+/// Whole milliseconds, at least 1 (ttls are ≥ 10 ms by contract).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}

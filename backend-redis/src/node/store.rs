@@ -1,0 +1,292 @@
+//! The two deployments behind one interface: run a script (`EVALSHA`, loading it on
+//! `NOSCRIPT`, e.g. after a server restart), run many scripts as pipelines, run a plain command,
+//! open a subscriber; and map redis errors to [`lockcore::Error`].
+
+use std::collections::BTreeMap;
+
+use futures_util::future::join_all;
+use lockcore::{Error, LockName};
+use redis::aio::{ConnectionLike, PubSub};
+use redis::cluster_routing::SingleNodeRoutingInfo;
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+
+use super::cluster::{Cluster, NodeAddr, slot};
+use super::scripts::{Call, Lua};
+use super::single::Single;
+use crate::BACKEND;
+
+/// A single server or a Cluster.
+pub(crate) enum Store {
+    Single(Box<Single>),
+    Cluster(Cluster),
+}
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+fn script_load(lua: &Lua) -> Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(&lua.code);
+    cmd
+}
+
+async fn run<C: ConnectionLike>(con: &mut C, cmd: &Cmd) -> RedisResult<Value> {
+    cmd.query_async(con).await
+}
+
+/// Runs `calls` as one pipeline on `con`; replies in order, one result per call. Scripts the
+/// server does not know are loaded and their calls sent again (a second pipeline).
+async fn pipeline_on<C: ConnectionLike>(con: &mut C, calls: &[&Call]) -> Vec<RedisResult<Value>> {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for call in calls {
+        pipe.add_command(call.cmd().clone());
+    }
+    let mut results: Vec<RedisResult<Value>> =
+        match pipe.query_async::<Vec<RedisResult<Value>>>(con).await {
+            Ok(r) if r.len() == calls.len() => r,
+            Ok(r) => {
+                let e = RedisError::from((
+                    ErrorKind::Parse,
+                    "pipeline reply count mismatch",
+                    format!("{} replies for {} commands", r.len(), calls.len()),
+                ));
+                return calls.iter().map(|_| Err(e.clone())).collect();
+            }
+            Err(e) => return calls.iter().map(|_| Err(e.clone())).collect(),
+        };
+    let missing: Vec<usize> = (0..calls.len())
+        .filter(|&i| results[i].as_ref().err().is_some_and(is_noscript))
+        .collect();
+    if missing.is_empty() {
+        return results;
+    }
+    let mut loaded: Vec<&str> = Vec::new();
+    for &i in &missing {
+        let lua = calls[i].lua;
+        if !loaded.contains(&lua.sha.as_str()) {
+            if let Err(e) = run(con, &script_load(lua)).await {
+                for &j in &missing {
+                    results[j] = Err(e.clone());
+                }
+                return results;
+            }
+            loaded.push(&lua.sha);
+        }
+    }
+    let retry: Vec<&Call> = missing.iter().map(|&i| calls[i]).collect();
+    let again = Box::pin(pipeline_on(con, &retry)).await;
+    for (i, r) in missing.into_iter().zip(again) {
+        results[i] = r;
+    }
+    results
+}
+
+async fn eval_on<C: ConnectionLike>(con: &mut C, call: &Call) -> RedisResult<Value> {
+    let cmd = call.cmd();
+    match run(con, cmd).await {
+        Err(e) if is_noscript(&e) => {
+            run(con, &script_load(call.lua)).await?;
+            run(con, cmd).await
+        }
+        other => other,
+    }
+}
+
+impl Store {
+    /// Runs one script.
+    pub(crate) async fn eval(&self, call: &Call) -> RedisResult<Value> {
+        match self {
+            Store::Single(s) => {
+                let (generation, mut con) = s.connection().await?;
+                let r = eval_on(&mut con, call).await;
+                if let Err(e) = &r {
+                    s.failed(generation, e);
+                }
+                r
+            }
+            Store::Cluster(c) => eval_on(&mut c.connection(), call).await,
+        }
+    }
+
+    /// Runs many scripts with as few round trips as the deployment allows: one pipeline on a
+    /// single server; in a Cluster one pipeline per master (grouped by our slot map), all sent
+    /// at once.
+    pub(crate) async fn eval_many(&self, calls: &[Call]) -> Vec<RedisResult<Value>> {
+        if calls.is_empty() {
+            return Vec::new();
+        }
+        match self {
+            Store::Single(s) => {
+                let (generation, mut con) = match s.connection().await {
+                    Ok(c) => c,
+                    Err(e) => return calls.iter().map(|_| Err(e.clone())).collect(),
+                };
+                let refs: Vec<&Call> = calls.iter().collect();
+                let results = pipeline_on(&mut con, &refs).await;
+                if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+                    s.failed(generation, e);
+                }
+                results
+            }
+            Store::Cluster(c) => cluster_many(c, calls).await,
+        }
+    }
+
+    /// Runs one plain command (routed by its key in a Cluster).
+    pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self {
+            Store::Single(s) => {
+                let (generation, mut con) = s.connection().await?;
+                let r = run(&mut con, cmd).await;
+                if let Err(e) = &r {
+                    s.failed(generation, e);
+                }
+                r
+            }
+            Store::Cluster(c) => run(&mut c.connection(), cmd).await,
+        }
+    }
+
+    /// A new dedicated subscriber connection.
+    pub(crate) async fn pubsub(&self) -> RedisResult<PubSub> {
+        match self {
+            Store::Single(s) => s.pubsub().await,
+            Store::Cluster(c) => c.pubsub().await,
+        }
+    }
+}
+
+/// Whether retrying after `e` can help (connection trouble, failover, loading: yes; a refused
+/// password, a missing permission, a script error: no).
+pub(crate) fn is_retryable(e: &RedisError) -> bool {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_cluster_error() {
+        return true;
+    }
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+        ) | ErrorKind::ClusterConnectionNotFound
+    )
+}
+
+/// The [`Error::AccessDenied`] that `e` stands for, when the server refused this client: no
+/// password where one is required (`NOAUTH`, or the connection closed with "unauthenticated
+/// ... length" when the first command was a long one), a wrong user name or password
+/// (`WRONGPASS`), or an ACL that forbids a command the lock needs (`NOPERM`).
+pub(crate) fn access_denied(operation: &'static str, e: &RedisError) -> Option<Error> {
+    let text = e.to_string();
+    let reason = if e.code() == Some("NOAUTH") || text.contains("unauthenticated") {
+        "the server requires a password (NOAUTH): put it in the URL as \
+         redis://:PASSWORD@host (or redis://USER:PASSWORD@host for an ACL user)"
+            .to_owned()
+    } else if e.kind() == ErrorKind::AuthenticationFailed || e.code() == Some("WRONGPASS") {
+        "the server refused the user name or password (WRONGPASS)".to_owned()
+    } else if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
+        format!(
+            "the server's ACL does not let this user run what the lock needs (NOPERM: {}); \
+             it needs EVALSHA, SCRIPT LOAD, PING and SUBSCRIBE on the prefix's keys and channels",
+            e.detail().unwrap_or("")
+        )
+    } else {
+        return None;
+    };
+    Some(Error::access_denied(BACKEND, operation, reason))
+}
+
+/// A redis error as a [`lockcore::Error`]: [`Error::AccessDenied`] when the server refused
+/// this client (see [`access_denied`]), else [`Error::Backend`].
+pub(crate) fn backend_error(
+    operation: &'static str,
+    name: Option<&LockName>,
+    e: RedisError,
+) -> Error {
+    if let Some(denied) = access_denied(operation, &e) {
+        return denied;
+    }
+    let retryable = is_retryable(&e);
+    Error::backend(BACKEND, operation, name, retryable, e)
+}
+
+/// A reply that does not decode (a bug or a server we do not understand): not retryable.
+pub(crate) fn protocol_error(
+    operation: &'static str,
+    name: Option<&LockName>,
+    what: String,
+) -> Error {
+    Error::backend(BACKEND, operation, name, false, what)
+}
+
+/// A Cluster batch: one pipeline per master, sent concurrently. A call that fails inside its
+/// node's pipeline (a slot that moved, a script the node does not know, a node that failed) is
+/// sent again on its own through the redirect-aware cluster connection, after a slot map refresh.
+async fn cluster_many(c: &Cluster, calls: &[Call]) -> Vec<RedisResult<Value>> {
+    if !c.has_slots()
+        && let Err(e) = c.refresh_slots().await
+    {
+        tracing::debug!(error = %e, "redis cluster: CLUSTER SLOTS failed; renewing call by call");
+    }
+    let mut groups: BTreeMap<Option<NodeAddr>, Vec<usize>> = BTreeMap::new();
+    for (i, call) in calls.iter().enumerate() {
+        groups
+            .entry(c.node_of(slot(call.first_key())))
+            .or_default()
+            .push(i);
+    }
+    let runs = groups.iter().map(|(node, indices)| async move {
+        let Some((host, port)) = node.clone() else {
+            return indices.iter().map(|_| None).collect::<Vec<_>>();
+        };
+        let mut pipe = redis::pipe();
+        for &i in indices {
+            pipe.add_command(calls[i].cmd().clone());
+        }
+        match c
+            .connection()
+            .route_pipeline(
+                pipe,
+                0,
+                indices.len(),
+                SingleNodeRoutingInfo::ByAddress { host, port },
+            )
+            .await
+        {
+            Ok(values) if values.len() == indices.len() => {
+                values.into_iter().map(|v| v.extract_error().ok()).collect()
+            }
+            _ => indices.iter().map(|_| None).collect(),
+        }
+    });
+    let outcomes = join_all(runs).await;
+    let mut results: Vec<Option<RedisResult<Value>>> = calls.iter().map(|_| None).collect();
+    for (indices, outcome) in groups.values().zip(outcomes) {
+        for (&i, r) in indices.iter().zip(outcome) {
+            results[i] = r.map(Ok);
+        }
+    }
+    let retry: Vec<usize> = (0..calls.len()).filter(|&i| results[i].is_none()).collect();
+    if !retry.is_empty() {
+        if let Err(e) = c.refresh_slots().await {
+            tracing::debug!(error = %e, "redis cluster: slot map refresh failed");
+        }
+        let again = join_all(
+            retry
+                .iter()
+                .map(|&i| async move { eval_on(&mut c.connection(), &calls[i]).await }),
+        )
+        .await;
+        for (i, r) in retry.into_iter().zip(again) {
+            results[i] = Some(r);
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(RedisError::from((ErrorKind::Client, "no reply")))))
+        .collect()
+}

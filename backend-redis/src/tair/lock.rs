@@ -1,0 +1,326 @@
+//! [`TairLock`] as a [`DistributedLock`]: the lease's token is the version and its handle the
+//! proof; waiting acquires poll with capped backoff and jitter (the emulation, like Tair, has
+//! no notification to wait for); every attempt arms a [`CleanupGuard`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::cleanup::{CleanupGuard, Undo};
+use lockcore::{
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
+    FencingToken, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result, WaitMechanism,
+    async_trait,
+};
+
+use super::BACKEND;
+use super::primitives::{self, ExpireLock, ExpireUnlock, ReadEnter, TairLock, u64_at};
+use crate::node::scripts;
+use crate::node::{floor_arg, protocol_error};
+
+const WRITER_WAITING: Duration = Duration::from_secs(2);
+
+/// The lease handle of a reader (a writer's handle is its proof, a number).
+const READER: &str = "reader";
+
+/// Sleeps between attempts of a waiting acquire: capped exponential backoff with jitter
+/// (the emulation, like Tair, has no notification to wait for).
+async fn backoff(attempt: u32, deadline: Option<Instant>) {
+    let cap = Duration::from_millis(100);
+    let base = Duration::from_millis(2)
+        .saturating_mul(1 << attempt.min(6))
+        .min(cap);
+    let mut pause = base.mul_f64(0.5 + rand::random::<f64>() / 2.0);
+    if let Some(d) = deadline {
+        pause = pause.min(d.saturating_duration_since(Instant::now()));
+    }
+    tokio::time::sleep(pause).await;
+}
+
+fn lease_for(
+    name: &LockName,
+    owner: OwnerId,
+    version: u64,
+    started: Instant,
+    opts: &AcquireOptions,
+    handle: String,
+) -> Lease {
+    Lease::new(
+        name.clone(),
+        owner,
+        FencingToken(version),
+        started,
+        opts.ttl_value(),
+        opts.drift_value(),
+    )
+    .with_handle(handle)
+}
+
+impl TairLock {
+    async fn try_write(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        waiting: Option<Duration>,
+    ) -> Result<Option<Lease>> {
+        let started = Instant::now();
+        let floor = floor_arg(BACKEND, opts)?;
+        let guard = self.arm(name, owner, waiting.is_some());
+        let answer = self
+            .lock_as(name, owner, opts.ttl_value(), false, waiting, floor)
+            .await;
+        let _ = guard.disarm();
+        Ok(match answer? {
+            ExpireLock::Locked {
+                expiry, version, ..
+            } => Some(lease_for(
+                name,
+                owner,
+                version,
+                started,
+                opts,
+                expiry.to_string(),
+            )),
+            ExpireLock::Held { .. } | ExpireLock::Readers => None,
+        })
+    }
+
+    async fn try_read(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        let started = Instant::now();
+        let floor = floor_arg(BACKEND, opts)?;
+        let guard = self.arm(name, owner, false);
+        let answer = self
+            .read_enter_as(name, owner, opts.ttl_value(), floor)
+            .await;
+        let _ = guard.disarm();
+        Ok(match answer? {
+            ReadEnter::Entered { version, .. } => Some(lease_for(
+                name,
+                owner,
+                version,
+                started,
+                opts,
+                READER.to_owned(),
+            )),
+            ReadEnter::Writer { .. } => None,
+        })
+    }
+
+    /// Polls `attempt` with backoff until it grants or `deadline` passes. A writer's mark is
+    /// cleared when it gives up.
+    async fn wait_for(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        deadline: Option<Instant>,
+        writer: bool,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        let guard = self.arm(name, owner, writer);
+        let mut attempt = 0;
+        loop {
+            let got = if writer {
+                self.try_write(name, owner, opts, Some(WRITER_WAITING))
+                    .await?
+            } else {
+                self.try_read(name, owner, opts).await?
+            };
+            if got.is_some() {
+                let _ = guard.disarm();
+                return Ok(got);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                let _ = guard.disarm();
+                if writer {
+                    self.read(name, owner, Duration::ZERO, "unwait", 0).await?;
+                }
+                return Ok(None);
+            }
+            backoff(attempt, deadline).await;
+            attempt += 1;
+        }
+    }
+}
+
+/// What an attempt of `owner` on a name may have left: a reader entry, a lock (its proof lost
+/// with the reply), and, for a waiting writer (`true`), its `writer waiting` mark (the state of
+/// its clean-up guard).
+type Attempt = (TairLock, LockName, OwnerId, bool);
+
+/// Frees whatever the attempt got, by owner: the reader of this owner, its lock, and its
+/// waiting mark.
+fn leave((lock, name, owner, writer_waits): Attempt) -> Undo {
+    Undo::Spawn(Box::pin(async move {
+        let read = lock.read_exit(&name, owner).await?;
+        let locked = lock.expire_unlock_owner(&name, owner).await? != ExpireUnlock::NotCurrent;
+        if writer_waits {
+            lock.read(&name, owner, Duration::ZERO, "unwait", 0).await?;
+        }
+        Ok(read || locked)
+    }))
+}
+
+impl TairLock {
+    /// The clean-up guard of `owner`'s attempt on `name` (`writer_waits`: it may leave a
+    /// `writer waiting` mark), disarmed when the acquire returns.
+    fn arm(&self, name: &LockName, owner: OwnerId, writer_waits: bool) -> CleanupGuard<Attempt> {
+        CleanupGuard::arm(
+            BACKEND,
+            name,
+            (self.clone(), name.clone(), owner, writer_waits),
+            leave,
+        )
+    }
+}
+
+fn proof_of(lease: &Lease) -> Option<u64> {
+    lease.handle().and_then(|h| h.parse().ok())
+}
+
+#[async_trait]
+impl DistributedLock for TairLock {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            BACKEND,
+            self.client.capabilities().fencing,
+            Expiry::Ttl,
+            Fairness::Unordered,
+            WaitMechanism::Poll,
+        )
+        .bounded_requests(true)
+        .native(super::NATIVE)
+        // expireLock and a reader's entry raise the version to the floor in the same step.
+        .token_floor(true)
+    }
+
+    fn defaults(&self) -> ClientDefaults {
+        self.client.defaults()
+    }
+
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        self.try_write(name, opts.owner_or_random(), opts, None)
+            .await
+    }
+
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.wait_for(name, opts.owner_or_random(), deadline, true, opts)
+            .await
+    }
+
+    async fn try_acquire_shared(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.try_read(name, opts.owner_or_random(), opts).await
+    }
+
+    async fn acquire_shared_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.wait_for(name, opts.owner_or_random(), deadline, false, opts)
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        if lease.handle() == Some(READER) {
+            return Ok(match self.read_exit(lease.name(), lease.owner()).await? {
+                true => Released::Released,
+                false => Released::NotHeld,
+            });
+        }
+        let Some(expiry) = proof_of(lease) else {
+            return Ok(Released::NotHeld);
+        };
+        // The proof and the owner both: a lease of this client names its own acquisition.
+        let answer = self
+            .unlock(
+                lease.name(),
+                &expiry.to_string(),
+                &lease.owner().to_string(),
+                true,
+            )
+            .await?;
+        Ok(match answer {
+            ExpireUnlock::Unlocked | ExpireUnlock::CountedDown => Released::Released,
+            ExpireUnlock::NotCurrent => Released::NotHeld,
+        })
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        lockcore::check_ttl(ttl)?;
+        let started = Instant::now();
+        let lost = || Error::lock_lost(BACKEND, lease.name(), "extend");
+        if lease.handle() == Some(READER) {
+            let renewed = self.read_renew(lease.name(), lease.owner(), ttl).await?;
+            return match renewed && lease.is_valid() {
+                true => Ok(lease.renewed(started, ttl)),
+                false => Err(lost()),
+            };
+        }
+        let expiry = proof_of(lease).ok_or_else(lost)?;
+        match self
+            .extend_lock(lease.name(), lease.owner(), expiry, ttl)
+            .await?
+        {
+            Some(_) if lease.is_valid() => Ok(lease.renewed(started, ttl)),
+            _ => Err(lost()),
+        }
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let value = self
+            .eval("inspect", name, &self.call(&primitives::INSPECT, name))
+            .await?;
+        let items = scripts::array(&value).map_err(|e| protocol_error("inspect", Some(name), e))?;
+        let holder = items
+            .first()
+            .and_then(scripts::text)
+            .filter(|h| !h.is_empty());
+        let left = items.get(1).and_then(scripts::int).unwrap_or(-1);
+        let version = u64_at(items, 2).unwrap_or(0);
+        let readers = u64_at(items, 3).unwrap_or(0);
+        if holder.is_none() && version == 0 && readers == 0 {
+            return Ok(None);
+        }
+        let mut info = LockInfo::new(
+            name,
+            holder,
+            (version > 0).then_some(FencingToken(version)),
+            u64::try_from(left).ok().map(Duration::from_millis),
+            None,
+        );
+        if readers > 0 {
+            info = info.with_details(vec![format!("{readers} reader(s) inside")]);
+        }
+        Ok(Some(info))
+    }
+
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        let value = self
+            .eval("forget", name, &self.call(&primitives::FORGET, name))
+            .await?;
+        scripts::parse_flag(&value).map_err(|e| protocol_error("forget", Some(name), e))
+    }
+
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        self.client.raw_floor()
+    }
+
+    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        self.client.fenced_floor()
+    }
+}

@@ -1,0 +1,404 @@
+//! The Tair primitives: `expireLock`, `expireUnlock`, the extend that keeps the proof, and
+//! the read-write form's reader entry, exit and renewal, each one script on the server.
+
+use std::fmt;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use lockcore::{Error, LockName, OwnerId, Result};
+use redis::Value;
+
+use crate::config::RedisConfig;
+use crate::lock::RedisLock;
+use crate::node::scripts::{self, Call, Lua};
+use crate::node::{millis, protocol_error};
+
+/// The emulation's keys of one name: the lock's hash (flag, expiry, proof, owner, count,
+/// version) and the readers' ZSET (scored by expiry), under the name's hash tag.
+const KEYS: [&str; 2] = [":tair", ":readers"];
+
+fn tair_script(body: &str) -> Lua {
+    Lua::with_prelude(body, "--@tair", include_str!("lua/common.lua"))
+}
+
+/// `expireLock` (`lua/lock.lua`).
+static LOCK: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/lock.lua")));
+/// `expireUnlock` (`lua/unlock.lua`).
+static UNLOCK: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/unlock.lua")));
+/// Extend a held lock, keeping its proof (`lua/extend.lua`).
+static EXTEND: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/extend.lua")));
+/// Readers enter, exit, renew; a waiting writer gives up (`lua/read.lua`).
+static READ: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/read.lua")));
+/// State for `inspect` (`lua/inspect.lua`).
+pub(super) static INSPECT: LazyLock<Lua> =
+    LazyLock::new(|| tair_script(include_str!("lua/inspect.lua")));
+/// Delete a free name (`lua/forget.lua`).
+pub(super) static FORGET: LazyLock<Lua> =
+    LazyLock::new(|| tair_script(include_str!("lua/forget.lua")));
+
+/// What `expireLock` answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExpireLock {
+    /// Locked (or, in the reentrant form, entered again by its holder).
+    Locked {
+        /// The expiry timestamp (server time, ms): the proof for `expireUnlock`.
+        expiry: u64,
+        /// The version after this lock: the fencing token.
+        version: u64,
+        /// The holder's reentrant count (1 for a fresh lock).
+        count: u64,
+    },
+    /// Held by another owner until `expiry` (server time, ms).
+    Held {
+        /// The holder's expiry timestamp.
+        expiry: u64,
+        /// The holder's owner id.
+        holder: String,
+    },
+    /// Readers hold the key (the read-write form).
+    Readers,
+}
+
+/// What `expireUnlock` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpireUnlock {
+    /// The lock is free now.
+    Unlocked,
+    /// A reentrant holder counted down; the lock is still held.
+    CountedDown,
+    /// The proof was not current (wrong, stale, or the lock expired): nothing changed.
+    NotCurrent,
+}
+
+/// A reader's entry (the read-write form).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadEnter {
+    /// Entered, until `expiry` (server ms) unless renewed; `version`, bumped by the entry, is
+    /// the reader's fencing token.
+    Entered {
+        /// The reader's expiry timestamp.
+        expiry: u64,
+        /// The version after this entry.
+        version: u64,
+    },
+    /// A writer holds the key until `expiry`.
+    Writer {
+        /// The writer's expiry timestamp.
+        expiry: u64,
+        /// The writer's owner id.
+        holder: String,
+    },
+}
+
+/// A client of the Tair emulation on one Redis server. Cheap to clone.
+#[derive(Clone)]
+pub struct TairLock {
+    pub(super) client: RedisLock,
+}
+
+impl fmt::Debug for TairLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TairLock")
+            .field("server", &self.client)
+            .finish()
+    }
+}
+
+pub(super) fn reply_error(operation: &'static str, name: &LockName, value: &Value) -> Error {
+    protocol_error(operation, Some(name), format!("unexpected reply {value:?}"))
+}
+
+pub(super) fn u64_at(items: &[Value], i: usize) -> Option<u64> {
+    items
+        .get(i)
+        .and_then(scripts::int)
+        .and_then(|v| u64::try_from(v).ok())
+}
+
+impl TairLock {
+    /// Connects to the server of a `tair://` URL (the same forms and options as `redis://`).
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes what was opened; nothing is held yet.
+    ///
+    /// # Errors
+    /// As [`RedisLock::connect`].
+    pub async fn connect(config: &RedisConfig) -> Result<TairLock> {
+        Ok(TairLock {
+            client: RedisLock::connect(config).await?,
+        })
+    }
+
+    pub(super) fn call(&self, lua: &'static Lua, name: &LockName) -> Call {
+        self.client.inner.node.call_on(lua, name, &KEYS)
+    }
+
+    pub(super) async fn eval(
+        &self,
+        operation: &'static str,
+        name: &LockName,
+        call: &Call,
+    ) -> Result<Value> {
+        self.client.inner.node.run(operation, name, call).await
+    }
+
+    /// `expireLock(key, expireTime)`: locks `name` for `owner` for `ttl` if it is unlocked (or
+    /// its expiry passed), and no reader holds it. With `reentrant`, the holder locking again
+    /// counts up and keeps its proof.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the lock taken until its expiry (the proof is then lost;
+    /// [`TairLock::expire_unlock_owner`] frees it by owner).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a ttl outside the contract's bounds (before any I/O);
+    /// store failures.
+    pub async fn expire_lock(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        ttl: Duration,
+        reentrant: bool,
+    ) -> Result<ExpireLock> {
+        self.lock_as(name, owner, ttl, reentrant, None, 0).await
+    }
+
+    /// `expire_lock` by a writer that will wait (`waiting` = how long its mark lasts without
+    /// being refreshed): refused, it marks the name so that new readers stay out. A fresh
+    /// lock's version is at least `floor` (0 = none).
+    pub(super) async fn lock_as(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        ttl: Duration,
+        reentrant: bool,
+        waiting: Option<Duration>,
+        floor: u64,
+    ) -> Result<ExpireLock> {
+        lockcore::check_ttl(ttl)?;
+        let call = self
+            .call(&LOCK, name)
+            .owner_arg(owner)
+            .arg(millis(ttl))
+            .arg(if reentrant { "1" } else { "0" })
+            .arg(waiting.map_or(0, millis))
+            .arg(floor);
+        let value = self.eval("expireLock", name, &call).await?;
+        let items =
+            scripts::array(&value).map_err(|e| protocol_error("expireLock", Some(name), e))?;
+        match items.first().and_then(scripts::int) {
+            Some(1) => match (u64_at(items, 1), u64_at(items, 2), u64_at(items, 3)) {
+                (Some(expiry), Some(version), Some(count)) => Ok(ExpireLock::Locked {
+                    expiry,
+                    version,
+                    count,
+                }),
+                _ => Err(reply_error("expireLock", name, &value)),
+            },
+            Some(0) => match items.get(2).and_then(scripts::text) {
+                Some(holder) if holder == "readers" => Ok(ExpireLock::Readers),
+                Some(holder) => Ok(ExpireLock::Held {
+                    expiry: u64_at(items, 1).unwrap_or(0),
+                    holder,
+                }),
+                None => Err(reply_error("expireLock", name, &value)),
+            },
+            _ => Err(reply_error("expireLock", name, &value)),
+        }
+    }
+
+    /// `expireUnlock(key, timestamp)`: unlocks `name` only if it is still locked with exactly
+    /// the proof `expiry` that `expire_lock` returned. A reentrant holder counts down first
+    /// unless `whole`.
+    ///
+    /// # Cancel safety
+    /// The unlock either happened in the store or not.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn expire_unlock(
+        &self,
+        name: &LockName,
+        expiry: u64,
+        whole: bool,
+    ) -> Result<ExpireUnlock> {
+        self.unlock(name, &expiry.to_string(), "", whole).await
+    }
+
+    /// Unlocks `name` if `owner` holds it, whatever the proof: the clean-up for an acquire
+    /// whose reply (and so its proof) was lost.
+    ///
+    /// # Cancel safety
+    /// The unlock either happened in the store or not.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn expire_unlock_owner(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+    ) -> Result<ExpireUnlock> {
+        self.unlock(name, "", &owner.to_string(), true).await
+    }
+
+    pub(super) async fn unlock(
+        &self,
+        name: &LockName,
+        expiry: &str,
+        owner: &str,
+        whole: bool,
+    ) -> Result<ExpireUnlock> {
+        let call = self
+            .call(&UNLOCK, name)
+            .arg(expiry)
+            .arg(owner)
+            .arg(if whole { "1" } else { "0" });
+        let value = self.eval("expireUnlock", name, &call).await?;
+        match scripts::int(&value) {
+            Some(1) => Ok(ExpireUnlock::Unlocked),
+            Some(2) => Ok(ExpireUnlock::CountedDown),
+            Some(0) => Ok(ExpireUnlock::NotCurrent),
+            _ => Err(reply_error("expireUnlock", name, &value)),
+        }
+    }
+
+    /// Moves the expiry of a lock still held by `owner` with proof `expiry` to now + `ttl` (the
+    /// proof stays the same); returns the new expiry, or `None` when the lock is no longer this
+    /// proof's.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not have extended the lock.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a ttl out of bounds (before any I/O); store failures.
+    pub async fn extend_lock(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        expiry: u64,
+        ttl: Duration,
+    ) -> Result<Option<u64>> {
+        lockcore::check_ttl(ttl)?;
+        let call = self
+            .call(&EXTEND, name)
+            .arg(expiry)
+            .owner_arg(owner)
+            .arg(millis(ttl));
+        let value = self.eval("extend", name, &call).await?;
+        match scripts::int(&value) {
+            Some(0) => Ok(None),
+            Some(v) if v > 0 => Ok(Some(v as u64)),
+            _ => Err(reply_error("extend", name, &value)),
+        }
+    }
+
+    /// A reader enters `name` for `ttl` (renew it with [`TairLock::read_renew`]), in one step
+    /// with the check that no writer holds it.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the reader registered until its expiry.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a ttl out of bounds (before any I/O); store failures.
+    pub async fn read_enter(
+        &self,
+        name: &LockName,
+        reader: OwnerId,
+        ttl: Duration,
+    ) -> Result<ReadEnter> {
+        self.read_enter_as(name, reader, ttl, 0).await
+    }
+
+    /// [`read_enter`](Self::read_enter) with a token floor (0 = none): the version the entry
+    /// bumps is at least `floor`.
+    pub(super) async fn read_enter_as(
+        &self,
+        name: &LockName,
+        reader: OwnerId,
+        ttl: Duration,
+        floor: u64,
+    ) -> Result<ReadEnter> {
+        lockcore::check_ttl(ttl)?;
+        let value = self.read(name, reader, ttl, "enter", floor).await?;
+        let items =
+            scripts::array(&value).map_err(|e| protocol_error("read enter", Some(name), e))?;
+        match items.first().and_then(scripts::int) {
+            Some(1) => Ok(ReadEnter::Entered {
+                expiry: u64_at(items, 1).unwrap_or(0),
+                version: u64_at(items, 2).unwrap_or(0),
+            }),
+            Some(0) => Ok(ReadEnter::Writer {
+                expiry: u64_at(items, 1).unwrap_or(0),
+                holder: items.get(2).and_then(scripts::text).unwrap_or_default(),
+            }),
+            _ => Err(reply_error("read enter", name, &value)),
+        }
+    }
+
+    /// The reader leaves; `false` when it was no longer registered (its expiry passed).
+    ///
+    /// # Cancel safety
+    /// The exit either happened in the store or not.
+    ///
+    /// # Errors
+    /// Store failures.
+    pub async fn read_exit(&self, name: &LockName, reader: OwnerId) -> Result<bool> {
+        let value = self.read(name, reader, Duration::ZERO, "exit", 0).await?;
+        scripts::parse_flag(&value).map_err(|e| protocol_error("read exit", Some(name), e))
+    }
+
+    /// Moves a registered reader's expiry to now + `ttl`; `false` when it was no longer there.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may or may not have renewed the reader.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a ttl out of bounds (before any I/O); store failures.
+    pub async fn read_renew(
+        &self,
+        name: &LockName,
+        reader: OwnerId,
+        ttl: Duration,
+    ) -> Result<bool> {
+        lockcore::check_ttl(ttl)?;
+        let value = self.read(name, reader, ttl, "renew", 0).await?;
+        scripts::parse_flag(&value).map_err(|e| protocol_error("read renew", Some(name), e))
+    }
+
+    /// One run of the read script: `op` for `reader`; `floor` (0 = none) only counts for
+    /// `enter`.
+    pub(super) async fn read(
+        &self,
+        name: &LockName,
+        reader: OwnerId,
+        ttl: Duration,
+        op: &str,
+        floor: u64,
+    ) -> Result<Value> {
+        let call = self
+            .call(&READ, name)
+            .owner_arg(reader)
+            .arg(millis(ttl).max(1))
+            .arg(op)
+            .arg(floor);
+        self.eval("read", name, &call).await
+    }
+}
+
+/// How long a waiting writer's mark keeps new readers out without being refreshed (a writer
+/// that crashed while waiting holds readers up for at most this).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scripts_have_distinct_hashes_and_differ_from_the_nodes() {
+        let ours = [&*LOCK, &*UNLOCK, &*EXTEND, &*READ, &*INSPECT, &*FORGET];
+        let mut shas: Vec<&str> = ours.iter().map(|l| l.sha.as_str()).collect();
+        shas.extend(scripts::all().iter().map(|l| l.sha.as_str()));
+        let n = shas.len();
+        shas.sort_unstable();
+        shas.dedup();
+        assert_eq!(shas.len(), n);
+    }
+}

@@ -1,0 +1,127 @@
+//! One client of a dialect: its pool and rules, its statements, its configuration and the
+//! dialect's own state; and the statements that both a single attempt and the queue run.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use lockcore::cleanup::{CleanupGuard, Undo};
+use lockcore::{AcquireOptions, ClientDefaults, Lease, LockName, OwnerId, Result};
+
+use crate::common::{Core, Pending, detached, floor_of, token};
+use crate::config::SqlConfig;
+use crate::dialect::{Dialect, Statements};
+use crate::statement::{Args, Reply};
+
+/// The lease of a grant to `owner` with fence `fence`, valid from `started` for the ttl of `opts`.
+pub(crate) fn granted(
+    name: &LockName,
+    owner: OwnerId,
+    fence: i64,
+    started: Instant,
+    opts: &AcquireOptions,
+) -> Lease {
+    let (ttl, drift) = (opts.ttl_value(), opts.drift_value());
+    Lease::new(name.clone(), owner, token(fence), started, ttl, drift)
+}
+
+/// The handle that marks a permit's lease, so that release and extend find its row.
+pub(crate) const PERMIT: &str = "permit";
+
+/// Whether `lease` is a permit's.
+pub(crate) fn is_permit(lease: &Lease) -> bool {
+    lease.handle() == Some(PERMIT)
+}
+
+/// The lease of a permit granted to `owner` with fence `fence`, marked as a permit's.
+pub(crate) fn permit(
+    name: &LockName,
+    owner: OwnerId,
+    fence: i64,
+    started: Instant,
+    opts: &AcquireOptions,
+) -> Lease {
+    granted(name, owner, fence, started, opts).with_handle(PERMIT)
+}
+
+/// What a [`SqlLock`](crate::SqlLock) holds, shared by its clones.
+pub(crate) struct Client<D: Dialect> {
+    pub(crate) core: Core<D::Db>,
+    pub(crate) sql: Statements,
+    pub(crate) table: String,
+    pub(crate) redacted: String,
+    pub(crate) defaults: ClientDefaults,
+    pub(crate) dialect: D,
+}
+
+impl<D: Dialect> Client<D> {
+    /// Connects (see [`SqlLock::connect`](crate::SqlLock::connect)).
+    pub(crate) async fn connect(config: &SqlConfig) -> Result<Self> {
+        let sql = Statements::new::<D>(&config.table);
+        let (core, dialect) = D::connect(config, &sql).await?;
+        Ok(Client {
+            core,
+            sql,
+            table: config.table.clone(),
+            redacted: config.redacted.clone(),
+            defaults: config.defaults.clone(),
+            dialect,
+        })
+    }
+
+    /// One attempt (`DistributedLock::try_acquire`), also a waiting acquire's first.
+    pub(crate) async fn try_acquire(
+        self: &Arc<Self>,
+        name: &LockName,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        let started = Instant::now();
+        let floor = floor_of(D::BACKEND, opts)?;
+        let owner = opts.owner_or_random();
+        let ttl = opts.ttl_value();
+        // Gives back a lease the attempt may have been granted, while an acquire may have
+        // written a row for an owner the caller never hears about. The guard's state is that
+        // undo, not yet started: dropping the guard armed spawns it right away.
+        let give_back = self.release_later(name, owner);
+        let cleanup = CleanupGuard::arm(D::BACKEND, name, give_back, Undo::Spawn);
+        // The acquire statement; its reply counts the tries (a retry may have followed a lost
+        // reply to a grant).
+        let statement = {
+            let (client, name) = (self.clone(), name.clone());
+            async move {
+                let args = Args::of(&name).owner(owner).ttl(ttl).floor(floor);
+                client
+                    .core
+                    .reply("acquire", &client.sql.acquire, args)
+                    .await
+            }
+        };
+        let undo = self.release_later(name, owner);
+        let needs_undo = |r: &Reply| r.value().is_some() || r.tries > 1;
+        let reply = detached(D::BACKEND, name, statement, needs_undo, undo).await?;
+        let fence = reply.value();
+        // A retry after a broken connection may find the queue non-empty although the first
+        // try (whose reply was lost) got the lock: then it is given back, here and now, since a
+        // waiting acquire goes on with the same owner id when the caller chose it. (A retry
+        // after SQLite's "database is locked" cannot have run the first try.)
+        if fence.is_none() && reply.tries > 1 {
+            self.release_owner(name, owner).await?;
+        }
+        let _done = cleanup.disarm();
+        Ok(fence.map(|fence| granted(name, owner, fence, started, opts)))
+    }
+
+    /// Frees `name`'s row if `owner` holds it, whatever the fence (the clean-up after an
+    /// interrupted acquire: the fence is unknown). Whether a lease was freed.
+    pub(crate) async fn release_owner(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
+        let args = Args::of(name).owner(owner);
+        let reply = self.core.reply("release", &self.sql.release_owner, args);
+        Ok(reply.await?.count() > 0)
+    }
+
+    /// [`release_owner`](Self::release_owner) as an undo: a future that owns what it needs and
+    /// does nothing until it is polled.
+    fn release_later(self: &Arc<Self>, name: &LockName, owner: OwnerId) -> Pending<bool> {
+        let (client, name) = (self.clone(), name.clone());
+        Box::pin(async move { client.release_owner(&name, owner).await })
+    }
+}

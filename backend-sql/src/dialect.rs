@@ -1,0 +1,518 @@
+//! What sets the three databases apart, behind one trait: their SQL text and its parameters,
+//! error classes, connecting, and how a waiter learns of a release. The statements that read the
+//! same everywhere but for the clock and the interval arithmetic are written here once
+//! ([`Statements::new`]); PostgreSQL replaces those that also send a NOTIFY ([`Dialect::adapt`]).
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::{Error, Lease, LockName, OwnerId, Result, WaitMechanism};
+use sqlx::error::DatabaseError;
+use sqlx::{Connection, Database};
+use tokio::sync::{Notify, watch};
+
+use crate::common::{Class, Core};
+use crate::config::{SqlConfig, WithTls};
+use crate::statement::{Args, Sql, SqlDb, Stmt, Style};
+
+pub mod mysql;
+pub mod postgres;
+pub mod sqlite;
+
+/// One database's side of [`SqlLock`](crate::SqlLock). (Not [`crate::Dialect`], the enum a
+/// URL's scheme picks.)
+pub trait Dialect: Send + Sync + Sized + 'static {
+    /// The sqlx driver.
+    type Db: SqlDb;
+    /// The backend name in capabilities, errors and logs.
+    const BACKEND: &'static str;
+    /// The client type's name, for `Debug`.
+    const CLIENT: &'static str;
+    /// How waiters learn of a release.
+    const WAIT: WaitMechanism = WaitMechanism::Poll;
+    /// How statements write and bind their parameters.
+    const STYLE: Style;
+    /// The database's clock, as `expires_at` holds it.
+    const NOW: &'static str;
+    /// What the raw floor runs, for `dlock bench`.
+    const FLOOR: &'static str;
+    /// Creates the lease table `{t}`, the waiters table `{w}` (named `{q}` unquoted), the
+    /// semaphores table `{s}`, the permit holders table `{p}` and the permit waiters table `{v}`
+    /// (named `{vq}` unquoted), and any index, in this order.
+    const CREATE: &[&str];
+    /// Run on the plain protocol before a semaphore transaction begins (MySQL: `SET TRANSACTION
+    /// ISOLATION LEVEL READ COMMITTED`, so that each statement of it reads what committed
+    /// before the statement, as on PostgreSQL).
+    const TX_SETUP: Option<&'static str> = None;
+    /// SQLSTATEs with which `CREATE TABLE IF NOT EXISTS` fails when it raced another client's;
+    /// running it again then finds the table.
+    const CREATE_RACES: &[&str] = &[];
+
+    /// `$ttl` from now, as an `expires_at` value.
+    fn expiry() -> String {
+        format!("{} + $ttl", Self::NOW)
+    }
+
+    /// The microseconds from `now` until `at`.
+    fn micros_between(now: &str, at: &str) -> String;
+
+    /// How a statement that failed with the server's error `db` should be handled.
+    fn classify(db: &dyn DatabaseError) -> Class;
+
+    /// Opens the client's pool and creates the tables (`sql.create`), then drops expired waiter
+    /// rows (best effort); returns the pool's rules and the dialect's own state.
+    fn connect(
+        config: &SqlConfig,
+        sql: &Statements,
+    ) -> impl Future<Output = Result<(Core<Self::Db>, Self)>> + Send;
+
+    /// One attempt (`try_acquire`, a waiting acquire's first): takes the row if it is free,
+    /// expired or already ours and no live waiter is queued, setting the fence to
+    /// `GREATEST(fence + 1, $floor)`; hands back the fence if granted.
+    fn acquire(s: &Sql) -> Stmt;
+
+    /// The raw floor's acquire: the plain statement, without the queue check or a token floor.
+    fn floor_acquire(s: &Sql) -> Stmt;
+
+    /// A queued waiter's attempt: as [`acquire`](Self::acquire), but only when no live waiter
+    /// with a smaller ticket is queued.
+    fn wait_acquire(s: &Sql) -> Stmt;
+
+    /// Writes the semaphore row of `$name`, inserting it if new: the first statement of every
+    /// semaphore transaction, which takes the row's lock (PostgreSQL, MySQL) or the database's
+    /// write lock (SQLite) until the transaction ends. With `bump`, it sets the fence to
+    /// `GREATEST(fence + 1, $floor)` (a new row: `GREATEST(1, $floor)`) and hands it back as
+    /// its value; without, it leaves the fence as it is (a new row: 0).
+    fn semaphore_lock(s: &Sql, bump: bool) -> Stmt;
+
+    /// Replaces the statements of `sql` that the dialect writes its own way (none by default).
+    fn adapt(_s: &Sql, _sql: &mut Statements) {}
+
+    /// Whether other processes see the same locks.
+    fn shared_across_processes(&self) -> bool {
+        true
+    }
+
+    /// Subscribes `waiter` to release notifications for `name` (the lock, or with `permits` the
+    /// semaphore), before its first look at the rows. Where the dialect can, a lock's release
+    /// wakes only the queue's head.
+    fn wake(&self, _name: &LockName, _waiter: OwnerId, _permits: bool) -> Wake {
+        Wake::default()
+    }
+
+    /// `DistributedLock::wait_for_release`: by default a sleep until `until` (polling).
+    fn wait_for_release(
+        &self,
+        _core: &Core<Self::Db>,
+        _sql: &Statements,
+        _name: &LockName,
+        until: Instant,
+    ) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            tokio::time::sleep_until(until.into()).await;
+            Ok(())
+        }
+    }
+
+    /// Keep-alive's batch of extends (each ttl already checked): whether each lease's row was
+    /// extended. By default the extends in one transaction on one connection: one commit (one
+    /// log flush) for the whole batch.
+    fn extend_batch(
+        &self,
+        core: &Core<Self::Db>,
+        sql: &Statements,
+        batch: &[(&Lease, Duration)],
+    ) -> impl Future<Output = Result<Vec<bool>>> + Send {
+        let args: Vec<Args<'_>> = batch.iter().map(|(l, ttl)| held(l).ttl(*ttl)).collect();
+        async move {
+            let done = core
+                .each_in_transaction("extend", &sql.extend, &args)
+                .await?;
+            Ok(done.into_iter().map(|n| n == 1).collect())
+        }
+    }
+
+    /// Stops what the dialect runs besides the pool (PostgreSQL's listener).
+    fn close(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// A lease's fence as the signed column holds it.
+pub fn fence_of(lease: &Lease) -> i64 {
+    i64::try_from(lease.token().0).unwrap_or(i64::MAX)
+}
+
+/// The values that name `lease`'s row: name, owner and fence.
+pub fn held(lease: &Lease) -> Args<'_> {
+    Args::of(lease.name())
+        .owner(lease.owner())
+        .fence(fence_of(lease))
+}
+
+/// The statements of one client, built once with the validated table name.
+pub struct Statements {
+    pub create: Vec<Stmt>,
+    /// Expired waiter rows of every name, dropped when a client connects.
+    pub gc_queue: Stmt,
+    pub acquire: Stmt,
+    pub floor_acquire: Stmt,
+    pub wait_acquire: Stmt,
+    /// Read-only look before a waiter writes (a reader never waits for SQLite's write lock):
+    /// live waiters ahead of it, and the holder's time left in µs. `None` where
+    /// [`wait_acquire`](Self::wait_acquire) looks for itself.
+    pub probe: Option<Stmt>,
+    /// Joins the queue's tail (liveness in `$ttl`); hands back the ticket.
+    pub enqueue: Stmt,
+    /// Extends a waiter's liveness. Never revives an expired waiter (it rejoins at the tail).
+    pub refresh: Stmt,
+    /// Leaves the queue, dropping expired waiters of the name. `None` where a grant dequeues in
+    /// the same statement and leaving is [`leave`](Self::leave).
+    pub dequeue: Option<Stmt>,
+    /// Leaves the queue, frees a lease granted to the waiter, and wakes the others, in one
+    /// statement that counts the freed leases. `None`: [`dequeue`](Self::dequeue), then
+    /// [`release_owner`](Self::release_owner).
+    pub leave: Option<Stmt>,
+    /// Owner- and fence-checked release. The row stays (the fence must never reset).
+    pub release: Stmt,
+    /// The raw floor's release.
+    pub floor_release: Stmt,
+    /// Release by owner alone: the clean-up after an interrupted acquire (the fence is unknown).
+    pub release_owner: Stmt,
+    /// Never resurrects an expired row.
+    pub extend: Stmt,
+    /// Owner, fence, remaining time in µs by the database's clock (read once), live waiters.
+    pub inspect: Stmt,
+    /// Deletes the row of a name nobody holds or waits for (its fence too: `forget` is only for
+    /// names that are never used again).
+    pub forget: Stmt,
+    /// The name's waiter rows whose liveness ran out.
+    pub forget_queue: Stmt,
+    /// The statements of counting semaphores.
+    pub permits: PermitStatements,
+}
+
+/// The statements of counting semaphores (see `crate::semaphore`), over the semaphores table
+/// `{s}` (name, fence), the permit holders table `{p}` (name, owner, fence, permits,
+/// expires_at; one row per permit held) and the permit waiters table `{v}` (ticket, name,
+/// waiter, permits, expires_at).
+pub struct PermitStatements {
+    /// Run before each semaphore transaction begins ([`Dialect::TX_SETUP`]).
+    pub setup: Option<sqlx::SqlStr>,
+    /// Takes the semaphore row's lock (see [`Dialect::semaphore_lock`]).
+    pub lock: Stmt,
+    /// Takes the lock and bumps the fence, handing it back.
+    pub lock_bump: Stmt,
+    /// One row about `$name` as `$owner` (queued with `$ticket`, or `i64::MAX` when not
+    /// queued) sees it: the recorded count (of live holders and waiters, all equal), live
+    /// holders but `$owner`, live waiters ahead, `$owner`'s own live permit's fence, µs until
+    /// the first live holder but `$owner` runs out, and expired holder rows.
+    pub state: Stmt,
+    /// Inserts `$owner`'s permit row with `$fence`, `$permits` and `$ttl`.
+    pub grant: Stmt,
+    /// Takes over `$owner`'s own live permit row with `$fence` and `$ttl`.
+    pub regrant: Stmt,
+    /// Deletes the name's expired permit rows.
+    pub gc: Stmt,
+    /// Joins the permit queue's tail (liveness in `$ttl`, count `$permits`); hands back the
+    /// ticket.
+    pub enqueue: Stmt,
+    /// Extends a permit waiter's liveness; never revives an expired one.
+    pub refresh: Stmt,
+    /// Deletes `$owner`'s and the name's expired waiter rows.
+    pub dequeue: Stmt,
+    /// Wakes the name's permit waiters (PostgreSQL's NOTIFY; `None` where waiters poll): after
+    /// a waiter's grant that leaves permits free for the next.
+    pub notify: Option<Stmt>,
+    /// Leaves the queue, frees a permit granted to the waiter and wakes the others, in one
+    /// statement that counts the freed permits. `None`: [`dequeue`](Self::dequeue), then
+    /// [`release_owner`](Self::release_owner).
+    pub leave: Option<Stmt>,
+    /// Owner- and fence-checked release of a live permit (deletes its row).
+    pub release: Stmt,
+    /// Deletes `$owner`'s permit row whatever its fence (the clean-up after an interrupted
+    /// acquire).
+    pub release_owner: Stmt,
+    /// Owner- and fence-checked extension; never resurrects an expired permit.
+    pub extend: Stmt,
+    /// Live holders: owner, fence, µs left, oldest grant first.
+    pub holders: Stmt,
+    /// Whether the semaphore row exists, the recorded count, live waiters.
+    pub summary: Stmt,
+    /// `forget`: the name's expired holder and waiter rows, then its semaphore row unless a
+    /// live holder or waiter is left.
+    pub forget: Vec<Stmt>,
+    /// Expired holder and waiter rows of every name, dropped when a client connects.
+    pub gc_all: Vec<Stmt>,
+}
+
+impl PermitStatements {
+    /// `D`'s semaphore statements as they read on every dialect; PostgreSQL's notifications
+    /// are added in its [`Dialect::adapt`].
+    fn new<D: Dialect>(s: &Sql) -> Self {
+        let (sem, p, v, now, expiry) = (&s.s, &s.p, &s.v, D::NOW, D::expiry());
+        let live = |a: &str| format!("{a}.name = $name AND {a}.expires_at > {now}");
+        let recorded = format!(
+            "COALESCE((SELECT MAX(p.permits) FROM {p} AS p WHERE {}), \
+             (SELECT MAX(v.permits) FROM {v} AS v WHERE {}))",
+            live("p"),
+            live("v")
+        );
+        PermitStatements {
+            setup: D::TX_SETUP.map(sqlx::SqlSafeStr::into_sql_str),
+            lock: D::semaphore_lock(s, false),
+            lock_bump: D::semaphore_lock(s, true),
+            state: s.row(&format!(
+                "SELECT {recorded}, \
+                 (SELECT count(*) FROM {p} AS p WHERE {} AND p.owner <> $owner), \
+                 (SELECT count(*) FROM {v} AS v WHERE {} AND v.ticket < $ticket \
+                 AND v.waiter <> $owner), \
+                 (SELECT p.fence FROM {p} AS p WHERE {} AND p.owner = $owner), \
+                 (SELECT MIN({}) FROM {p} AS p WHERE {} AND p.owner <> $owner), \
+                 (SELECT count(*) FROM {p} AS p WHERE p.name = $name AND p.expires_at <= {now})",
+                live("p"),
+                live("v"),
+                live("p"),
+                D::micros_between(now, "p.expires_at"),
+                live("p"),
+            )),
+            grant: s.done(&format!(
+                "INSERT INTO {p} (name, owner, fence, permits, expires_at) \
+                 VALUES ($name, $owner, $fence, $permits, {expiry})"
+            )),
+            regrant: s.done(&format!(
+                "UPDATE {p} SET fence = $fence, expires_at = {expiry} \
+                 WHERE name = $name AND owner = $owner"
+            )),
+            gc: s.done(&format!(
+                "DELETE FROM {p} WHERE name = $name AND expires_at <= {now}"
+            )),
+            enqueue: s.insert_returning(
+                &format!(
+                    "INSERT INTO {v} (name, waiter, permits, expires_at) \
+                     VALUES ($name, $owner, $permits, {expiry})"
+                ),
+                "ticket",
+            ),
+            refresh: s.done(&format!(
+                "UPDATE {v} SET expires_at = {expiry} \
+                 WHERE name = $name AND waiter = $owner AND expires_at > {now}"
+            )),
+            dequeue: s.done(&format!(
+                "DELETE FROM {v} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
+            )),
+            notify: None,
+            leave: None,
+            release: s.done(&format!(
+                "DELETE FROM {p} \
+                 WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
+            )),
+            release_owner: s.done(&format!(
+                "DELETE FROM {p} WHERE name = $name AND owner = $owner"
+            )),
+            extend: s.done(&format!(
+                "UPDATE {p} SET expires_at = {expiry} \
+                 WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
+            )),
+            holders: s.row(&format!(
+                "SELECT p.owner, p.fence, {} FROM {p} AS p WHERE {} ORDER BY p.fence",
+                D::micros_between(now, "p.expires_at"),
+                live("p")
+            )),
+            summary: s.row(&format!(
+                "SELECT (SELECT count(*) FROM {sem} AS s WHERE s.name = $name), {recorded}, \
+                 (SELECT count(*) FROM {v} AS v WHERE {})",
+                live("v")
+            )),
+            forget: vec![
+                s.done(&format!(
+                    "DELETE FROM {p} WHERE name = $name AND expires_at <= {now}"
+                )),
+                s.done(&format!(
+                    "DELETE FROM {v} WHERE name = $name AND expires_at <= {now}"
+                )),
+                s.done(&format!(
+                    "DELETE FROM {sem} WHERE name = $name \
+                     AND NOT EXISTS (SELECT 1 FROM {p} AS p WHERE {}) \
+                     AND NOT EXISTS (SELECT 1 FROM {v} AS v WHERE {})",
+                    live("p"),
+                    live("v")
+                )),
+            ],
+            gc_all: vec![
+                s.done(&format!("DELETE FROM {p} WHERE expires_at <= {now}")),
+                s.done(&format!("DELETE FROM {v} WHERE expires_at <= {now}")),
+            ],
+        }
+    }
+}
+
+impl Statements {
+    /// `D`'s statements for lease table `table`: those that read the same everywhere but for
+    /// the clock and the interval arithmetic, then the ones `D` writes its own way.
+    pub fn new<D: Dialect>(table: &str) -> Self {
+        let s = Sql::new(D::STYLE, table);
+        let (t, w, now, expiry) = (&s.t, &s.w, D::NOW, D::expiry());
+        let queue = crate::common::queue_table(table);
+        let permit_queue = crate::common::aux_table(table, crate::statement::PERMIT_QUEUE);
+        let release = s.done(&format!(
+            "UPDATE {t} SET owner = NULL \
+             WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
+        ));
+        let mut sql = Statements {
+            create: D::CREATE
+                .iter()
+                .map(|c| {
+                    let c = c.replace("{t}", t).replace("{w}", w).replace("{q}", &queue);
+                    let c = c
+                        .replace("{s}", &s.s)
+                        .replace("{p}", &s.p)
+                        .replace("{v}", &s.v);
+                    s.done(&c.replace("{vq}", &permit_queue))
+                })
+                .collect(),
+            gc_queue: s.done(&format!("DELETE FROM {w} WHERE expires_at <= {now}")),
+            acquire: D::acquire(&s),
+            floor_acquire: D::floor_acquire(&s),
+            wait_acquire: D::wait_acquire(&s),
+            probe: Some(s.row(&format!(
+                "SELECT (SELECT count(*) FROM {w} AS w \
+                 WHERE w.name = $name AND w.ticket < $ticket AND w.waiter <> $owner \
+                 AND w.expires_at > {now}), \
+                 (SELECT {} FROM {t} AS l \
+                 WHERE l.name = $name AND l.owner IS NOT NULL AND l.owner <> $owner \
+                 AND l.expires_at > {now})",
+                D::micros_between(now, "l.expires_at")
+            ))),
+            enqueue: s.insert_returning(
+                &format!(
+                    "INSERT INTO {w} (name, waiter, expires_at) VALUES ($name, $owner, {expiry})"
+                ),
+                "ticket",
+            ),
+            refresh: s.done(&format!(
+                "UPDATE {w} SET expires_at = {expiry} \
+                 WHERE name = $name AND waiter = $owner AND expires_at > {now}"
+            )),
+            dequeue: Some(s.done(&format!(
+                "DELETE FROM {w} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
+            ))),
+            leave: None,
+            floor_release: release.clone(),
+            release,
+            release_owner: s.done(&format!(
+                "UPDATE {t} SET owner = NULL WHERE name = $name AND owner = $owner"
+            )),
+            extend: s.done(&format!(
+                "UPDATE {t} SET expires_at = {expiry} \
+                 WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
+            )),
+            inspect: s.row(&format!(
+                "SELECT l.owner, l.fence, \
+                 CASE WHEN l.owner IS NOT NULL AND l.expires_at > c.now THEN {} END, \
+                 (SELECT count(*) FROM {w} AS w WHERE w.name = l.name AND w.expires_at > c.now) \
+                 FROM {t} AS l, (SELECT {now} AS now) AS c WHERE l.name = $name",
+                D::micros_between("c.now", "l.expires_at")
+            )),
+            forget: s.done(&format!(
+                "DELETE FROM {t} WHERE name = $name AND (owner IS NULL OR expires_at <= {now}) \
+                 AND NOT EXISTS (SELECT 1 FROM {w} AS w WHERE w.name = {t}.name \
+                 AND w.expires_at > {now})"
+            )),
+            forget_queue: s.done(&format!(
+                "DELETE FROM {w} WHERE name = $name AND expires_at <= {now}"
+            )),
+            permits: PermitStatements::new::<D>(&s),
+        };
+        D::adapt(&s, &mut sql);
+        sql
+    }
+}
+
+/// How a queued waiter learns that the lock may have been freed (by default: it polls).
+#[derive(Default)]
+pub struct Wake {
+    /// Fired by the dialect's notifications; never where it polls.
+    pub notify: Arc<Notify>,
+    /// Whether the notifications flow (PostgreSQL: the listener connection is up and
+    /// LISTENing); `None` where the dialect polls.
+    pub ready: Option<watch::Receiver<bool>>,
+    /// What keeps the subscription (PostgreSQL: the waiter's interest in the name, woken when a
+    /// release names it the head, or wakes everyone on the name).
+    pub _subscription: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl Wake {
+    /// Whether a release will be notified: the listener has been LISTENing since before now.
+    pub fn listening(&self) -> bool {
+        self.ready.as_ref().is_some_and(|r| *r.borrow())
+    }
+}
+
+/// Pooled connections to a server (the PostgreSQL listener has its own).
+const POOL_SIZE: u32 = 8;
+
+/// Connect options of dialect `D`.
+type Options<D> = <<<D as Dialect>::Db as Database>::Connection as Connection>::Options;
+
+/// The connect of a server dialect (PostgreSQL, MySQL) with `opts` from the URL: the TLS files
+/// read, a pool of up to 8 connections (idle ones closed after 60 s), one connection opened
+/// straight away to say at once why the server cannot be used (see [`Core::probe`]), the tables
+/// created, and expired waiter rows left by crashed processes dropped (best effort). Returns the
+/// options used, TLS files included.
+pub async fn connect_server<D: Dialect>(
+    config: &SqlConfig,
+    opts: &Options<D>,
+    sql: &Statements,
+) -> Result<(Core<D::Db>, Options<D>)>
+where
+    Options<D>: WithTls,
+{
+    let opts = opts.clone().with_tls(config)?;
+    let timeout = config.defaults.timeout;
+    let pool = sqlx::pool::PoolOptions::<D::Db>::new()
+        .max_connections(POOL_SIZE)
+        .min_connections(0)
+        .acquire_timeout(timeout)
+        .idle_timeout(Duration::from_secs(60))
+        .test_before_acquire(false)
+        .connect_lazy_with(opts.clone());
+    let core = Core {
+        backend: D::BACKEND,
+        pool,
+        timeout,
+        classify: D::classify,
+    };
+    core.probe(&opts).await?;
+    create_tables::<D>(&core, sql).await?;
+    Ok((core, opts))
+}
+
+/// Creates the tables through `core`, running again a `CREATE` that raced another client's (see
+/// [`Dialect::CREATE_RACES`]), then drops expired waiter rows left by crashed processes (best
+/// effort).
+pub async fn create_tables<D: Dialect>(core: &Core<D::Db>, sql: &Statements) -> Result<()> {
+    for statement in &sql.create {
+        let mut tries = 0;
+        while let Err(e) = core.reply("create table", statement, Args::default()).await {
+            let raced = matches!(&e, Error::Backend { source, .. } if source
+                .downcast_ref::<sqlx::Error>()
+                .and_then(|e| e.as_database_error()?.code())
+                .is_some_and(|c| D::CREATE_RACES.iter().any(|r| *r == c)));
+            tries += 1;
+            if !raced || tries >= 10 {
+                return Err(e);
+            }
+            tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+        }
+    }
+    for gc in std::iter::once(&sql.gc_queue).chain(&sql.permits.gc_all) {
+        let gc = core.reply("drop expired waiters", gc, Args::default());
+        if let Err(e) = gc.await {
+            tracing::debug!(backend = D::BACKEND, error = %e, "dropping expired rows failed");
+        }
+    }
+    Ok(())
+}

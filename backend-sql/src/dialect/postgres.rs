@@ -1,0 +1,385 @@
+//! PostgreSQL: lease rows, `INSERT .. ON CONFLICT DO UPDATE .. WHERE expired RETURNING fence`,
+//! a FIFO queue of waiter rows (see [`crate::queue`]) whose head is granted and dequeued in one
+//! statement, and waiters woken by LISTEN/NOTIFY over one listener connection per client
+//! ([`listen`]).
+
+mod listen;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use lockcore::{Error, Lease, LockName, OwnerId, Result, WaitMechanism};
+use sqlx::error::DatabaseError;
+use sqlx::{SqlSafeStr, SqlStr};
+
+use super::{Dialect, Statements, Wake, connect_server, fence_of};
+use crate::common::{Class, Core, from_micros, whole};
+use crate::config::{SqlConfig, Target};
+use crate::statement::{Sql, Stmt, Style};
+use listen::Listener;
+
+const BACKEND: &str = "postgres";
+
+/// The database's clock.
+const NOW: &str = "clock_timestamp()";
+
+/// A CTE that turns off `synchronous_commit` for the current transaction (one statement); the
+/// statement must select `FROM async_commit` so it is evaluated.
+const ASYNC: &str = "async_commit AS (SELECT set_config('synchronous_commit', 'off', true))";
+
+/// PostgreSQL's state besides the pool: the listener, and keep-alive's batch statement.
+pub struct Postgres {
+    listener: Listener,
+    /// $1 names, $2 owners, $3 fences, $4 ttls in µs (arrays): keep-alive's batch in one
+    /// statement; returns the owners whose rows were extended.
+    extend_many: SqlStr,
+}
+
+/// The take-over of an existing row (free, expired, or already ours: a retry of the same
+/// statement) with the new fence `fence`, returning the fence.
+fn upsert(fence: &str) -> String {
+    format!(
+        "ON CONFLICT (name) DO UPDATE \
+         SET owner = EXCLUDED.owner, fence = {fence}, expires_at = EXCLUDED.expires_at \
+         WHERE l.owner IS NULL OR l.expires_at <= {NOW} OR l.owner = EXCLUDED.owner \
+         RETURNING fence"
+    )
+}
+
+/// Frees the row where `condition` holds and notifies the name's waiters (see `Payload`): with
+/// `head`, only the queue's live head when there is one. Counts the notifications sent.
+fn free_and_notify(s: &Sql, condition: &str, head: bool) -> Stmt {
+    let (t, w, table) = (&s.t, &s.w, &s.table);
+    let released =
+        format!("WITH released AS (UPDATE {t} SET owner = NULL WHERE {condition} RETURNING name)");
+    s.row(&if head {
+        format!(
+            "{released}, head AS (SELECT waiter FROM {w} \
+             WHERE name = $name AND expires_at > {NOW} ORDER BY ticket LIMIT 1) \
+             SELECT count(pg_notify('{table}', \
+             CASE WHEN h.waiter IS NULL THEN 'N' || r.name ELSE 'W' || h.waiter || r.name END)) \
+             FROM released AS r LEFT JOIN head AS h ON true"
+        )
+    } else {
+        format!("{released} SELECT count(pg_notify('{table}', 'N' || r.name)) FROM released AS r")
+    })
+}
+
+/// The owner- and fence-checked release's condition.
+const HELD: &str =
+    "name = $name AND owner = $owner AND fence = $fence AND expires_at > clock_timestamp()";
+
+impl Dialect for Postgres {
+    type Db = sqlx::Postgres;
+    const BACKEND: &'static str = BACKEND;
+    const CLIENT: &'static str = "PostgresLock";
+    const WAIT: WaitMechanism = WaitMechanism::ListenNotify;
+    const STYLE: Style = Style {
+        numbered: Some('$'),
+        quote: '"',
+        binary_names: false,
+        returning: true,
+        ttl_unit: Duration::from_micros(1),
+    };
+    /// `CREATE TABLE IF NOT EXISTS` is not safe against itself in PostgreSQL: two sessions may
+    /// both pass the existence check and one fails on the `pg_type` unique index (23505), with
+    /// "type already exists" (42710) or with 42P07.
+    const CREATE_RACES: &'static [&'static str] = &["23505", "42P07", "42710"];
+
+    const NOW: &'static str = NOW;
+
+    fn expiry() -> String {
+        format!("{NOW} + $ttl::bigint * interval '1 microsecond'")
+    }
+
+    fn micros_between(now: &str, at: &str) -> String {
+        format!("(extract(epoch FROM {at} - {now}) * 1000000)::bigint")
+    }
+
+    fn classify(db: &dyn DatabaseError) -> Class {
+        match db.code().as_deref().unwrap_or_default() {
+            // admin_shutdown (pg_terminate_backend, fast shutdown), crash_shutdown, connection
+            // exceptions: the session is gone, another connection may work.
+            "57P01" | "57P02" => Class::Stale,
+            c if c.starts_with("08") => Class::Stale,
+            // serialization failure, deadlock, lock not available.
+            "40001" | "40P01" | "55P03" => Class::Busy,
+            // starting up, too many connections, out of memory/disk.
+            "57P03" | "53300" | "53200" | "53100" => Class::Fail { retryable: true },
+            // invalid_password, invalid_authorization_specification (no such role, pg_hba
+            // refusal), insufficient_privilege.
+            "28P01" | "28000" | "42501" => Class::Denied,
+            _ => Class::Fail { retryable: false },
+        }
+    }
+
+    async fn connect(config: &SqlConfig, sql: &Statements) -> Result<(Core<Self::Db>, Self)> {
+        let Target::Postgres(opts) = &config.target else {
+            return Err(Error::invalid_config(BACKEND, "not a postgres:// URL"));
+        };
+        let (core, opts) = connect_server::<Self>(config, opts, sql).await?;
+        let extend_many = format!(
+            "UPDATE \"{}\" AS l \
+             SET expires_at = {NOW} + v.ttl_us * interval '1 microsecond' \
+             FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
+             AS v(name, owner, fence, ttl_us) \
+             WHERE l.name = v.name COLLATE \"C\" AND l.owner = v.owner AND l.fence = v.fence \
+             AND l.expires_at > {NOW} \
+             RETURNING l.owner",
+            config.table
+        );
+        let listener = Listener::new(opts, core.clone(), &config.table);
+        let extend_many = sqlx::AssertSqlSafe(extend_many).into_sql_str();
+        Ok((
+            core,
+            Postgres {
+                listener,
+                extend_many,
+            },
+        ))
+    }
+
+    const CREATE: &[&str] = &[
+        "CREATE TABLE IF NOT EXISTS {t} (name text COLLATE \"C\" NOT NULL PRIMARY KEY, \
+         owner text NULL, fence bigint NOT NULL, expires_at timestamptz NOT NULL)",
+        // Waiters: one row per queued acquire; `ticket` orders them, `expires_at` is the
+        // waiter's liveness (refreshed while it waits).
+        "CREATE TABLE IF NOT EXISTS {w} (ticket bigint GENERATED ALWAYS AS IDENTITY, \
+         name text COLLATE \"C\" NOT NULL, waiter text NOT NULL, \
+         expires_at timestamptz NOT NULL, PRIMARY KEY (name, ticket))",
+        // Semaphores: the fence of each (never reset by release or expiry), and the row whose
+        // lock serialises the semaphore's grants and joins.
+        "CREATE TABLE IF NOT EXISTS {s} (name text COLLATE \"C\" NOT NULL PRIMARY KEY, \
+         fence bigint NOT NULL)",
+        // Permit holders: one row per permit held, with the count it was granted under.
+        "CREATE TABLE IF NOT EXISTS {p} (name text COLLATE \"C\" NOT NULL, owner text NOT NULL, \
+         fence bigint NOT NULL, permits bigint NOT NULL, expires_at timestamptz NOT NULL, \
+         PRIMARY KEY (name, owner))",
+        // Permit waiters: as the lock's waiters, apart from them, with the count.
+        "CREATE TABLE IF NOT EXISTS {v} (ticket bigint GENERATED ALWAYS AS IDENTITY, \
+         name text COLLATE \"C\" NOT NULL, waiter text NOT NULL, permits bigint NOT NULL, \
+         expires_at timestamptz NOT NULL, PRIMARY KEY (name, ticket))",
+    ];
+
+    fn semaphore_lock(s: &Sql, bump: bool) -> Stmt {
+        let sem = &s.s;
+        if bump {
+            s.row(&format!(
+                "INSERT INTO {sem} AS s (name, fence) VALUES ($name, GREATEST(1, $floor::bigint)) \
+                 ON CONFLICT (name) DO UPDATE SET fence = GREATEST(s.fence + 1, $floor::bigint) \
+                 RETURNING fence"
+            ))
+        } else {
+            s.done(&format!(
+                "INSERT INTO {sem} AS s (name, fence) VALUES ($name, 0) \
+                 ON CONFLICT (name) DO UPDATE SET fence = s.fence"
+            ))
+        }
+    }
+
+    fn acquire(s: &Sql) -> Stmt {
+        // The row is inserted, or taken over when free or expired (or already ours: a retry of
+        // this same statement), setting the fence to GREATEST(fence + 1, floor); never while a
+        // live waiter is queued for the name (no jumping the queue).
+        s.row(&format!(
+            "INSERT INTO {} AS l (name, owner, fence, expires_at) \
+             SELECT $name, $owner, GREATEST(1, $floor::bigint), {} \
+             WHERE NOT EXISTS (SELECT 1 FROM {} AS w \
+             WHERE w.name = $name AND w.expires_at > {NOW}) {}",
+            s.t,
+            Self::expiry(),
+            s.w,
+            upsert("GREATEST(l.fence + 1, $floor::bigint)")
+        ))
+    }
+
+    const FLOOR: &'static str = "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence (without the \
+         queue check), then UPDATE .. SET owner = NULL with pg_notify, on the same sqlx pool";
+
+    fn floor_acquire(s: &Sql) -> Stmt {
+        s.row(&format!(
+            "INSERT INTO {} AS l (name, owner, fence, expires_at) \
+             VALUES ($name, $owner, 1, {}) {}",
+            s.t,
+            Self::expiry(),
+            upsert("l.fence + 1")
+        ))
+    }
+
+    fn wait_acquire(s: &Sql) -> Stmt {
+        // Only when no live waiter with a smaller ticket is queued and the row is not held by
+        // another (checked first, so waiters that are not next write nothing); the grant sets
+        // the fence to GREATEST(fence + 1, floor) and deletes the waiter's row (and expired
+        // ones) in the same statement. Returns the fence if granted, and the holder's time
+        // left in µs.
+        let (t, w) = (&s.t, &s.w);
+        s.row(&format!(
+            "WITH acq AS (\
+             INSERT INTO {t} AS l (name, owner, fence, expires_at) \
+             SELECT $name, $owner, GREATEST(1, $floor::bigint), {} \
+             WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
+             WHERE w.name = $name AND w.ticket < $ticket AND w.waiter <> $owner \
+             AND w.expires_at > {NOW}) \
+             AND NOT EXISTS (SELECT 1 FROM {t} AS h \
+             WHERE h.name = $name AND h.owner <> $owner AND h.expires_at > {NOW}) {}), \
+             dequeued AS (DELETE FROM {w} AS w WHERE w.name = $name \
+             AND (w.waiter = $owner OR w.expires_at <= {NOW}) \
+             AND EXISTS (SELECT 1 FROM acq)) \
+             SELECT (SELECT fence FROM acq), \
+             (SELECT {} FROM {t} AS h WHERE h.name = $name AND h.owner IS NOT NULL \
+             AND h.expires_at > {NOW})",
+            Self::expiry(),
+            upsert("GREATEST(l.fence + 1, $floor::bigint)"),
+            Self::micros_between(NOW, "h.expires_at"),
+        ))
+    }
+
+    // Queue bookkeeping below commits without waiting for the WAL flush (`synchronous_commit`
+    // off for that one transaction): a waiter row lost in a crash is re-created by its waiter's
+    // next refresh, and one that comes back expires at its liveness. This keeps the joining
+    // waiter's commit from queueing behind (or ahead of) the head's grant on the WAL flush.
+    fn adapt(s: &Sql, sql: &mut Statements) {
+        let (t, w, table, expiry) = (&s.t, &s.w, &s.table, Self::expiry());
+        // `wait_acquire` looks for itself, and the grant deletes the waiter's row in the same
+        // statement.
+        sql.probe = None;
+        sql.dequeue = None;
+        // Joins the tail; drops expired waiters of the name on the way.
+        sql.enqueue = s.row(&format!(
+            "WITH gc AS (DELETE FROM {w} WHERE name = $name AND expires_at <= {NOW}), {ASYNC} \
+             INSERT INTO {w} (name, waiter, expires_at) \
+             SELECT $name, $owner, {expiry} FROM async_commit RETURNING ticket"
+        ));
+        sql.refresh = s.done(&format!(
+            "WITH {ASYNC} UPDATE {w} SET expires_at = {expiry} FROM async_commit \
+             WHERE name = $name AND waiter = $owner AND expires_at > {NOW}"
+        ));
+        // Returns whether a lease was freed. (A free that a crash loses ends at the lease's
+        // ttl.)
+        sql.leave = Some(s.row(&format!(
+            "WITH gone AS (DELETE FROM {w} \
+             WHERE name = $name AND (waiter = $owner OR expires_at <= {NOW}) RETURNING 1), \
+             freed AS (UPDATE {t} SET owner = NULL WHERE name = $name AND owner = $owner \
+             RETURNING 1), {ASYNC} \
+             SELECT (SELECT count(*) FROM freed), \
+             (SELECT count(pg_notify('{table}', 'N' || $name)) FROM \
+             (SELECT 1 FROM gone UNION ALL SELECT 1 FROM freed LIMIT 1) AS x) \
+             FROM async_commit"
+        )));
+        // Wakes only the head of the queue when there is one (see `Payload`): waking every
+        // waiter made each release start as many attempts as there were waiters, and the
+        // head's attempt queued behind them.
+        sql.release = free_and_notify(s, HELD, true);
+        // The plain compare-and-free with a notification, without looking up the queue's head.
+        sql.floor_release = free_and_notify(s, HELD, false);
+        sql.release_owner = free_and_notify(s, "name = $name AND owner = $owner", false);
+
+        // Semaphores: whatever frees a permit or leaves the permit queue wakes the name's
+        // permit waiters (`P<name>`, see `Payload`).
+        let (p, v) = (&s.p, &s.v);
+        let permits = &mut sql.permits;
+        permits.notify = Some(s.done(&format!("SELECT pg_notify('{table}', 'P' || $name)")));
+        let free = |condition: &str| {
+            s.row(&format!(
+                "WITH gone AS (DELETE FROM {p} WHERE {condition} RETURNING name) \
+                 SELECT count(pg_notify('{table}', 'P' || g.name)) FROM gone AS g"
+            ))
+        };
+        permits.release = free(HELD);
+        permits.release_owner = free("name = $name AND owner = $owner");
+        permits.leave = Some(s.row(&format!(
+            "WITH gone AS (DELETE FROM {v} \
+             WHERE name = $name AND (waiter = $owner OR expires_at <= {NOW}) RETURNING 1), \
+             freed AS (DELETE FROM {p} WHERE name = $name AND owner = $owner RETURNING 1) \
+             SELECT (SELECT count(*) FROM freed), \
+             (SELECT count(pg_notify('{table}', 'P' || $name)) FROM \
+             (SELECT 1 FROM gone UNION ALL SELECT 1 FROM freed LIMIT 1) AS x)"
+        )));
+    }
+
+    fn wake(&self, name: &LockName, waiter: OwnerId, permits: bool) -> Wake {
+        self.listener.ensure();
+        let waiters = &self.listener.waiters;
+        let registration = if permits {
+            waiters.register(&listen::permits_key(name.as_str()), Some(waiter))
+        } else {
+            waiters.register(name.as_str(), Some(waiter))
+        };
+        Wake {
+            notify: registration.notify().clone(),
+            ready: Some(waiters.ready.subscribe()),
+            _subscription: Some(Box::new(registration)),
+        }
+    }
+
+    async fn wait_for_release(
+        &self,
+        core: &Core<Self::Db>,
+        sql: &Statements,
+        name: &LockName,
+        until: Instant,
+    ) -> Result<()> {
+        self.listener.ensure();
+        // Subscribe first, then look: a release between the two still wakes us.
+        let registration = self.listener.waiters.register(name.as_str(), None);
+        let notified = registration.notify().notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let mut ready = self.listener.waiters.ready.subscribe();
+        if !*ready.borrow_and_update() {
+            // Not listening yet (first wait, or the server is away): poll at the helper's pace.
+            let _ = tokio::time::timeout_at(until.into(), ready.wait_for(|r| *r)).await;
+            return Ok(());
+        }
+        let row = tokio::time::timeout_at(until.into(), core.lock_row(&sql.inspect, name)).await;
+        let wake_at = match row {
+            // Free, expired or never used: try again now.
+            Ok(Ok(None)) | Ok(Ok(Some((_, _, None, _)))) => return Ok(()),
+            // Held: wake on NOTIFY, or when the lease runs out by the database's clock.
+            Ok(Ok(Some((_, _, Some(us), _)))) => {
+                let left = from_micros(Some(us)).unwrap_or_default();
+                (Instant::now() + left + Duration::from_millis(1)).min(until)
+            }
+            Ok(Err(_)) | Err(_) => until,
+        };
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(wake_at.into()) => {}
+        }
+        Ok(())
+    }
+
+    async fn extend_batch(
+        &self,
+        core: &Core<Self::Db>,
+        _sql: &Statements,
+        batch: &[(&Lease, Duration)],
+    ) -> Result<Vec<bool>> {
+        let names: Vec<&str> = batch.iter().map(|(l, _)| l.name().as_str()).collect();
+        let owners: Vec<String> = batch.iter().map(|(l, _)| l.owner().to_string()).collect();
+        let fences: Vec<i64> = batch.iter().map(|(l, _)| fence_of(l)).collect();
+        let ttls: Vec<i64> = batch
+            .iter()
+            .map(|(_, ttl)| whole(*ttl, Self::STYLE.ttl_unit))
+            .collect();
+        let done: Vec<String> = core
+            .run("extend", None, |mut c| {
+                let q = sqlx::query_scalar(self.extend_many.clone())
+                    .bind(names.as_slice())
+                    .bind(owners.as_slice())
+                    .bind(fences.as_slice())
+                    .bind(ttls.as_slice());
+                async move {
+                    let r = q.fetch_all(c.conn()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        let done: HashSet<String> = done.into_iter().collect();
+        Ok(owners.iter().map(|o| done.contains(o)).collect())
+    }
+
+    async fn close(&self) {
+        self.listener.close().await;
+    }
+}

@@ -1,0 +1,248 @@
+//! SQLite, the embedded default: one database file in WAL mode shared by every process on the
+//! host, `INSERT .. SELECT .. ON CONFLICT DO UPDATE .. WHERE expired RETURNING fence`, a FIFO
+//! queue of waiter rows (see [`crate::queue`]), polling waiters.
+//! "database is locked" is retried inside, within the `timeout` budget.
+
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use lockcore::wait::Backoff;
+use lockcore::{Error, Result};
+use sqlx::Connection;
+use sqlx::error::DatabaseError;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePoolOptions};
+
+use super::{Dialect, Statements, create_tables};
+use crate::common::{Class, Core};
+use crate::config::{SqlConfig, SqlitePath, Target};
+use crate::statement::{Sql, Stmt, Style};
+
+const BACKEND: &str = "sqlite";
+
+/// Pooled connections for a database file (SQLite serialises writers anyway).
+const POOL_SIZE: u32 = 4;
+
+/// The database's clock in milliseconds since the Unix epoch (SQLite ≥ 3.42).
+const NOW_MS: &str = "CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)";
+
+/// SQLite's state besides the pool.
+pub struct Sqlite {
+    /// `sqlite::memory:`: private to this client.
+    memory: bool,
+    /// For `sqlite::memory:`: a connection that is never used, so the shared in-memory database
+    /// lives as long as the client even when pooled connections are closed.
+    _anchor: Mutex<Option<SqliteConnection>>,
+}
+
+/// The take-over of an existing row with the new fence `fence`: `fence + 1`, or
+/// `MAX(fence + 1, $floor)` with the token floor (0 = none). Unqualified columns in DO UPDATE
+/// are the existing row's.
+fn upsert(fence: &str) -> String {
+    format!(
+        "ON CONFLICT (name) DO UPDATE \
+         SET owner = excluded.owner, fence = {fence}, expires_at = excluded.expires_at \
+         WHERE owner IS NULL OR expires_at <= {NOW_MS} OR owner = excluded.owner \
+         RETURNING fence"
+    )
+}
+
+/// An acquire that inserts the row or takes it over, never while a live waiter (`ahead`: one
+/// queued before us) is queued for the name. The fence becomes MAX(fence + 1, floor).
+fn gated(s: &Sql, ahead: &str) -> Stmt {
+    s.row(&format!(
+        "INSERT INTO {} (name, owner, fence, expires_at) \
+         SELECT $name, $owner, MAX(1, $floor), {NOW_MS} + $ttl \
+         WHERE NOT EXISTS (SELECT 1 FROM {} AS w \
+         WHERE w.name = $name{ahead} AND w.expires_at > {NOW_MS}) {}",
+        s.t,
+        s.w,
+        upsert("MAX(fence + 1, $floor)")
+    ))
+}
+
+/// SQLITE_BUSY, SQLITE_LOCKED: "database is locked".
+fn busy(db: &dyn DatabaseError) -> bool {
+    let primary = db.code().and_then(|c| c.parse::<i32>().ok());
+    matches!(primary.map(|c| c & 0xff), Some(5 | 6)) || db.message().contains("database is locked")
+}
+
+/// Whether `e` is [`busy`].
+fn is_busy(e: &sqlx::Error) -> bool {
+    e.as_database_error().is_some_and(busy)
+}
+
+/// Switches a file database to WAL on `conn`, retrying SQLITE_BUSY until `deadline`. Done before
+/// the pool exists: switching to WAL takes an exclusive lock that the busy handler does not wait
+/// for.
+async fn switch_to_wal(conn: &mut SqliteConnection, deadline: Instant) -> Result<()> {
+    let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
+    loop {
+        match sqlx::query("PRAGMA journal_mode = WAL")
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+            Err(e) => {
+                let retryable = is_busy(&e);
+                return Err(Error::backend(BACKEND, "switch to WAL", None, retryable, e));
+            }
+        }
+    }
+}
+
+impl Dialect for Sqlite {
+    type Db = sqlx::Sqlite;
+    const BACKEND: &'static str = BACKEND;
+    const CLIENT: &'static str = "SqliteLock";
+    const STYLE: Style = Style {
+        numbered: Some('?'),
+        quote: '"',
+        binary_names: false,
+        returning: true,
+        ttl_unit: Duration::from_millis(1),
+    };
+    const NOW: &'static str = NOW_MS;
+
+    fn micros_between(now: &str, at: &str) -> String {
+        format!("({at} - {now}) * 1000")
+    }
+
+    fn classify(db: &dyn DatabaseError) -> Class {
+        if busy(db) {
+            Class::Busy
+        } else {
+            Class::Fail { retryable: false }
+        }
+    }
+
+    // What it does besides creating the tables: see `SqlLock::connect`.
+    async fn connect(config: &SqlConfig, sql: &Statements) -> Result<(Core<Self::Db>, Self)> {
+        let Target::Sqlite { path, synchronous } = &config.target else {
+            return Err(Error::invalid_config(BACKEND, "not a sqlite:// URL"));
+        };
+        let timeout = config.defaults.timeout;
+        let deadline = Instant::now() + timeout;
+        let memory = matches!(path, SqlitePath::Memory);
+        let opts = match path {
+            SqlitePath::Memory => SqliteConnectOptions::from_str("sqlite::memory:")
+                .map_err(|e| Error::backend(BACKEND, "open", None, false, e))?,
+            SqlitePath::File(file) => {
+                if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|e| {
+                        let why = format!("{}: {e}", dir.display());
+                        Error::backend(BACKEND, "create the database directory", None, false, why)
+                    })?;
+                }
+                SqliteConnectOptions::new()
+                    .filename(file)
+                    .create_if_missing(true)
+                    .synchronous(*synchronous)
+            }
+        };
+        let opts = opts.busy_timeout(timeout.min(Duration::from_secs(1)));
+
+        // One connection sets the file up before any pooled connection exists.
+        let opened =
+            tokio::time::timeout_at(deadline.into(), SqliteConnection::connect_with(&opts));
+        let mut setup = opened
+            .await
+            .map_err(|_| {
+                let why = format!("the database did not open within {timeout:?}");
+                Error::backend(BACKEND, "open", None, true, why)
+            })?
+            .map_err(|e| Error::backend(BACKEND, "open", None, is_busy(&e), e))?;
+        let anchor = if memory {
+            Some(setup)
+        } else {
+            switch_to_wal(&mut setup, deadline).await?;
+            let _ = setup.close().await;
+            None
+        };
+        // WAL is a property of the file: pooled connections need not (and, racing each other,
+        // should not) switch to it again.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(if memory { 1 } else { POOL_SIZE })
+            .min_connections(0)
+            .acquire_timeout(timeout)
+            .idle_timeout((!memory).then_some(Duration::from_secs(60)))
+            .max_lifetime((!memory).then_some(Duration::from_secs(30 * 60)))
+            .test_before_acquire(false)
+            .connect_lazy_with(opts);
+        let core = Core {
+            backend: BACKEND,
+            pool,
+            timeout,
+            classify: Self::classify,
+        };
+        create_tables::<Self>(&core, sql).await?;
+        let _anchor = Mutex::new(anchor);
+        Ok((core, Sqlite { memory, _anchor }))
+    }
+
+    const CREATE: &[&str] = &[
+        // TEXT with SQLite's default BINARY collation: names compare byte for byte.
+        "CREATE TABLE IF NOT EXISTS {t} (name TEXT NOT NULL PRIMARY KEY, owner TEXT NULL, \
+         fence INTEGER NOT NULL, expires_at INTEGER NOT NULL)",
+        // Waiters: one row per queued acquire; `ticket` (the rowid: always above every existing
+        // row's) orders them, `expires_at` is the waiter's liveness (refreshed while it waits).
+        "CREATE TABLE IF NOT EXISTS {w} (ticket INTEGER PRIMARY KEY, name TEXT NOT NULL, \
+         waiter TEXT NOT NULL, expires_at INTEGER NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS \"{q}_by_name\" ON {w} (name, ticket)",
+        // Semaphores: the fence of each (never reset by release or expiry), and the row whose
+        // write serialises the semaphore's grants and joins (SQLite's one writer at a time).
+        "CREATE TABLE IF NOT EXISTS {s} (name TEXT NOT NULL PRIMARY KEY, fence INTEGER NOT NULL)",
+        // Permit holders: one row per permit held, with the count it was granted under.
+        "CREATE TABLE IF NOT EXISTS {p} (name TEXT NOT NULL, owner TEXT NOT NULL, \
+         fence INTEGER NOT NULL, permits INTEGER NOT NULL, expires_at INTEGER NOT NULL, \
+         PRIMARY KEY (name, owner))",
+        // Permit waiters: as the lock's waiters, apart from them, with the count.
+        "CREATE TABLE IF NOT EXISTS {v} (ticket INTEGER PRIMARY KEY, name TEXT NOT NULL, \
+         waiter TEXT NOT NULL, permits INTEGER NOT NULL, expires_at INTEGER NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS \"{vq}_by_name\" ON {v} (name, ticket)",
+    ];
+
+    fn semaphore_lock(s: &Sql, bump: bool) -> Stmt {
+        // Unqualified columns in DO UPDATE are the existing row's.
+        let sem = &s.s;
+        if bump {
+            s.row(&format!(
+                "INSERT INTO {sem} (name, fence) VALUES ($name, MAX(1, $floor)) \
+                 ON CONFLICT (name) DO UPDATE SET fence = MAX(fence + 1, $floor) RETURNING fence"
+            ))
+        } else {
+            s.done(&format!(
+                "INSERT INTO {sem} (name, fence) VALUES ($name, 0) \
+                 ON CONFLICT (name) DO UPDATE SET fence = fence"
+            ))
+        }
+    }
+
+    fn acquire(s: &Sql) -> Stmt {
+        gated(s, "")
+    }
+
+    const FLOOR: &'static str = "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence (without the \
+         queue check), then UPDATE .. SET owner = NULL, on the same sqlx pool";
+
+    fn floor_acquire(s: &Sql) -> Stmt {
+        // The plain acquire, without the queue check (and without a token floor).
+        s.row(&format!(
+            "INSERT INTO {} (name, owner, fence, expires_at) VALUES ($name, $owner, 1, {NOW_MS} + $ttl) {}",
+            s.t,
+            upsert("fence + 1")
+        ))
+    }
+
+    fn wait_acquire(s: &Sql) -> Stmt {
+        // A queued waiter's attempt: only when no live waiter with a smaller ticket is queued.
+        gated(s, " AND w.ticket < $ticket AND w.waiter <> $owner")
+    }
+
+    fn shared_across_processes(&self) -> bool {
+        !self.memory
+    }
+}

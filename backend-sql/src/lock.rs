@@ -1,0 +1,305 @@
+//! [`SqlLock`]: the `DistributedLock` contract over lease rows, written once for every dialect.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::{
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
+    Fencing, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result, SemaphoreInfo,
+    async_trait,
+};
+
+use crate::client::{Client, is_permit};
+use crate::common::{from_micros, token};
+use crate::config::SqlConfig;
+use crate::dialect::{Dialect, held};
+use crate::queue::Kind;
+use crate::statement::Args;
+
+/// A lock client over lease rows in the database of dialect `D`; see [`PostgresLock`],
+/// [`MySqlLock`] and [`SqliteLock`]. Clones share one pool.
+///
+/// [`PostgresLock`]: crate::PostgresLock
+/// [`MySqlLock`]: crate::MySqlLock
+/// [`SqliteLock`]: crate::SqliteLock
+pub struct SqlLock<D: Dialect> {
+    client: Arc<Client<D>>,
+}
+
+// By hand: a derive would require `D: Clone`.
+impl<D: Dialect> Clone for SqlLock<D> {
+    fn clone(&self) -> Self {
+        SqlLock {
+            client: self.client.clone(),
+        }
+    }
+}
+
+impl<D: Dialect> fmt::Debug for SqlLock<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(D::CLIENT)
+            .field("url", &self.client.redacted)
+            .field("table", &self.client.table)
+            .finish()
+    }
+}
+
+impl<D: Dialect> SqlLock<D> {
+    /// Connects and creates the lease table if it does not exist. SQLite opens the database
+    /// (creating it and its parent directory if needed) and switches a file database to WAL.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if `config` is not a URL of this dialect; [`Error::Backend`] if
+    /// the server cannot be reached, the file cannot be created or opened, the database stays
+    /// locked for the whole `timeout`, or the table cannot be created.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes what was opened; a table being created is either created or
+    /// not.
+    pub async fn connect(config: &SqlConfig) -> Result<Self> {
+        Ok(SqlLock {
+            client: Arc::new(Client::connect(config).await?),
+        })
+    }
+
+    /// Closes the pool (and PostgreSQL's listener) gracefully. Dropping every clone does the
+    /// same without waiting.
+    ///
+    /// # Errors
+    /// None: closing is best-effort and cannot fail.
+    ///
+    /// # Cancel safety
+    /// Safe to drop; connections then close in the background.
+    pub async fn close(&self) {
+        self.client.dialect.close().await;
+        self.client.core.pool.close().await;
+    }
+
+    /// The lease table's name.
+    pub fn table(&self) -> &str {
+        &self.client.table
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> DistributedLock for SqlLock<D> {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(
+            D::BACKEND,
+            Fencing::Strict,
+            Expiry::Ttl,
+            Fairness::Fifo,
+            D::WAIT,
+        )
+        // Counting semaphores (`crate::semaphore`).
+        .native(crate::NATIVE)
+        .shared_across_processes(self.client.dialect.shared_across_processes())
+        // The acquiring statement sets the fence to GREATEST(fence + 1, floor) (SQLite:
+        // MAX(fence + 1, floor)).
+        .token_floor(true)
+    }
+
+    fn defaults(&self) -> ClientDefaults {
+        self.client.defaults.clone()
+    }
+
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        self.client.try_acquire(name, opts).await
+    }
+
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        crate::queue::acquire(&self.client, name, Kind::Lock, opts, deadline).await
+    }
+
+    async fn try_acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.client.try_acquire_permit(name, permits, opts).await
+    }
+
+    async fn acquire_permit_wait(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        let kind = Kind::Permits(permits);
+        crate::queue::acquire(&self.client, name, kind, opts, deadline).await
+    }
+
+    async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
+        let c = &self.client;
+        let wait = c.dialect.wait_for_release(&c.core, &c.sql, name, until);
+        wait.await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        let c = &self.client;
+        let stmt = if is_permit(lease) {
+            &c.sql.permits.release
+        } else {
+            &c.sql.release
+        };
+        let freed = c.core.reply("release", stmt, held(lease)).await?;
+        Ok(match freed.count() {
+            0 => Released::NotHeld,
+            _ => Released::Released,
+        })
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        lockcore::check_ttl(ttl)?;
+        let started = Instant::now();
+        let c = &self.client;
+        let stmt = if is_permit(lease) {
+            &c.sql.permits.extend
+        } else {
+            &c.sql.extend
+        };
+        let extend = c.core.reply("extend", stmt, held(lease).ttl(ttl));
+        // MySQL sets CLIENT_FOUND_ROWS, so a matched row counts even if unchanged.
+        if extend.await?.count() == 1 {
+            Ok(lease.renewed(started, ttl))
+        } else {
+            Err(Error::lock_lost(D::BACKEND, lease.name(), "extend"))
+        }
+    }
+
+    async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
+        let started = Instant::now();
+        // Leases whose ttl is out of range get their error now; the rest go in one batch.
+        let checked: Vec<_> = leases
+            .iter()
+            .map(|(_, t)| lockcore::check_ttl(*t))
+            .collect();
+        // Locks' leases and permits' go in a batch each (their rows are in other tables).
+        let batch = |permits: bool| -> Vec<(&Lease, Duration)> {
+            leases
+                .iter()
+                .zip(&checked)
+                .filter(|((lease, _), ok)| ok.is_ok() && is_permit(lease) == permits)
+                .map(|((lease, ttl), _)| (lease, *ttl))
+                .collect()
+        };
+        let (locks, permits) = (batch(false), batch(true));
+        let c = &self.client;
+        let mut locks_done = if locks.is_empty() {
+            Ok(Vec::new())
+        } else {
+            c.dialect.extend_batch(&c.core, &c.sql, &locks).await
+        }
+        .map(Vec::into_iter);
+        let mut permits_done = if permits.is_empty() {
+            Ok(Vec::new())
+        } else {
+            let args: Vec<_> = permits.iter().map(|(l, t)| held(l).ttl(*t)).collect();
+            let extend = &c.sql.permits.extend;
+            let done = c.core.each_in_transaction("extend", extend, &args).await;
+            done.map(|d| d.into_iter().map(|n| n == 1).collect())
+        }
+        .map(Vec::into_iter);
+        leases
+            .iter()
+            .zip(checked)
+            .map(|((lease, ttl), checked)| {
+                checked?;
+                let done = if is_permit(lease) {
+                    &mut permits_done
+                } else {
+                    &mut locks_done
+                };
+                match done.as_mut().map(Iterator::next) {
+                    Ok(Some(true)) => Ok(lease.renewed(started, *ttl)),
+                    Ok(_) => Err(Error::lock_lost(D::BACKEND, lease.name(), "extend")),
+                    Err(e) => Err(batch_error(e, lease.name())),
+                }
+            })
+            .collect()
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        let c = &self.client;
+        let row = c.core.lock_row(&c.sql.inspect, name).await?;
+        Ok(row.map(|(owner, fence, remaining, waiters)| {
+            let remaining = from_micros(remaining);
+            LockInfo::new(
+                name,
+                owner.filter(|_| remaining.is_some()),
+                Some(token(fence)),
+                remaining,
+                Some(usize::try_from(waiters).unwrap_or(0)),
+            )
+        }))
+    }
+
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>> {
+        self.client.inspect_semaphore(name).await
+    }
+
+    /// Forgets the lock `name` and the semaphore `name`, each unless it is in use.
+    async fn forget(&self, name: &LockName) -> Result<bool> {
+        // The name's expired waiter rows first, then its row.
+        let c = &self.client;
+        for stmt in [&c.sql.forget_queue, &c.sql.forget] {
+            c.core.reply("forget", stmt, Args::of(name)).await?;
+        }
+        let semaphore = c.forget_semaphore(name).await?;
+        Ok(self.inspect(name).await?.is_none() && semaphore)
+    }
+
+    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        Some(Arc::new(Floor {
+            client: self.client.clone(),
+        }))
+    }
+}
+
+/// Copies a batch-wide failure to every lease it concerned.
+fn batch_error(e: &Error, name: &LockName) -> Error {
+    let (backend, operation, retryable, text) = match e {
+        Error::Backend {
+            backend,
+            operation,
+            retryable,
+            source,
+            ..
+        } => (*backend, *operation, *retryable, source.to_string()),
+        other => ("sql", "extend", other.is_retryable(), other.to_string()),
+    };
+    Error::backend(backend, operation, Some(name), retryable, text)
+}
+
+/// The plain acquire (no waiter-queue check) and the release statement straight on the pool: no
+/// retries, time limits, guards or lockcore layer.
+struct Floor<D: Dialect> {
+    client: Arc<Client<D>>,
+}
+
+#[async_trait]
+impl<D: Dialect> RawFloor for Floor<D> {
+    fn description(&self) -> String {
+        D::FLOOR.into()
+    }
+
+    async fn pair(&self, name: &LockName) -> Result<()> {
+        let c = &self.client;
+        let args = Args::of(name).owner(OwnerId::random());
+        let args = args.ttl(Duration::from_secs(10));
+        if let Some(fence) = c.core.reply_raw(&c.sql.floor_acquire, args).await?.value() {
+            c.core
+                .reply_raw(&c.sql.floor_release, args.fence(fence))
+                .await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,419 @@
+//! Counting semaphores, written once for the three dialects: at most `permits` live holders of
+//! a name, apart from the lock of the same name.
+//!
+//! Three tables sit next to the lease table (see `PermitStatements`): `<table>_semaphores`
+//! holds each semaphore's fence, which no statement but `forget` ever lowers or deletes;
+//! `<table>_permits` holds one row per permit held (owner, fence, the count it was granted
+//! under, expiry by the database's clock); `<table>_permit_queue` holds the permit waiters,
+//! as `<table>_waiters` holds the lock's, so neither queue sees the other.
+//!
+//! **A grant is one short transaction** that first writes the semaphore row, which takes that
+//! row's lock (PostgreSQL, MySQL) or the database's write lock (SQLite) until it ends, and
+//! bumps the fence. Then, reading what committed before (each statement of a PostgreSQL or
+//! MySQL transaction at READ COMMITTED does), it looks at the live holders, the live waiters
+//! ahead and the recorded count, and either inserts the permit row (and, for a queued waiter,
+//! deletes its waiter row) and commits, or rolls back, so the bump never shows. Every insert
+//! into the holders or the waiters of a semaphore happens under that row's lock, so two grants
+//! never both see room for one, and the count (kept in each holder and waiter row, all alike)
+//! is checked and recorded atomically with the insert. Whatever writes without the lock
+//! (release, expiry, a waiter leaving) only frees room, so a grant decided on an older view is
+//! at worst refused, never wrongly given.
+//!
+//! **Retries.** A transaction retried after a lost reply (see `Core::run`) first looks for a
+//! live permit of its own owner id, which the first try may have committed, and takes it over
+//! with a new fence instead of granting a second (as the lock's acquire takes over a row that
+//! is already ours); the holders table's key (name, owner) refuses a second row of one owner
+//! anyway.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lockcore::cleanup::{CleanupGuard, Undo};
+use lockcore::{
+    AcquireOptions, FencingToken, Lease, LockName, OwnerId, PermitHolder, Result, SemaphoreInfo,
+    permits_mismatch,
+};
+
+use crate::client::{Client, permit};
+use crate::common::{Pending, detached, floor_of, from_micros};
+use crate::dialect::{Dialect, PermitStatements};
+use crate::queue::{Attempt, Kind};
+use crate::statement::{Args, Reply, SqlDb};
+
+/// What a look at a semaphore (the `state` statement) says about granting `permits` to us.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Judged {
+    /// We hold a live permit already (the first try of a retried grant committed, or a
+    /// caller-chosen owner id acquires again): it is taken over with a new fence.
+    Mine,
+    /// The semaphore is in use with another count.
+    Mismatch(u64),
+    /// Full, or waiters are queued ahead of us.
+    Blocked {
+        ahead: u64,
+        holder_left: Option<Duration>,
+    },
+    /// Room for us: live holders (but us), and whether expired holder rows are left to delete.
+    Free { holders: i64, expired: bool },
+}
+
+/// Reads the `state` statement's row (see `PermitStatements::state`).
+fn judge(state: &Reply, permits: u32) -> Judged {
+    if let Some(recorded) = state.col(0).filter(|r| *r != i64::from(permits)) {
+        return Judged::Mismatch(u64::try_from(recorded).unwrap_or(0));
+    }
+    if state.col(3).is_some() {
+        return Judged::Mine;
+    }
+    let holders = state.col(1).unwrap_or(0);
+    let ahead = u64::try_from(state.col(2).unwrap_or(0)).unwrap_or(0);
+    let full = holders >= i64::from(permits);
+    if ahead > 0 || full {
+        let holder_left = if full {
+            from_micros(state.col(4))
+        } else {
+            None
+        };
+        return Judged::Blocked { ahead, holder_left };
+    }
+    let expired = state.col(5).unwrap_or(0) > 0;
+    Judged::Free { holders, expired }
+}
+
+/// What a grant transaction did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Grant {
+    /// A permit with this fence is ours.
+    Granted(i64),
+    /// Not granted (see [`Judged::Blocked`]).
+    Blocked {
+        ahead: u64,
+        holder_left: Option<Duration>,
+    },
+    /// The semaphore is in use with this other count.
+    Mismatch(u64),
+}
+
+/// The grant transaction on `conn` (see the module docs), for `$owner` (queued with `$ticket`
+/// when `queued`, which also leaves the queue on a grant).
+async fn grant_tx<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    sql: &PermitStatements,
+    a: Args<'_>,
+    permits: u32,
+    queued: bool,
+) -> sqlx::Result<Grant> {
+    if let Some(setup) = &sql.setup {
+        DB::plain(conn, setup).await?;
+    }
+    let mut tx = sqlx::Connection::begin(conn).await?;
+    let fence = DB::reply(&mut *tx, &sql.lock_bump, &a).await?.value();
+    let state = DB::reply(&mut *tx, &sql.state, &a).await?;
+    // (live holders but us, expired holder rows to delete, whether the permit is ours already)
+    let (holders, expired, mine) = match judge(&state, permits) {
+        Judged::Free { holders, expired } => (holders, expired, false),
+        // We take no new place: nothing to wake anyone for.
+        Judged::Mine => (i64::from(permits), false, true),
+        Judged::Mismatch(recorded) => {
+            // Nothing written but the bump, which is undone.
+            tx.rollback().await?;
+            return Ok(Grant::Mismatch(recorded));
+        }
+        Judged::Blocked { ahead, holder_left } => {
+            tx.rollback().await?;
+            return Ok(Grant::Blocked { ahead, holder_left });
+        }
+    };
+    let fence = fence.ok_or(sqlx::Error::RowNotFound)?;
+    if expired {
+        DB::reply(&mut *tx, &sql.gc, &a).await?;
+    }
+    // Our own live permit (a retry whose first try committed, or a chosen owner id acquiring
+    // again) is taken over with the new fence and expiry, as the lock's acquire takes over a
+    // row that is already ours; the old lease of it is then stale.
+    let write = if mine { &sql.regrant } else { &sql.grant };
+    DB::reply(&mut *tx, write, &a.fence(fence)).await?;
+    if queued {
+        DB::reply(&mut *tx, &sql.dequeue, &a).await?;
+        // Permits left for the next waiter: wake it (sent at commit).
+        if let Some(notify) = &sql.notify
+            && holders + 1 < i64::from(permits)
+        {
+            DB::reply(&mut *tx, notify, &a).await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(Grant::Granted(fence))
+}
+
+/// The join transaction on `conn`: under the semaphore row's lock, checks the count and
+/// inserts `$owner`'s waiter row. The ticket, or the other count recorded.
+async fn join_tx<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    sql: &PermitStatements,
+    a: Args<'_>,
+    permits: u32,
+) -> sqlx::Result<std::result::Result<i64, u64>> {
+    if let Some(setup) = &sql.setup {
+        DB::plain(conn, setup).await?;
+    }
+    let mut tx = sqlx::Connection::begin(conn).await?;
+    DB::reply(&mut *tx, &sql.lock, &a).await?;
+    let state = DB::reply(&mut *tx, &sql.state, &a.ticket(i64::MAX)).await?;
+    if let Judged::Mismatch(recorded) = judge(&state, permits) {
+        tx.rollback().await?;
+        return Ok(Err(recorded));
+    }
+    let ticket = DB::reply(&mut *tx, &sql.enqueue, &a).await?.value();
+    tx.commit().await?;
+    ticket.map(Ok).ok_or(sqlx::Error::RowNotFound)
+}
+
+/// The semaphore operations of a client.
+impl<D: Dialect> Client<D> {
+    /// Runs the grant transaction for `owner` (queued with `ticket`, if any); also how many
+    /// tries it took (a retry may have followed a lost reply).
+    async fn grant(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        permits: u32,
+        ttl: Duration,
+        floor: i64,
+        ticket: Option<i64>,
+    ) -> Result<(Grant, u32)> {
+        let sql = &self.sql.permits;
+        let a = Args::of(name).owner(owner).ttl(ttl).floor(floor);
+        let a = a.permits(permits).ticket(ticket.unwrap_or(i64::MAX));
+        let mut tries = 0;
+        let grant = self
+            .core
+            .run("acquire permit", Some(name), |mut c| {
+                tries += 1;
+                async move {
+                    let r = grant_tx::<D::Db>(c.conn(), sql, a, permits, ticket.is_some()).await;
+                    (c, r)
+                }
+            })
+            .await?;
+        Ok((grant, tries))
+    }
+
+    /// One attempt at a permit (`DistributedLock::try_acquire_permit`), also a waiting
+    /// acquire's first. Cancel safety as the lock's `try_acquire`: the transaction runs
+    /// detached, and an armed cleanup deletes a permit row of the owner id if the future is
+    /// dropped.
+    pub(crate) async fn try_acquire_permit(
+        self: &Arc<Self>,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        let started = Instant::now();
+        let floor = floor_of(D::BACKEND, opts)?;
+        let owner = opts.owner_or_random();
+        let ttl = opts.ttl_value();
+        let give_back = self.free_permit_later(name, owner);
+        let cleanup = CleanupGuard::arm(D::BACKEND, name, give_back, Undo::Spawn);
+        let statement = {
+            let (client, name) = (self.clone(), name.clone());
+            async move { client.grant(&name, owner, permits, ttl, floor, None).await }
+        };
+        let undo = self.free_permit_later(name, owner);
+        let needs_undo = |(g, tries): &(Grant, u32)| matches!(g, Grant::Granted(_)) || *tries > 1;
+        let (grant, tries) = detached(D::BACKEND, name, statement, needs_undo, undo).await?;
+        // A retry that was not granted gives back what a first try whose reply was lost may
+        // have been granted (as the lock's `try_acquire` does).
+        if tries > 1 && !matches!(grant, Grant::Granted(_)) {
+            self.free_permit(name, owner).await?;
+        }
+        let _done = cleanup.disarm();
+        match grant {
+            Grant::Granted(fence) => Ok(Some(permit(name, owner, fence, started, opts))),
+            Grant::Blocked { .. } => Ok(None),
+            Grant::Mismatch(recorded) => Err(permits_mismatch(name, recorded, permits)),
+        }
+    }
+
+    /// Deletes `owner`'s permit row of `name` whatever its fence (PostgreSQL: and wakes the
+    /// name's permit waiters). Whether a permit was freed.
+    async fn free_permit(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
+        let args = Args::of(name).owner(owner);
+        let stmt = &self.sql.permits.release_owner;
+        Ok(self.core.reply("release", stmt, args).await?.count() > 0)
+    }
+
+    /// [`free_permit`](Self::free_permit) as an undo that does nothing until polled.
+    fn free_permit_later(self: &Arc<Self>, name: &LockName, owner: OwnerId) -> Pending<bool> {
+        let (client, name) = (self.clone(), name.clone());
+        Box::pin(async move { client.free_permit(&name, owner).await })
+    }
+
+    /// Joins the permit queue of `name` with `permits` (the join transaction); the ticket.
+    pub(crate) async fn enqueue_permit(
+        &self,
+        name: &LockName,
+        waiter: OwnerId,
+        permits: u32,
+        liveness: Duration,
+    ) -> Result<i64> {
+        let sql = &self.sql.permits;
+        let a = Args::of(name).owner(waiter).ttl(liveness).permits(permits);
+        let joined = self
+            .core
+            .run("enqueue", Some(name), |mut c| async move {
+                let r = join_tx::<D::Db>(c.conn(), sql, a, permits).await;
+                (c, r)
+            })
+            .await?;
+        joined.map_err(|recorded| permits_mismatch(name, recorded, permits))
+    }
+
+    /// One queued waiter's attempt at a permit: a read-only look first, so that only a waiter
+    /// with room and nobody ahead takes the semaphore row's lock; then the grant transaction,
+    /// detached and undone (the waiter leaves the queue) if the caller is gone when it
+    /// completes.
+    pub(crate) async fn permit_attempt(
+        self: &Arc<Self>,
+        name: &LockName,
+        waiter: OwnerId,
+        ticket: i64,
+        permits: u32,
+        ttl: Duration,
+        floor: i64,
+    ) -> Result<Attempt> {
+        let args = Args::of(name).owner(waiter).ticket(ticket);
+        let seen = self
+            .core
+            .reply("acquire permit", &self.sql.permits.state, args)
+            .await?;
+        match judge(&seen, permits) {
+            Judged::Mismatch(recorded) => return Err(permits_mismatch(name, recorded, permits)),
+            Judged::Blocked { ahead, holder_left } => {
+                let ahead = Some(ahead);
+                return Ok(Attempt::Blocked { ahead, holder_left });
+            }
+            Judged::Mine | Judged::Free { .. } => {}
+        }
+        let statement = {
+            let (client, name) = (self.clone(), name.clone());
+            async move {
+                let grant = client.grant(&name, waiter, permits, ttl, floor, Some(ticket));
+                Ok(grant.await?.0)
+            }
+        };
+        let needs_undo = |g: &Grant| matches!(g, Grant::Granted(_));
+        let undo = self.leave_later(name, waiter, Kind::Permits(permits));
+        match detached(D::BACKEND, name, statement, needs_undo, undo).await? {
+            Grant::Granted(fence) => Ok(Attempt::Granted(fence)),
+            Grant::Blocked { ahead, holder_left } => {
+                let ahead = Some(ahead);
+                Ok(Attempt::Blocked { ahead, holder_left })
+            }
+            Grant::Mismatch(recorded) => Err(permits_mismatch(name, recorded, permits)),
+        }
+    }
+
+    /// Leaves the permit queue: deletes the waiter's rows (and expired ones of the name),
+    /// frees a permit granted to it, and (PostgreSQL) wakes the other permit waiters. Whether
+    /// a permit was freed.
+    pub(crate) async fn leave_permits(&self, name: &LockName, waiter: OwnerId) -> Result<bool> {
+        let sql = &self.sql.permits;
+        let args = Args::of(name).owner(waiter);
+        if let Some(leave) = &sql.leave {
+            return Ok(self.core.reply("leave queue", leave, args).await?.count() > 0);
+        }
+        self.core.reply("leave queue", &sql.dequeue, args).await?;
+        self.free_permit(name, waiter).await
+    }
+
+    /// `DistributedLock::inspect_semaphore`.
+    pub(crate) async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>> {
+        let sql = &self.sql.permits;
+        let summary = self
+            .core
+            .reply("inspect", &sql.summary, Args::of(name))
+            .await?;
+        if summary.count() == 0 {
+            return Ok(None);
+        }
+        let holders = self.core.holder_rows(&sql.holders, name).await?;
+        let holders: Vec<PermitHolder> = holders
+            .into_iter()
+            .map(|(owner, fence, left)| PermitHolder {
+                owner,
+                token: FencingToken(u64::try_from(fence).unwrap_or(0)),
+                remaining: Some(from_micros(left).unwrap_or_default()),
+            })
+            .collect();
+        let permits = summary.col(1).and_then(|p| u32::try_from(p).ok());
+        let waiters = usize::try_from(summary.col(2).unwrap_or(0)).unwrap_or(0);
+        Ok(Some(SemaphoreInfo::new(
+            name,
+            permits,
+            holders,
+            Some(waiters),
+        )))
+    }
+
+    /// `forget`'s part for the semaphore `name`: whether nothing of it is left.
+    pub(crate) async fn forget_semaphore(&self, name: &LockName) -> Result<bool> {
+        for stmt in &self.sql.permits.forget {
+            self.core.reply("forget", stmt, Args::of(name)).await?;
+        }
+        Ok(self.inspect_semaphore(name).await?.is_none())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn judge_reads_the_state_row_in_order() {
+        let row = |cols: [Option<i64>; 6]| Reply::with_row(cols);
+        // Idle: free.
+        let idle = row([None, Some(0), Some(0), None, None, Some(0)]);
+        assert_eq!(
+            judge(&idle, 2),
+            Judged::Free {
+                holders: 0,
+                expired: false
+            }
+        );
+        // Our own permit from a first try wins over anything but another count.
+        let mine = row([Some(2), Some(9), Some(9), Some(7), None, None]);
+        assert_eq!(judge(&mine, 2), Judged::Mine);
+        let mine_other = row([Some(3), Some(9), Some(9), Some(7), None, None]);
+        assert_eq!(judge(&mine_other, 2), Judged::Mismatch(3));
+        // Another count recorded.
+        let other = row([Some(3), Some(1), Some(0), None, None, None]);
+        assert_eq!(judge(&other, 2), Judged::Mismatch(3));
+        // Full: blocked until the first holder runs out.
+        let full = row([Some(2), Some(2), Some(0), None, Some(1500), Some(1)]);
+        assert_eq!(
+            judge(&full, 2),
+            Judged::Blocked {
+                ahead: 0,
+                holder_left: Some(Duration::from_micros(1500))
+            }
+        );
+        // Room, but a waiter ahead.
+        let behind = row([Some(2), Some(1), Some(1), None, Some(1500), Some(0)]);
+        assert_eq!(
+            judge(&behind, 2),
+            Judged::Blocked {
+                ahead: 1,
+                holder_left: None
+            }
+        );
+        let room = row([Some(2), Some(1), Some(0), None, Some(1500), Some(4)]);
+        assert_eq!(
+            judge(&room, 2),
+            Judged::Free {
+                holders: 1,
+                expired: true
+            }
+        );
+    }
+}

@@ -1,0 +1,66 @@
+//! One `pub async fn` per conformance case, in one file per area. Each takes a [`Ctx`]
+//! (independent clients, unique names) and panics with a message naming what went wrong. The
+//! helpers here are the ones cases of several areas share.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, Wait};
+
+pub(crate) const SEC: Duration = Duration::from_secs(1);
+
+pub(crate) fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Options for a plain ttl lease: no keep-alive, one attempt.
+pub(crate) fn lease_opts(ttl: Duration) -> AcquireOptions {
+    AcquireOptions::new()
+        .ttl(ttl)
+        .keep_alive(KeepAlive::Off)
+        .wait(Wait::No)
+}
+
+/// Fails the case if `fut` does not finish within `limit` (a hang guard, not a timing goal).
+pub(crate) async fn within<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = T>,
+) -> T {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what}: did not finish within {limit:?}"),
+    }
+}
+
+pub(crate) async fn is_free(c: &Arc<dyn DistributedLock>, name: &str) -> bool {
+    match c
+        .try_lock(name, &lease_opts(10 * SEC))
+        .await
+        .expect("try_lock")
+    {
+        Some(g) => {
+            g.release().await.expect("release");
+            true
+        }
+        None => false,
+    }
+}
+
+mod exclusion;
+mod expiry;
+mod fencing;
+mod input;
+mod multi_lock;
+mod read_write;
+mod semaphore;
+mod waiting;
+
+pub use exclusion::*;
+pub use expiry::*;
+pub use fencing::*;
+pub use input::*;
+pub use multi_lock::*;
+pub use read_write::*;
+pub use semaphore::*;
+pub use waiting::*;

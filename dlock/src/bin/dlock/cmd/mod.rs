@@ -1,0 +1,8 @@
+//! One file per subcommand: its flags and its entry point.
+
+pub(crate) mod bench;
+pub(crate) mod check;
+pub(crate) mod migrate;
+pub(crate) mod run;
+pub(crate) mod soak;
+pub(crate) mod status;
