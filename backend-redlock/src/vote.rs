@@ -22,7 +22,7 @@ use backend_redis::node::{self, AcquireReply, Mode};
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 use lockcore::cleanup::CleanupGuard;
-use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result};
+use lockcore::{AcquireOptions, Error, FencingToken, Lease, LockName, OwnerId, Result};
 
 use crate::BACKEND;
 use crate::masters::{Attempted, Flow, Masters, gather, leave_everywhere};
@@ -42,9 +42,11 @@ enum Vote {
 /// What the acquirer decided after a vote; [`Masters::settle`] carries it out on the nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Decision {
-    /// Won: granting nodes keep the lock; the others are left (queue entry, late grant). The
+    /// Won with this token: granting nodes keep the lock. A node not heard in time is undone
+    /// (its late queue entry, or a late grant below the token), except a late grant that
+    /// carries the token itself: that one is part of the lease (see [`Masters::settle`]). The
     /// winner's queue entries go with its release.
-    Keep,
+    Keep(u64),
     /// Lost a split vote and will try again: grants are given back, queue entries (this
     /// waiter's place on every node) stay.
     Retry,
@@ -152,6 +154,12 @@ impl Masters {
     /// went out on that node's connection ahead of the next attempt's request, and a late
     /// grant of a node that stays silent is undone by that attempt's own settling. The others
     /// run in a task of their own (this acquisition is over).
+    ///
+    /// After a won vote the undo runs beside the winner's next requests, so it spares a late
+    /// grant holding the winning token: an extend checks owner and token on each node, counts
+    /// such a grant, and may leave another node unextended once a majority said yes; deleting
+    /// the late grant after that would leave the extended lease on a minority. (A late grant
+    /// with another token is never counted by extend or release, so it goes.)
     async fn settle(
         self: &Arc<Self>,
         name: &LockName,
@@ -163,9 +171,13 @@ impl Masters {
     ) {
         let queued = mode != Mode::Try;
         let keep_place = queued && decision == Decision::Retry;
+        let spare = match decision {
+            Decision::Keep(token) => Some(FencingToken(token)),
+            Decision::Retry | Decision::Undo => None,
+        };
         let mut undo: Vec<usize> = tally.failed.iter().map(|(i, _)| *i).collect();
         undo.extend(&tally.unheard);
-        if decision != Decision::Keep {
+        if spare.is_none() {
             undo.extend(tally.granted.iter().map(|(i, _)| *i));
         }
         if queued && decision != Decision::Retry {
@@ -179,7 +191,7 @@ impl Masters {
             join_all(undo.into_iter().map(|i| {
                 let (node, name) = (&inner.nodes[i], &name);
                 async move {
-                    if let Err(e) = node.node.give_back(name, owner, keep_place).await {
+                    if let Err(e) = node.node.give_back(name, owner, keep_place, spare).await {
                         tracing::debug!(lock = %name, node = %node.addr, error = %e, "redlock: undoing a node's part of an acquire failed; its ttl and queue liveness bound it");
                     }
                 }
@@ -193,7 +205,7 @@ impl Masters {
                 }
             }
             Decision::Retry => work.await,
-            Decision::Keep | Decision::Undo => {
+            Decision::Keep(_) | Decision::Undo => {
                 lockcore::cleanup::spawn_counted(work);
             }
         }
@@ -270,7 +282,7 @@ impl Masters {
                 );
                 return (Decision::Undo, Err(late));
             }
-            return (Decision::Keep, Ok(Attempt::Won(lease)));
+            return (Decision::Keep(token), Ok(Attempt::Won(lease)));
         }
         let answered = tally.granted.len() + tally.refused.len();
         if answered < q {

@@ -1,6 +1,7 @@
 //! Redlock's own cases, on private kit masters: the names (the union of the nodes'), the quorum
 //! matrix, a floored grant's write-back, wake-ups from any node and `inspect` of every node,
-//! split votes that keep the waiters' places, and a holder that waited.
+//! split votes that keep the waiters' places, a holder that waited, and a late grant that stays
+//! with the lease it belongs to.
 //!
 //! Its fault scenarios are in `tests/faults.rs`; the shared suite and the shared fault
 //! scenarios (every node broken at once) run on Redlock in `tests/conformance.rs`.
@@ -344,4 +345,74 @@ async fn a_holder_that_waited_is_not_counted_as_a_waiter() {
     for node in set.nodes() {
         assert!(queue_entries(node, name).await.is_empty());
     }
+}
+
+/// A grant that reaches a node only after the vote was won, and carries the winning token, is
+/// part of the lease: the winner's clean-up of that slow node must spare it. An extend checks
+/// owner and token on each node, so it may count that node and stop at a majority; had the
+/// clean-up deleted the grant afterwards, the extended lease would sit on a minority and a
+/// contender could win once the original ttl ran out. (Seen in CI as
+/// `extend_keeps_contender_out` failing on redlock3 under load: a 50 ms node timeout missed a
+/// node's grant.) Here the slow node is paused through the vote and resumed before the extend,
+/// and the other late node is paused during the extend, so the extend can only reach its
+/// majority through the late grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_grant_with_the_winning_token_stays_with_the_lease() {
+    let set = RedisSet::start(3, &[]).await.expect("kit masters");
+    let url = url_of(&addrs(&set), "node_timeout=200ms&timeout=1s");
+    let (a, b) = (connect(&url).await, connect(&url).await);
+    let name = "late-grant";
+    let key = lock_key(name);
+    // Load the scripts on every node first: a script a node does not know yet is sent again
+    // after NOSCRIPT, and only while the caller still waits, so a late first request never runs.
+    a.try_lock("warm-up", &once(3 * SEC))
+        .await
+        .expect("acquire")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    nothing_left(&set, "warm-up").await;
+
+    set.nodes()[1].pause();
+    let g = a
+        .try_lock(name, &once(3 * SEC))
+        .await
+        .expect("nodes 0 and 2 grant")
+        .expect("free");
+    assert_eq!(
+        g.fencing_token(),
+        FencingToken(1),
+        "a fresh name's first token"
+    );
+    set.nodes()[1].resume();
+    // Node 1 now runs the late grant (its counter gives token 1, the winning token) and then
+    // the winner's clean-up, queued behind it on the same connection.
+    assert!(
+        lockcore::cleanup::settle(10 * SEC).await,
+        "the clean-up did not finish"
+    );
+    let holder = get(&set.nodes()[0], &key).await;
+    assert!(holder.is_some(), "node 0 lost the lock");
+    assert_eq!(
+        get(&set.nodes()[1], &key).await,
+        holder,
+        "the clean-up deleted a late grant that carries the winning token"
+    );
+
+    set.nodes()[2].pause();
+    let extended = g.extend(30 * SEC).await;
+    set.nodes()[2].resume();
+    extended.expect("nodes 0 and 1 extend the lease");
+    // Past the original ttl: node 2's copy has expired, nodes 0 and 1 still hold the lease.
+    tokio::time::sleep(ms(3500)).await;
+    assert!(
+        b.try_lock(name, &once(10 * SEC))
+            .await
+            .expect("try_lock")
+            .is_none(),
+        "a contender won after the original ttl although the extend succeeded"
+    );
+    assert_eq!(g.release().await.expect("release"), Released::Released);
+    nothing_left(&set, name).await;
 }

@@ -347,13 +347,18 @@ impl Node {
     /// # Errors
     /// [`Error::Backend`] for a store failure.
     pub async fn cancel(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
-        self.give_back(name, owner, false).await
+        self.give_back(name, owner, false, None).await
     }
 
     /// Deletes the lock if it was granted to `owner`, and leaves the queue unless `keep_place`
     /// (a Redlock waiter that lost a split vote keeps its place for its next attempt); wakes the
     /// next head if that frees the lock. `true` when a lock was deleted.
-
+    ///
+    /// With `spare`, a grant whose fencing counter equals that token is kept: a Redlock vote won
+    /// with that token left this node's grant late (it was not heard in time), and such a grant
+    /// is part of the winner's lease, which an extend (it checks owner and token) may already
+    /// have counted toward its majority. Deleting it after that would shrink the majority the
+    /// extend promised.
     ///
     /// # Cancel safety
     /// The undo either ran on the server or not.
@@ -365,15 +370,20 @@ impl Node {
         name: &LockName,
         owner: OwnerId,
         keep_place: bool,
+        spare: Option<FencingToken>,
     ) -> Result<bool> {
         let s = &self.shared;
         let call = self
             .keys(name)
-            .call(&scripts::CANCEL, &[Key::Lock, Key::Queue, Key::Alive])
+            .call(
+                &scripts::CANCEL,
+                &[Key::Lock, Key::Queue, Key::Alive, Key::Fence],
+            )
             .owner_arg(owner)
             .arg(s.client.as_str())
             .arg(s.wakes.as_str())
-            .arg(u8::from(keep_place));
+            .arg(u8::from(keep_place))
+            .arg(spare.map_or(0, |t| t.0));
         let value = self.run("cancel acquire", name, &call).await?;
         scripts::parse_flag(&value).map_err(|e| protocol_error("cancel acquire", Some(name), e))
     }

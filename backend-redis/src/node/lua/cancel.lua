@@ -1,8 +1,11 @@
--- CANCEL: KEYS lock, queue, alive; ARGV owner, client id, wakes (channel prefix), keep (1 = keep
---         the queue entry)
+-- CANCEL: KEYS lock, queue, alive, fence; ARGV owner, client id, wakes (channel prefix), keep
+--         (1 = keep the queue entry), spare (a token, or 0 for none)
 -- Undoes an acquire whose caller went away: leaves the queue, and deletes the lock if it was
 -- granted to this owner meanwhile. Then wakes the next head if the lock is free. With keep, only
 -- the lock is given back: a Redlock waiter that lost a split vote stays where it was queued.
+-- With spare, a grant whose token (the fence counter) is spare stays: a Redlock vote was won with
+-- that token, so this late grant is part of the winner's lease, and an extend may already have
+-- counted it.
 -- Returns 1 if a lock granted to the owner was deleted, else 0.
 --@common
 local owner = ARGV[1]
@@ -13,7 +16,8 @@ if ARGV[4] ~= '1' then
   redis.call('ZREM', KEYS[3], entry)
 end
 local released = 0
-if redis.call('GET', KEYS[1]) == owner then
+if redis.call('GET', KEYS[1]) == owner
+    and (ARGV[5] == '0' or redis.call('GET', KEYS[4]) ~= ARGV[5]) then
   redis.call('DEL', KEYS[1])
   released = 1
 end
