@@ -280,26 +280,32 @@ async fn mariadb_waiter_process_killed() {
 // ---- a semaphore's transactions cut off ----
 
 /// Six clients take turns on a semaphore of two while the server ends every client session
-/// (`pg_terminate_backend`, `KILL CONNECTION`) six times: grant and join transactions are cut
-/// off at any statement, rolled back by the server and retried on new connections, and a
-/// retry whose first try committed takes its own permit over. The recorded history never has
-/// more than two holders at once, no token is handed out twice, no error but retryable ones
-/// reaches a caller (lockcore's waiting acquire rides those out), and nothing is left behind.
+/// (`pg_terminate_backend`, `KILL CONNECTION`) again and again: grant and join transactions are
+/// cut off at any statement, rolled back by the server and retried on new connections, and a
+/// retry whose first try committed takes its own permit over. The clients keep going until six
+/// rounds of killing have each ended at least one session (so the faults hit the workload, however
+/// slow the machine), and at least eight turns each. The recorded history never has more than
+/// two holders at once, no token is handed out twice, no error but retryable ones reaches a
+/// caller (lockcore's waiting acquire rides those out), and nothing is left behind.
 async fn semaphore_survives_killed_sessions(url: String, server: &dyn kit::ServerControl) {
     use lockcore::SemaphoreExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const ROUNDS: usize = 6;
     let n = "killed-sessions";
     let history = Arc::new(conformance_tests::History::new());
+    let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for id in 0..6usize {
         let c = client(&url).await;
-        let history = history.clone();
+        let (history, stop) = (history.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let semaphore = c.semaphore(n, 2).expect("semaphore");
             let opts = AcquireOptions::new()
                 .ttl(Duration::from_secs(5))
                 .keep_alive(KeepAlive::Off)
                 .wait(Wait::For(Duration::from_secs(60)));
-            for _ in 0..8 {
+            let mut turns = 0;
+            while turns < 8 || !stop.load(Ordering::Relaxed) {
                 let p = semaphore.acquire(&opts).await.expect("a permit in time");
                 let hold = history.acquired(id, &p.lease());
                 tokio::time::sleep(Duration::from_millis(5 + id as u64 * 3)).await;
@@ -307,23 +313,35 @@ async fn semaphore_survives_killed_sessions(url: String, server: &dyn kit::Serve
                 if let Err(e) = p.release().await {
                     assert!(e.is_retryable(), "release: {e}");
                 }
+                turns += 1;
             }
         }));
     }
-    let mut killed = 0;
-    for _ in 0..6 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        killed += server
-            .kill_client_connections()
-            .await
-            .expect("kill the sessions");
-    }
+    // Rounds that ended no session (every pool was between connections) do not count.
+    let rounds = within(Duration::from_secs(120), "the killing rounds", async {
+        let (mut rounds, mut killed) = (0, 0);
+        while rounds < ROUNDS {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let k = server
+                .kill_client_connections()
+                .await
+                .expect("kill the sessions");
+            killed += k;
+            rounds += usize::from(k > 0);
+            if tasks.iter().any(|t| t.is_finished()) {
+                break; // a client failed: joining it below reports why
+            }
+        }
+        (rounds, killed)
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
     for t in tasks {
         within(Duration::from_secs(180), "a client", t)
             .await
             .expect("client task");
     }
-    assert!(killed >= 2, "only {killed} sessions were killed");
+    assert!(rounds.0 >= ROUNDS && rounds.1 >= ROUNDS, "{rounds:?}");
     history.assert_at_most(2);
     let holds = history.holds();
     let mut tokens: Vec<u64> = holds.iter().map(|h| h.token).collect();
