@@ -43,6 +43,26 @@ pub(crate) fn permit(
     granted(name, owner, fence, started, opts).with_handle(PERMIT)
 }
 
+/// The handle that marks a reader's lease (a read-write lock's shared side), so that release
+/// and extend find its row.
+pub(crate) const READ: &str = "read";
+
+/// Whether `lease` is a reader's.
+pub(crate) fn is_read(lease: &Lease) -> bool {
+    lease.handle() == Some(READ)
+}
+
+/// The lease of a read hold granted to `owner` with fence `fence`, marked as a reader's.
+pub(crate) fn reader(
+    name: &LockName,
+    owner: OwnerId,
+    fence: i64,
+    started: Instant,
+    opts: &AcquireOptions,
+) -> Lease {
+    granted(name, owner, fence, started, opts).with_handle(READ)
+}
+
 /// What a [`SqlLock`](crate::SqlLock) holds, shared by its clones.
 pub(crate) struct Client<D: Dialect> {
     pub(crate) core: Core<D::Db>,

@@ -300,7 +300,7 @@ pub(crate) fn queue_table(table: &str) -> String {
 /// The table `suffix` names next to lease table `table`: `<table><suffix>`, or, where that would
 /// pass the 63-byte identifier limit, a prefix of `table`, `_`, an 8-hex-digit FNV-1a hash of
 /// the whole table name, and `suffix` (63 bytes in all). The suffixes in use (`_waiters`,
-/// `_semaphores`, `_permits`, `_permit_queue`) are none the end of another, so the tables of
+/// `_semaphores`, `_permits`, `_permit_queue`, `_readers`) are none the end of another, so the tables of
 /// two lease tables never share a name.
 pub(crate) fn aux_table(table: &str, suffix: &str) -> String {
     const MAX: usize = 63;
@@ -392,10 +392,16 @@ mod tests {
         assert_eq!(queue_table(&"x".repeat(55)).len(), 63);
         // The semaphore tables of a long table name fit too, and stay apart.
         let long = "y".repeat(63);
-        let names: Vec<_> = ["_semaphores", "_permits", "_permit_queue", "_waiters"]
-            .iter()
-            .map(|s| aux_table(&long, s))
-            .collect();
+        let names: Vec<_> = [
+            "_semaphores",
+            "_permits",
+            "_permit_queue",
+            "_waiters",
+            "_readers",
+        ]
+        .iter()
+        .map(|s| aux_table(&long, s))
+        .collect();
         assert!(names.iter().all(|n| n.len() == 63), "{names:?}");
         for (i, a) in names.iter().enumerate() {
             assert!(names[i + 1..].iter().all(|b| a != b), "{names:?}");

@@ -6,6 +6,7 @@ pub mod config;
 mod dialect;
 mod lock;
 mod queue;
+mod read;
 mod semaphore;
 mod statement;
 
@@ -37,9 +38,9 @@ pub type SqliteLock = SqlLock<dialect::sqlite::Sqlite>;
 /// URL schemes this crate serves (`mariadb` uses the MySQL driver).
 pub const SCHEMES: &[&str] = &["sqlite", "postgres", "postgresql", "mysql", "mariadb"];
 
-/// What this backend offers natively besides the mutex (see its capabilities): counting
-/// semaphores (see the crate docs' Semaphores section).
-pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(false, false, true);
+/// What this backend offers natively besides the mutex (see its capabilities): read-write locks
+/// and counting semaphores (see the crate docs' sections on each).
+pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(false, true, true);
 
 /// Connects to the database named by `url` and creates the lease table if needed.
 ///

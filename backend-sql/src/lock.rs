@@ -10,7 +10,7 @@ use lockcore::{
     async_trait,
 };
 
-use crate::client::{Client, is_permit};
+use crate::client::{Client, is_permit, is_read};
 use crate::common::{from_micros, token};
 use crate::config::SqlConfig;
 use crate::dialect::{Dialect, held};
@@ -92,7 +92,7 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
             Fairness::Fifo,
             D::WAIT,
         )
-        // Counting semaphores (`crate::semaphore`).
+        // Read-write locks (`crate::read`) and counting semaphores (`crate::semaphore`).
         .native(crate::NATIVE)
         .shared_across_processes(self.client.dialect.shared_across_processes())
         // The acquiring statement sets the fence to GREATEST(fence + 1, floor) (SQLite:
@@ -115,6 +115,23 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         deadline: Option<Instant>,
     ) -> Result<Option<Lease>> {
         crate::queue::acquire(&self.client, name, Kind::Lock, opts, deadline).await
+    }
+
+    async fn try_acquire_shared(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.client.try_acquire_read(name, opts).await
+    }
+
+    async fn acquire_shared_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        crate::queue::acquire(&self.client, name, Kind::Read, opts, deadline).await
     }
 
     async fn try_acquire_permit(
@@ -145,6 +162,9 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
         let c = &self.client;
+        if is_read(lease) {
+            return c.release_read(lease).await;
+        }
         let stmt = if is_permit(lease) {
             &c.sql.permits.release
         } else {
@@ -161,6 +181,12 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         lockcore::check_ttl(ttl)?;
         let started = Instant::now();
         let c = &self.client;
+        if is_read(lease) {
+            return match c.extend_read(lease, ttl).await? {
+                true => Ok(lease.renewed(started, ttl)),
+                false => Err(Error::lock_lost(D::BACKEND, lease.name(), "extend")),
+            };
+        }
         let stmt = if is_permit(lease) {
             &c.sql.permits.extend
         } else {
@@ -182,12 +208,15 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
             .iter()
             .map(|(_, t)| lockcore::check_ttl(*t))
             .collect();
-        // Locks' leases and permits' go in a batch each (their rows are in other tables).
+        // Locks' leases and permits' go in a batch each (their rows are in other tables); a
+        // reader's extension is a transaction of its own (see `crate::read`).
         let batch = |permits: bool| -> Vec<(&Lease, Duration)> {
             leases
                 .iter()
                 .zip(&checked)
-                .filter(|((lease, _), ok)| ok.is_ok() && is_permit(lease) == permits)
+                .filter(|((lease, _), ok)| {
+                    ok.is_ok() && !is_read(lease) && is_permit(lease) == permits
+                })
                 .map(|((lease, ttl), _)| (lease, *ttl))
                 .collect()
         };
@@ -208,23 +237,28 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
             done.map(|d| d.into_iter().map(|n| n == 1).collect())
         }
         .map(Vec::into_iter);
-        leases
-            .iter()
-            .zip(checked)
-            .map(|((lease, ttl), checked)| {
-                checked?;
-                let done = if is_permit(lease) {
-                    &mut permits_done
-                } else {
-                    &mut locks_done
-                };
-                match done.as_mut().map(Iterator::next) {
-                    Ok(Some(true)) => Ok(lease.renewed(started, *ttl)),
-                    Ok(_) => Err(Error::lock_lost(D::BACKEND, lease.name(), "extend")),
-                    Err(e) => Err(batch_error(e, lease.name())),
-                }
-            })
-            .collect()
+        let mut out = Vec::with_capacity(leases.len());
+        for ((lease, ttl), checked) in leases.iter().zip(checked) {
+            if let Err(e) = checked {
+                out.push(Err(e));
+                continue;
+            }
+            if is_read(lease) {
+                out.push(self.extend(lease, *ttl).await);
+                continue;
+            }
+            let done = if is_permit(lease) {
+                &mut permits_done
+            } else {
+                &mut locks_done
+            };
+            out.push(match done.as_mut().map(Iterator::next) {
+                Ok(Some(true)) => Ok(lease.renewed(started, *ttl)),
+                Ok(_) => Err(Error::lock_lost(D::BACKEND, lease.name(), "extend")),
+                Err(e) => Err(batch_error(e, lease.name())),
+            });
+        }
+        out
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
@@ -250,7 +284,7 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
     async fn forget(&self, name: &LockName) -> Result<bool> {
         // The name's expired waiter rows first, then its row.
         let c = &self.client;
-        for stmt in [&c.sql.forget_queue, &c.sql.forget] {
+        for stmt in [&c.sql.forget_queue, &c.sql.reads.gc, &c.sql.forget] {
             c.core.reply("forget", stmt, Args::of(name)).await?;
         }
         let semaphore = c.forget_semaphore(name).await?;

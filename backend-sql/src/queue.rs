@@ -27,7 +27,7 @@ use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::wait::Backoff;
 use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 
-use crate::client::{Client, granted, permit};
+use crate::client::{Client, granted, permit, reader};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::Dialect;
 use crate::statement::Args;
@@ -49,6 +49,8 @@ pub(crate) const RECHECK: Duration = Duration::from_millis(500);
 pub(crate) enum Kind {
     /// The lock: the lease row, queued in `<table>_waiters`.
     Lock,
+    /// A read hold, queued in `<table>_waiters` with the lock's waiters (see `crate::read`).
+    Read,
     /// A permit of a semaphore with this count, queued in `<table>_permit_queue`.
     Permits(u32),
 }
@@ -73,8 +75,12 @@ impl<D: Dialect> Client<D> {
     /// Joins the queue for `name`; returns the ticket. (PostgreSQL also deletes expired waiter
     /// rows of the name.) A permit waiter joins in a transaction that checks the count.
     async fn enqueue(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<i64> {
-        if let Kind::Permits(permits) = kind {
-            return self.enqueue_permit(name, waiter, permits, LIVENESS).await;
+        match kind {
+            Kind::Permits(permits) => {
+                return self.enqueue_permit(name, waiter, permits, LIVENESS).await;
+            }
+            Kind::Read => return self.enqueue_read(name, waiter, LIVENESS).await,
+            Kind::Lock => {}
         }
         let args = Args::of(name).owner(waiter).ttl(LIVENESS);
         let reply = self.core.reply("enqueue", &self.sql.enqueue, args).await?;
@@ -87,7 +93,7 @@ impl<D: Dialect> Client<D> {
     async fn refresh(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<bool> {
         let args = Args::of(name).owner(waiter).ttl(LIVENESS);
         let stmt = match kind {
-            Kind::Lock => &self.sql.refresh,
+            Kind::Lock | Kind::Read => &self.sql.refresh,
             Kind::Permits(_) => &self.sql.permits.refresh,
         };
         // MySQL sets CLIENT_FOUND_ROWS: a matched row counts even if unchanged.
@@ -109,10 +115,13 @@ impl<D: Dialect> Client<D> {
         floor: i64,
         kind: Kind,
     ) -> Result<Attempt> {
-        if let Kind::Permits(permits) = kind {
-            return self
-                .permit_attempt(name, waiter, ticket, permits, ttl, floor)
-                .await;
+        match kind {
+            Kind::Permits(permits) => {
+                let attempt = self.permit_attempt(name, waiter, ticket, permits, ttl, floor);
+                return attempt.await;
+            }
+            Kind::Read => return self.read_attempt(name, waiter, ticket, ttl, floor).await,
+            Kind::Lock => {}
         }
         let mut ahead = None;
         if let Some(probe) = &self.sql.probe {
@@ -147,7 +156,7 @@ impl<D: Dialect> Client<D> {
     }
 
     /// After a grant: deletes the waiter's rows where `attempt` did not (the lock on MySQL and
-    /// SQLite; a permit's grant always has).
+    /// SQLite; a permit's and a reader's grant always have).
     async fn dequeue(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<()> {
         if kind != Kind::Lock {
             return Ok(());
@@ -163,8 +172,10 @@ impl<D: Dialect> Client<D> {
     /// lease row if it was granted to `waiter`, and wakes the others. Returns whether a lease
     /// was freed.
     async fn leave(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<bool> {
-        if kind != Kind::Lock {
-            return self.leave_permits(name, waiter).await;
+        match kind {
+            Kind::Permits(_) => return self.leave_permits(name, waiter).await,
+            Kind::Read => return self.leave_read(name, waiter).await,
+            Kind::Lock => {}
         }
         let Some(leave) = &self.sql.leave else {
             self.dequeue(name, waiter, kind).await?;
@@ -197,8 +208,9 @@ impl<D: Dialect> Client<D> {
     }
 }
 
-/// The fair waiting acquire (`DistributedLock::acquire_wait`, and with [`Kind::Permits`]
-/// `acquire_permit_wait`) on top of a dialect's queue statements.
+/// The fair waiting acquire (`DistributedLock::acquire_wait`; with [`Kind::Read`]
+/// `acquire_shared_wait`, with [`Kind::Permits`] `acquire_permit_wait`) on top of a dialect's
+/// queue statements.
 ///
 /// # Cancel safety
 /// Dropping the future leaves no waiter row and no lease behind beyond a cleanup spawned at once
@@ -218,6 +230,7 @@ pub(crate) async fn acquire<D: Dialect>(
     // Uncontended (or the queue is empty and the lock free): one round trip, no queue row.
     let first = match kind {
         Kind::Lock => q.try_acquire(name, opts).await?,
+        Kind::Read => q.try_acquire_read(name, opts).await?,
         Kind::Permits(permits) => q.try_acquire_permit(name, permits, opts).await?,
     };
     if let Some(lease) = first {
@@ -231,7 +244,9 @@ pub(crate) async fn acquire<D: Dialect>(
     // under it (see `try_acquire`).
     let waiter = opts.owner_or_random();
     // Subscribe before joining, so a release after our first look still wakes us.
-    let wake = q.dialect.wake(name, waiter, kind != Kind::Lock);
+    let wake = q
+        .dialect
+        .wake(name, waiter, matches!(kind, Kind::Permits(_)));
     // Makes `waiter` leave the queue (and give back a grant it never returned) if the acquire
     // ends without the lease; the guard's state is that undo, not yet started.
     let undo = q.leave_later(name, waiter, kind);
@@ -264,6 +279,7 @@ pub(crate) async fn acquire<D: Dialect>(
                 let _left = cleanup.disarm();
                 return Ok(Some(match kind {
                     Kind::Lock => granted(name, waiter, fence, started, opts),
+                    Kind::Read => reader(name, waiter, fence, started, opts),
                     Kind::Permits(_) => permit(name, waiter, fence, started, opts),
                 }));
             }

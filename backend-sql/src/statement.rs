@@ -122,6 +122,8 @@ pub const SEMAPHORES: &str = "_semaphores";
 pub const PERMITS: &str = "_permits";
 /// The suffix of the permit waiters table's name.
 pub const PERMIT_QUEUE: &str = "_permit_queue";
+/// The suffix of the readers table's name (read-write locks' shared holders).
+pub const READERS: &str = "_readers";
 
 /// Writes one client's statements in a dialect's style, with its validated table names (so
 /// quoting them is enough).
@@ -138,6 +140,8 @@ pub struct Sql {
     pub p: String,
     /// The permit waiters table (`<table>_permit_queue`), quoted.
     pub v: String,
+    /// The readers table (`<table>_readers`), quoted.
+    pub r: String,
     style: Style,
 }
 
@@ -151,6 +155,7 @@ impl Sql {
             s: quoted(&crate::common::aux_table(table, SEMAPHORES)),
             p: quoted(&crate::common::aux_table(table, PERMITS)),
             v: quoted(&crate::common::aux_table(table, PERMIT_QUEUE)),
+            r: quoted(&crate::common::aux_table(table, READERS)),
             table: table.to_owned(),
             style,
         }

@@ -99,14 +99,25 @@ fn finish(child: Child, finish: &Path) {
 }
 
 /// Readers overlap; a writer (a plain `dlock run`) waits for them; a reader that arrives after
-/// the queued writer waits for the writer.
+/// the queued writer waits for the writer: on ZooKeeper.
 #[test]
 fn shared_holders_overlap_and_a_queued_writer_holds_back_later_readers() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let zk = rt.block_on(ZooKeeper::start()).expect("kit ZooKeeper");
-    let url = format!("{}/dlock-cli-rw", zk.url());
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+    shared_holders_and_a_queued_writer(&format!("{}/dlock-cli-rw", zk.url()), dir.path());
+}
+
+/// The same on the embedded default, SQLite (one database file shared by the processes).
+#[test]
+fn shared_holders_and_a_queued_writer_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/locks.db", dir.path().display());
+    shared_holders_and_a_queued_writer(&url, dir.path());
+}
+
+fn shared_holders_and_a_queued_writer(url: &str, d: &Path) {
+    let url = url.to_owned();
     let wait = ["--shared", "--wait", "60s"];
 
     let (r1, r1_started, r1_finish) = holder(&url, &wait, "r1", d);

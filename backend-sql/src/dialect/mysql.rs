@@ -127,6 +127,10 @@ impl Dialect for MySql {
          waiter CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
          permits BIGINT NOT NULL, expires_at DATETIME(6) NOT NULL, \
          KEY by_name (name, ticket)) ENGINE=InnoDB",
+        // Readers: one row per read hold (fence set) or per queued reader's mark (fence NULL).
+        "CREATE TABLE IF NOT EXISTS {r} (name VARBINARY(1024) NOT NULL, \
+         owner CHAR(32) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, fence BIGINT NULL, \
+         expires_at DATETIME(6) NOT NULL, PRIMARY KEY (name, owner)) ENGINE=InnoDB",
     ];
 
     /// Each statement of a semaphore transaction reads what committed before it (the default
@@ -147,6 +151,16 @@ impl Dialect for MySql {
                  ON DUPLICATE KEY UPDATE fence = fence"
             ))
         }
+    }
+
+    fn lease_bump(s: &Sql) -> Stmt {
+        // The OK packet's insert id is the new fence (see `insert`).
+        s.done(&format!(
+            "INSERT INTO {} (name, owner, fence, expires_at) \
+             VALUES ($name, NULL, LAST_INSERT_ID(GREATEST(1, $floor)), NOW(6)) \
+             ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence + 1, $floor))",
+            s.t
+        ))
     }
 
     fn acquire(s: &Sql) -> Stmt {

@@ -159,6 +159,9 @@ impl Dialect for Postgres {
         "CREATE TABLE IF NOT EXISTS {v} (ticket bigint GENERATED ALWAYS AS IDENTITY, \
          name text COLLATE \"C\" NOT NULL, waiter text NOT NULL, permits bigint NOT NULL, \
          expires_at timestamptz NOT NULL, PRIMARY KEY (name, ticket))",
+        // Readers: one row per read hold (fence set) or per queued reader's mark (fence NULL).
+        "CREATE TABLE IF NOT EXISTS {r} (name text COLLATE \"C\" NOT NULL, owner text NOT NULL, \
+         fence bigint NULL, expires_at timestamptz NOT NULL, PRIMARY KEY (name, owner))",
     ];
 
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt {
@@ -175,6 +178,16 @@ impl Dialect for Postgres {
                  ON CONFLICT (name) DO UPDATE SET fence = s.fence"
             ))
         }
+    }
+
+    fn lease_bump(s: &Sql) -> Stmt {
+        s.row(&format!(
+            "INSERT INTO {} AS l (name, owner, fence, expires_at) \
+             VALUES ($name, NULL, GREATEST(1, $floor::bigint), {NOW}) \
+             ON CONFLICT (name) DO UPDATE SET fence = GREATEST(l.fence + 1, $floor::bigint) \
+             RETURNING fence",
+            s.t
+        ))
     }
 
     fn acquire(s: &Sql) -> Stmt {
@@ -277,6 +290,9 @@ impl Dialect for Postgres {
         // Semaphores: whatever frees a permit or leaves the permit queue wakes the name's
         // permit waiters (`P<name>`, see `Payload`).
         let (p, v) = (&s.p, &s.v);
+        // Readers: the row freed by the last reader, or a reader granted at the head, wakes the
+        // name's waiters.
+        sql.reads.notify = Some(s.done(&format!("SELECT pg_notify('{table}', 'N' || $name)")));
         let permits = &mut sql.permits;
         permits.notify = Some(s.done(&format!("SELECT pg_notify('{table}', 'P' || $name)")));
         let free = |condition: &str| {

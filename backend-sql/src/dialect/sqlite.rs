@@ -203,6 +203,9 @@ impl Dialect for Sqlite {
         "CREATE TABLE IF NOT EXISTS {v} (ticket INTEGER PRIMARY KEY, name TEXT NOT NULL, \
          waiter TEXT NOT NULL, permits INTEGER NOT NULL, expires_at INTEGER NOT NULL)",
         "CREATE INDEX IF NOT EXISTS \"{vq}_by_name\" ON {v} (name, ticket)",
+        // Readers: one row per read hold (fence set) or per queued reader's mark (fence NULL).
+        "CREATE TABLE IF NOT EXISTS {r} (name TEXT NOT NULL, owner TEXT NOT NULL, \
+         fence INTEGER NULL, expires_at INTEGER NOT NULL, PRIMARY KEY (name, owner))",
     ];
 
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt {
@@ -219,6 +222,16 @@ impl Dialect for Sqlite {
                  ON CONFLICT (name) DO UPDATE SET fence = fence"
             ))
         }
+    }
+
+    fn lease_bump(s: &Sql) -> Stmt {
+        // Unqualified columns in DO UPDATE are the existing row's.
+        s.row(&format!(
+            "INSERT INTO {} (name, owner, fence, expires_at) \
+             VALUES ($name, NULL, MAX(1, $floor), {NOW_MS}) \
+             ON CONFLICT (name) DO UPDATE SET fence = MAX(fence + 1, $floor) RETURNING fence",
+            s.t
+        ))
     }
 
     fn acquire(s: &Sql) -> Stmt {
