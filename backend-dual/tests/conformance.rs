@@ -26,6 +26,8 @@ fn main() -> ExitCode {
         common::dual,
     )
     .fault("client_paused_past_ttl", Expect::Safe)
+    .fault("sem_client_paused_past_ttl", Expect::Safe)
+    .fault("rw_reader_paused_past_ttl", Expect::Safe)
     .fault(
         "holder_process_killed",
         Expect::NotApplicable("in-process stores: another process cannot share them"),

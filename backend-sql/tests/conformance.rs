@@ -48,12 +48,16 @@ fn server_faults(target: Target) -> Target {
         .fault("client_paused_past_ttl", Expect::Safe)
         .fault("sem_server_killed_and_restarted", Expect::Safe)
         .fault("sem_holder_blackholed_past_ttl", Expect::Safe)
+        .fault("sem_client_paused_past_ttl", Expect::Safe)
+        .fault("rw_reader_paused_past_ttl", Expect::Safe)
 }
 
 fn main() -> ExitCode {
     let connect = |url: String| async move { backend_sql::connect(&url).await };
     let sqlite = Target::lazy("sqlite", || async { sqlite_url() }, connect)
         .fault("client_paused_past_ttl", Expect::Safe)
+        .fault("sem_client_paused_past_ttl", Expect::Safe)
+        .fault("rw_reader_paused_past_ttl", Expect::Safe)
         .fault("holder_process_killed", Expect::Safe)
         .without_server("embedded store: there is no server to kill, pause or cut off");
     let postgres = Target::lazy(

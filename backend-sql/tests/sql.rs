@@ -2302,7 +2302,10 @@ async fn readers_hold_the_row_until_the_last_goes(kind: Kind) {
         .await
         .expect("a second reader shares");
     assert!(b.token() > a.token(), "reader tokens increase");
-    assert!(take(&c, &n, long).await.is_none(), "a writer beside readers");
+    assert!(
+        take(&c, &n, long).await.is_none(),
+        "a writer beside readers"
+    );
     assert_eq!(c.release(&a).await.unwrap(), Released::Released);
     assert!(
         take(&c, &n, long).await.is_none(),
@@ -2319,7 +2322,10 @@ async fn readers_hold_the_row_until_the_last_goes(kind: Kind) {
     );
     // `b` is never released: its lease runs out.
     let w = until_writer_gets_in(&c, &n).await;
-    assert!(w.token() > b.token(), "the writer's token is above the readers'");
+    assert!(
+        w.token() > b.token(),
+        "the writer's token is above the readers'"
+    );
     assert_eq!(c.release(&b).await.unwrap(), Released::NotHeld);
     assert!(matches!(
         c.extend(&b, long).await,
@@ -2330,14 +2336,20 @@ async fn readers_hold_the_row_until_the_last_goes(kind: Kind) {
         "a reader beside the writer"
     );
     assert_eq!(c.release(&w).await.unwrap(), Released::Released);
-    let r = try_read(&c, &n, long).await.expect("a reader after the writer");
+    let r = try_read(&c, &n, long)
+        .await
+        .expect("a reader after the writer");
     assert!(r.token() > w.token());
     assert_eq!(c.release(&r).await.unwrap(), Released::Released);
     let w2 = take(&c, &n, long)
         .await
         .expect("the last reader's release frees the name at once");
     c.release(&w2).await.unwrap();
-    assert_eq!(raw.rows_of(READERS, n.as_str()).await, 0, "reader rows left");
+    assert_eq!(
+        raw.rows_of(READERS, n.as_str()).await,
+        0,
+        "reader rows left"
+    );
 }
 
 /// A reader queued behind a writer leaves its mark in the readers table and a row in the
@@ -2357,7 +2369,11 @@ async fn dropped_read_waits_leave_no_rows(kind: Kind) {
         })
     };
     until_queued(&c, &n, 1).await;
-    assert_eq!(raw.rows_of(READERS, n.as_str()).await, 1, "the queued reader's mark");
+    assert_eq!(
+        raw.rows_of(READERS, n.as_str()).await,
+        1,
+        "the queued reader's mark"
+    );
     reader.abort();
     assert!(reader.await.unwrap_err().is_cancelled());
     until_no_rows(&raw, READERS, &n, "the dropped reader's mark").await;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{
     AcquireOptions, DistributedLock, Error, FencingToken, KeepAlive, LockExt, LockGuard, LockName,
-    LostReason, Released, Wait,
+    LostReason, ReadWriteExt, Released, SemaphoreExt, Wait,
 };
 
 use crate::cases::within;
@@ -28,6 +28,40 @@ use crate::kit::{Fault, Proxy};
 use crate::{Ctx, Expect, FencedResource, History, Hold, Persistence, Spawned, Target};
 
 const SEC: Duration = Duration::from_secs(1);
+
+/// The count of the semaphores the fault scenarios use.
+pub(crate) const PERMITS: u32 = 2;
+
+/// What a scenario's clients hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Primitive {
+    /// The lock (on a read-write store, its write side).
+    Lock,
+    /// A permit of a semaphore of [`PERMITS`].
+    Permit,
+    /// The read side of a read-write lock.
+    Read,
+}
+
+impl Primitive {
+    /// Takes `name` as this primitive for `c` with `opts`.
+    pub(crate) async fn take(
+        self,
+        c: &Arc<dyn DistributedLock>,
+        name: &str,
+        opts: &AcquireOptions,
+    ) -> lockcore::Result<LockGuard> {
+        match self {
+            Primitive::Lock => c.lock(name, opts).await,
+            Primitive::Permit => Ok(c
+                .semaphore(name, PERMITS)?
+                .acquire(opts)
+                .await?
+                .into_inner()),
+            Primitive::Read => Ok(c.read_lock(name, opts).await?.into_inner()),
+        }
+    }
+}
 
 /// The fault scenarios that break a server (kill, pause, blackhole its link, end its
 /// connections): a store without one declares them all not applicable at once with
@@ -181,9 +215,21 @@ async fn acquire_through_errors(
     limit: Duration,
     who: &str,
 ) -> (LockGuard, Instant) {
+    take_through_errors(c, name, Primitive::Lock, opts, limit, who).await
+}
+
+/// [`acquire_through_errors`] for any primitive.
+pub(crate) async fn take_through_errors(
+    c: &Arc<dyn DistributedLock>,
+    name: &str,
+    primitive: Primitive,
+    opts: &AcquireOptions,
+    limit: Duration,
+    who: &str,
+) -> (LockGuard, Instant) {
     within(limit, who, async {
         loop {
-            match c.lock(name, opts).await {
+            match primitive.take(c, name, opts).await {
                 Ok(g) => break (g, Instant::now()),
                 Err(Error::Timeout { .. }) => {}
                 Err(e) if e.is_retryable() => tokio::time::sleep(ms(100)).await,
@@ -558,6 +604,21 @@ pub async fn store_connections_killed(ctx: Ctx) {
 /// when the paused client resumes, its guard no longer claims the lock, `lost()` resolves, its
 /// late write is refused and its release says `NotHeld`.
 pub async fn client_paused_past_ttl(ctx: Ctx) {
+    paused_past_ttl(ctx, Primitive::Lock).await;
+}
+
+/// [`client_paused_past_ttl`] for a reader: a writer gets in only once the paused reader's
+/// lease is over, with a higher token, so the reader's late action on what it guarded is
+/// refused; the resumed reader's guard says it is lost and its release frees nothing.
+pub async fn rw_reader_paused_past_ttl(ctx: Ctx) {
+    paused_past_ttl(ctx, Primitive::Read).await;
+}
+
+/// A client holding `primitive` is paused past its ttl (see [`client_paused_past_ttl`]). The
+/// one who then takes over: for the lock, another client's lock; for a permit, another client's
+/// permit while a steady holder keeps the other one (so the taker must wait for the paused
+/// permit to run out); for a read hold, a writer.
+pub(crate) async fn paused_past_ttl(ctx: Ctx, primitive: Primitive) {
     let url = ctx.target().url().await;
     let name = ctx.name("paused-client");
     let fenced = Arc::new(FencedResource::new());
@@ -573,15 +634,38 @@ pub async fn client_paused_past_ttl(ctx: Ctx) {
             history.clone(),
         );
         std::thread::spawn(move || {
-            paused_client(target, url, name, fenced, history, a_got, a_waits)
+            let a = PausedClient {
+                target,
+                url,
+                name,
+                primitive,
+                fenced,
+                history,
+            };
+            a.run(a_got, a_waits)
         })
     };
     let token_a = within(60 * SEC, "A acquires", got_a)
         .await
         .expect("A's thread ended before acquiring");
+    let steady = if primitive == Primitive::Permit {
+        let s = ctx.connect(&url).await;
+        let opts = held(10 * SEC);
+        let guard = primitive
+            .take(&s, &name, &opts)
+            .await
+            .expect("the steady holder");
+        Some((guard, Instant::now()))
+    } else {
+        None
+    };
     let b = ctx.connect(&url).await;
-    let (gb, b_at) =
-        acquire_through_errors(&b, &name, &plain(10 * SEC, 30 * SEC), 60 * SEC, "B").await;
+    let taker = match primitive {
+        Primitive::Read => Primitive::Lock,
+        other => other,
+    };
+    let opts = plain(10 * SEC, 30 * SEC);
+    let (gb, b_at) = take_through_errors(&b, &name, taker, &opts, 60 * SEC, "B").await;
     let mut findings = Findings::default();
     if gb.fencing_token() <= token_a {
         findings.push(format!(
@@ -601,47 +685,68 @@ pub async fn client_paused_past_ttl(ctx: Ctx) {
     }
     history.push(hold_of(1, &gb, b_at, Some(Instant::now())));
     gb.release().await.expect("release");
-    findings.history(&history);
+    if let Some((s, s_at)) = steady {
+        assert!(s.is_held(), "the steady holder lost its permit");
+        history.push(hold_of(2, &s, s_at, Some(Instant::now())));
+        s.release().await.expect("release");
+        for v in crate::check_permits(&history.holds(), PERMITS as usize) {
+            findings.push(v.to_string());
+        }
+    } else {
+        findings.history(&history);
+    }
     verdict(&ctx, findings);
 }
 
-/// Paused A: acquires, writes, reports its token, then blocks its only runtime thread until
-/// told to go on; returns whether its late write was accepted.
-fn paused_client(
+/// Paused A of [`paused_past_ttl`]: on a runtime of its own with one thread.
+struct PausedClient {
     target: Target,
     url: String,
     name: String,
+    primitive: Primitive,
     fenced: Arc<FencedResource>,
     history: Arc<History>,
-    got: tokio::sync::oneshot::Sender<FencingToken>,
-    go_on: std::sync::mpsc::Receiver<()>,
-) -> bool {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("A's runtime");
-    rt.block_on(async move {
-        let a = target.connect(&url).await.expect("A connects");
-        let ga = a.lock(&name, &held(SEC)).await.expect("A acquires");
-        let at = Instant::now();
-        fenced.write(ga.fencing_token(), 1).expect("A writes");
-        let _ = got.send(ga.fencing_token());
-        // Paused: nothing of A's runs until B has taken over.
-        go_on.recv().expect("resumed");
-        assert!(
-            !ga.is_held(),
-            "a paused guard still claims the lock after its ttl"
-        );
-        let late = fenced.write(ga.fencing_token(), 3).is_ok();
-        let reason = within(30 * SEC, "A's lost()", ga.lost()).await;
-        assert!(
-            matches!(reason, LostReason::Expired | LostReason::Taken),
-            "lost() said {reason:?}"
-        );
-        history.push(hold_of(0, &ga, at, None));
-        assert_eq!(ga.release().await.expect("release"), Released::NotHeld);
-        late
-    })
+}
+
+impl PausedClient {
+    /// Takes its primitive, writes, reports its token, then blocks its only runtime thread
+    /// until told to go on; returns whether its late write was accepted.
+    fn run(
+        self,
+        got: tokio::sync::oneshot::Sender<FencingToken>,
+        go_on: std::sync::mpsc::Receiver<()>,
+    ) -> bool {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("A's runtime");
+        rt.block_on(async move {
+            let a = self.target.connect(&self.url).await.expect("A connects");
+            let ga = self
+                .primitive
+                .take(&a, &self.name, &held(SEC))
+                .await
+                .expect("A acquires");
+            let at = Instant::now();
+            self.fenced.write(ga.fencing_token(), 1).expect("A writes");
+            let _ = got.send(ga.fencing_token());
+            // Paused: nothing of A's runs until B has taken over.
+            go_on.recv().expect("resumed");
+            assert!(
+                !ga.is_held(),
+                "a paused guard still claims its hold after its ttl"
+            );
+            let late = self.fenced.write(ga.fencing_token(), 3).is_ok();
+            let reason = within(30 * SEC, "A's lost()", ga.lost()).await;
+            assert!(
+                matches!(reason, LostReason::Expired | LostReason::Taken),
+                "lost() said {reason:?}"
+            );
+            self.history.push(hold_of(0, &ga, at, None));
+            assert_eq!(ga.release().await.expect("release"), Released::NotHeld);
+            late
+        })
+    }
 }
 
 const CHILD_TARGET: &str = "DLOCK_CT_CHILD_TARGET";

@@ -57,6 +57,11 @@ impl Needs {
         label: "read-write locks",
         admits: |c| c.native.read_write,
     };
+    /// Read-write locks whose holds end at their ttl.
+    pub const READ_WRITE_TTL: Needs = Needs {
+        label: "read-write locks with ttl expiry",
+        admits: |c| c.native.read_write && c.expiry == Expiry::Ttl,
+    };
     /// Counting semaphores ([`lockcore::NativePrimitives::semaphore`]).
     pub const SEMAPHORE: Needs = Needs {
         label: "semaphores",
@@ -174,6 +179,8 @@ static REGISTRY: &[Case] = entries! {
     Fault faults::store_connections_killed needs ANY;
     Fault sem_faults::sem_server_killed_and_restarted needs SEMAPHORE;
     Fault sem_faults::sem_holder_blackholed_past_ttl needs SEMAPHORE_TTL;
+    Fault sem_faults::sem_client_paused_past_ttl needs SEMAPHORE_TTL;
+    Fault faults::rw_reader_paused_past_ttl needs READ_WRITE_TTL;
 };
 
 /// Every case and fault scenario, in a stable order (cases first).

@@ -8,17 +8,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::{
-    AcquireOptions, DistributedLock, Error, KeepAlive, LockGuard, Released, SemaphoreExt, Wait,
+    AcquireOptions, DistributedLock, KeepAlive, LockGuard, Released, SemaphoreExt, Wait,
 };
 
 use crate::cases::within;
-use crate::faults::{Findings, hold_of, verdict, with_query};
+use crate::faults::{
+    Findings, PERMITS, Primitive, hold_of, paused_past_ttl, take_through_errors, verdict,
+    with_query,
+};
 use crate::kit::{Fault, Proxy};
 use crate::{Ctx, FencedResource, History, Persistence};
 
 const SEC: Duration = Duration::from_secs(1);
-/// The count every scenario here uses.
-const PERMITS: u32 = 2;
 
 fn renewed(ttl: Duration) -> AcquireOptions {
     AcquireOptions::new()
@@ -34,22 +35,11 @@ async fn permit_through_errors(
     limit: Duration,
     who: &str,
 ) -> (LockGuard, Instant) {
-    let sem = c.semaphore(name, PERMITS).expect("semaphore");
     let opts = AcquireOptions::new()
         .ttl(10 * SEC)
         .keep_alive(KeepAlive::Off)
         .wait(Wait::For(5 * SEC));
-    within(limit, who, async {
-        loop {
-            match sem.acquire(&opts).await {
-                Ok(p) => break (p.into_inner(), Instant::now()),
-                Err(Error::Timeout { .. }) => {}
-                Err(e) if e.is_retryable() => tokio::time::sleep(Duration::from_millis(100)).await,
-                Err(e) => panic!("{who}: unexpected error {e}"),
-            }
-        }
-    })
-    .await
+    take_through_errors(c, name, Primitive::Permit, &opts, limit, who).await
 }
 
 /// The findings of a permit history: more holders than permits, a token given twice.
@@ -218,4 +208,13 @@ pub async fn sem_holder_blackholed_past_ttl(ctx: Ctx) {
     permit_history(&mut findings, &history);
     drop(a);
     verdict(&ctx, findings);
+}
+
+/// A permit's holder is paused past its ttl while another client holds the other permit (see
+/// `faults::client_paused_past_ttl`): a third client gets a permit only once the paused one has
+/// run out, with a higher token, so the paused holder's late write to its slot is refused; the
+/// resumed holder's guard says it is lost, its release frees nothing, and the history never
+/// has more holders than permits.
+pub async fn sem_client_paused_past_ttl(ctx: Ctx) {
+    paused_past_ttl(ctx, Primitive::Permit).await;
 }

@@ -13,6 +13,8 @@ fn main() -> ExitCode {
         Ok(Arc::new(MemoryLock::new(&url)) as Arc<dyn DistributedLock>)
     })
     .fault("client_paused_past_ttl", Expect::Safe)
+    .fault("sem_client_paused_past_ttl", Expect::Safe)
+    .fault("rw_reader_paused_past_ttl", Expect::Safe)
     .fault(
         "holder_process_killed",
         Expect::NotApplicable("in-process store: another process cannot share it"),

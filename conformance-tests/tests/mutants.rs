@@ -128,3 +128,18 @@ fn semaphore_cases_catch_a_leaky_wait() {
     use conformance_tests::mutants::SemaphoreDefect::LeakyWait;
     semaphore_case_must_fail("sem_dropped_acquire_leaves_nothing", LeakyWait);
 }
+
+/// The paused-client scenarios of the other primitives, declared safe on a mutant, fail: a
+/// semaphore that overbooks hands a third permit out while the paused holder's is still live,
+/// and readers that ignore writers let the writer in beside the paused reader.
+#[test]
+fn paused_client_scenarios_catch_overbooking_and_blind_readers() {
+    use conformance_tests::Expect;
+    use conformance_tests::mutants::SemaphoreDefect::Overbooked;
+    let overbooked = conformance_tests::mutants::semaphore_target(Overbooked)
+        .fault("sem_client_paused_past_ttl", Expect::Safe);
+    fails_against("sem_client_paused_past_ttl", &overbooked, "an overbooking semaphore");
+    let blind = conformance_tests::mutants::blind_readers_target()
+        .fault("rw_reader_paused_past_ttl", Expect::Safe);
+    fails_against("rw_reader_paused_past_ttl", &blind, "blind readers");
+}
