@@ -23,7 +23,7 @@ use lockcore::{
     LostReason, ReadWriteExt, Released, SemaphoreExt, Wait,
 };
 
-use crate::cases::within;
+use crate::cases::{try_answered, within};
 use crate::kit::{Fault, Proxy};
 use crate::{Ctx, Expect, FencedResource, History, Hold, Persistence, Spawned, Target};
 
@@ -835,13 +835,13 @@ pub async fn holder_process_killed(ctx: Ctx) {
     let c = ctx.client().await;
     let opts = plain(5 * SEC, SEC).wait(Wait::No);
     assert!(
-        c.try_lock(&name, &opts).await.expect("try_lock").is_none(),
+        try_answered(&c, &name, &opts).await.is_none(),
         "the lock is free while another process holds it"
     );
     child.kill().await.expect("kill -9 the holder process");
     let (guard, at) = within(60 * SEC, "the lock frees after the kill", async {
         loop {
-            if let Some(g) = c.try_lock(&name, &opts).await.expect("try_lock") {
+            if let Some(g) = try_answered(&c, &name, &opts).await {
                 break (g, Instant::now());
             }
             tokio::time::sleep(ms(20)).await;

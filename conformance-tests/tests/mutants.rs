@@ -138,7 +138,11 @@ fn paused_client_scenarios_catch_overbooking_and_blind_readers() {
     use conformance_tests::mutants::SemaphoreDefect::Overbooked;
     let overbooked = conformance_tests::mutants::semaphore_target(Overbooked)
         .fault("sem_client_paused_past_ttl", Expect::Safe);
-    fails_against("sem_client_paused_past_ttl", &overbooked, "an overbooking semaphore");
+    fails_against(
+        "sem_client_paused_past_ttl",
+        &overbooked,
+        "an overbooking semaphore",
+    );
     let blind = conformance_tests::mutants::blind_readers_target()
         .fault("rw_reader_paused_past_ttl", Expect::Safe);
     fails_against("rw_reader_paused_past_ttl", &blind, "blind readers");

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, Wait};
+use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockGuard, Wait};
 
 pub(crate) const SEC: Duration = Duration::from_secs(1);
 
@@ -33,12 +33,28 @@ pub(crate) async fn within<T>(
     }
 }
 
+/// One `try_lock` that the store answered: a retryable error (a Redlock vote whose nodes all
+/// missed their timeout on a loaded machine, a broken connection) is no answer, so it asks
+/// again, for up to a minute; any other error fails the case.
+pub(crate) async fn try_answered(
+    c: &Arc<dyn DistributedLock>,
+    name: &str,
+    opts: &AcquireOptions,
+) -> Option<LockGuard> {
+    within(60 * SEC, "an answer to try_lock", async {
+        loop {
+            match c.try_lock(name, opts).await {
+                Ok(answer) => break answer,
+                Err(e) if e.is_retryable() => tokio::time::sleep(ms(50)).await,
+                Err(e) => panic!("try_lock: {e}"),
+            }
+        }
+    })
+    .await
+}
+
 pub(crate) async fn is_free(c: &Arc<dyn DistributedLock>, name: &str) -> bool {
-    match c
-        .try_lock(name, &lease_opts(10 * SEC))
-        .await
-        .expect("try_lock")
-    {
+    match try_answered(c, name, &lease_opts(10 * SEC)).await {
         Some(g) => {
             g.release().await.expect("release");
             true
