@@ -48,6 +48,10 @@ fn tair() -> Target {
     .fault("holder_process_killed", Expect::Safe)
     .fault("client_paused_past_ttl", Expect::Safe)
     .fault("rw_reader_paused_past_ttl", Expect::Safe)
+    // Permits are the single server's (see the single target below), on the same server.
+    .fault("sem_server_killed_and_restarted", Expect::Safe)
+    .fault("sem_holder_blackholed_past_ttl", Expect::Safe)
+    .fault("sem_client_paused_past_ttl", Expect::Safe)
 }
 
 fn main() -> ExitCode {

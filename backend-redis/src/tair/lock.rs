@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
-    FencingToken, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result, WaitMechanism,
-    async_trait,
+    FencingToken, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result, SemaphoreInfo,
+    WaitMechanism, async_trait,
 };
 
 use super::BACKEND;
 use super::primitives::{self, ExpireLock, ExpireUnlock, ReadEnter, TairLock, u64_at};
 use crate::node::scripts;
-use crate::node::{floor_arg, protocol_error};
+use crate::node::{floor_arg, is_permit, protocol_error};
 
 const WRITER_WAITING: Duration = Duration::from_secs(2);
 
@@ -235,7 +235,40 @@ impl DistributedLock for TairLock {
             .await
     }
 
+    // Semaphores: Tair has no semaphore command to emulate, so a permit is the single-server
+    // semaphore of this crate (`src/node/lua/sem_*.lua`) on the same server, through the
+    // client this emulation already holds. Its keys are apart from the emulation's hashes.
+
+    async fn try_acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.client.try_acquire_permit(name, permits, opts).await
+    }
+
+    async fn acquire_permit_wait(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        let wait = self
+            .client
+            .acquire_permit_wait(name, permits, opts, deadline);
+        wait.await
+    }
+
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>> {
+        self.client.inspect_semaphore(name).await
+    }
+
     async fn release(&self, lease: &Lease) -> Result<Released> {
+        if is_permit(lease) {
+            return self.client.release(lease).await;
+        }
         if lease.handle() == Some(READER) {
             return Ok(match self.read_exit(lease.name(), lease.owner()).await? {
                 true => Released::Released,
@@ -264,6 +297,9 @@ impl DistributedLock for TairLock {
         lockcore::check_ttl(ttl)?;
         let started = Instant::now();
         let lost = || Error::lock_lost(BACKEND, lease.name(), "extend");
+        if is_permit(lease) {
+            return self.client.extend(lease, ttl).await;
+        }
         if lease.handle() == Some(READER) {
             let renewed = self.read_renew(lease.name(), lease.owner(), ttl).await?;
             return match renewed && lease.is_valid() {
@@ -309,11 +345,15 @@ impl DistributedLock for TairLock {
         Ok(Some(info))
     }
 
+    /// Forgets the emulation's lock `name` and the semaphore `name`, each unless it is in use.
     async fn forget(&self, name: &LockName) -> Result<bool> {
         let value = self
             .eval("forget", name, &self.call(&primitives::FORGET, name))
             .await?;
-        scripts::parse_flag(&value).map_err(|e| protocol_error("forget", Some(name), e))
+        let lock =
+            scripts::parse_flag(&value).map_err(|e| protocol_error("forget", Some(name), e))?;
+        let semaphore = self.client.forget(name).await?;
+        Ok(lock && semaphore)
     }
 
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {

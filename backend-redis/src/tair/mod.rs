@@ -36,8 +36,10 @@ pub const BACKEND: &str = "tair";
 /// URL schemes of the Tair emulation.
 pub const SCHEMES: &[&str] = &["tair"];
 
-/// What the Tair emulation offers besides the mutex: reentrancy and read-write locks.
-pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(true, true, false);
+/// What the Tair emulation offers besides the mutex: reentrancy, read-write locks, and counting
+/// semaphores (the single-server semaphore of this crate on the same server: Tair has no
+/// semaphore command to emulate).
+pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(true, true, true);
 
 /// The former name of [`BACKEND`].
 #[deprecated(note = "use backend_redis::tair::BACKEND")]
