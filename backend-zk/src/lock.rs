@@ -160,7 +160,7 @@ async fn delete_held(
 
 /// Why [`ZkLock::wait_for`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Woke {
+enum Woke {
     /// The watched predecessor was deleted, and this request's node still stood.
     BlockerGone,
     /// The watched predecessor, an exclusive node, was released by its holder (it carried
@@ -557,7 +557,7 @@ impl ZkLock {
     /// predecessor is known deleted (or released by its holder) while this request's node is
     /// known to exist: the client hands a session's watch events over in the server's order, so
     /// a deletion of `mine` that came first is seen first.
-    pub(crate) async fn wait_for(
+    async fn wait_for(
         &self,
         client: &zk::Client,
         name: &LockName,

@@ -7,7 +7,8 @@
 //! - **dlock's layout**: `{base}/s-{escaped name}` (a CONTAINER, apart from the lock's
 //!   `n-{escaped name}`) holds one EPHEMERAL_SEQUENTIAL `permit-{owner}-{seq}` node per
 //!   acquirer; the first `permits` of them in sequence order hold, and a waiter watches the
-//!   node `permits` places ahead of it. The parent's data records the count: every request
+//!   children (any node ahead of it that goes moves it up, so no single node is the one to
+//!   watch). The parent's data records the count: every request
 //!   node is created in one transaction with a versioned write of the count, so two callers
 //!   that read the semaphore idle cannot both set a count, and a caller that finds it in use
 //!   with another count is refused.
@@ -211,6 +212,22 @@ fn node_gone(client: &zk::Client, name: &LockName, when: &str) -> Error {
     }
 }
 
+/// Waits until the watched children change (or the session's state does), or `deadline`.
+async fn wait_change(watcher: zk::OneshotWatcher, deadline: Option<Instant>) {
+    let changed = watcher.changed();
+    match deadline {
+        Some(d) => {
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep_until(d.into()) => {}
+            }
+        }
+        None => {
+            changed.await;
+        }
+    }
+}
+
 impl ZkLock {
     /// Where `name`'s semaphore lives in this client's layout.
     ///
@@ -400,16 +417,19 @@ impl ZkLock {
         let me = path.rsplit('/').next().unwrap_or_default().to_owned();
         loop {
             let checked_at = Instant::now();
-            let children = self
-                .children(&client, parent, name, OP)
-                .await?
-                .unwrap_or_default();
+            let (children, watcher) =
+                match timed(self.limit(), client.list_and_watch_children(parent)).await {
+                    Ok(Ok((children, watcher))) => (children, Some(watcher)),
+                    Ok(Err(zk::Error::NoNode)) => (Vec::new(), None),
+                    Ok(Err(e)) => return Err(zk_error(OP, Some(name), e)),
+                    Err(()) => return Err(no_answer(OP, Some(name), self.limit())),
+                };
             let queue = permits_of(Layout::Dlock, &children);
             let Some(at) = queue.iter().position(|c| c.node == me) else {
                 guard.disarm();
                 return Err(node_gone(&client, name, "while it waited"));
             };
-            let Some(ahead) = at.checked_sub(permits as usize) else {
+            if at < permits as usize {
                 let Some(stat) = self.czxid(&client, &path, name).await? else {
                     guard.disarm();
                     return Err(node_gone(&client, name, "as it became a holder"));
@@ -417,7 +437,7 @@ impl ZkLock {
                 let lease = self.permit_lease(&client, name, opts, &path, &stat, checked_at);
                 guard.disarm();
                 return Ok(Some(lease));
-            };
+            }
             if !wait || deadline.is_some_and(|d| Instant::now() >= d) {
                 if let Ok(Ok(()) | Err(zk::Error::NoNode)) =
                     timed(self.limit(), client.delete(&path, None)).await
@@ -426,10 +446,12 @@ impl ZkLock {
                 }
                 return Ok(None);
             }
-            // The node `permits` places ahead: once it goes, this one is among the first.
-            let blocker = format!("{parent}/{}", queue[ahead].node);
-            self.wait_for(&client, name, &path, &blocker, deadline)
-                .await?;
+            // Any node ahead that goes moves this one up: no single node's deletion is the
+            // one that admits it (a holder ahead of the N-th may leave first), so the waiter
+            // watches the children, as Curator's and kazoo's semaphores do.
+            if let Some(watcher) = watcher {
+                wait_change(watcher, deadline).await;
+            }
         }
     }
 
@@ -539,18 +561,7 @@ impl ZkLock {
                 }
                 return Ok(None);
             }
-            let changed = watcher.changed();
-            match deadline {
-                Some(d) => {
-                    tokio::select! {
-                        _ = changed => {}
-                        _ = tokio::time::sleep_until(d.into()) => {}
-                    }
-                }
-                None => {
-                    changed.await;
-                }
-            }
+            wait_change(watcher, deadline).await;
         }
     }
 
