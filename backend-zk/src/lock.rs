@@ -388,7 +388,12 @@ impl ZkLock {
     /// node (`ensure_path`: a kazoo `Lock` remembers that its path exists and would fail if the
     /// server removed an empty container behind it), its missing ancestors as CONTAINERs, so
     /// that nothing of a forgotten name stays behind.
-    pub(crate) async fn make_parent(&self, client: &zk::Client, parent: &str, name: &LockName) -> Result<()> {
+    pub(crate) async fn make_parent(
+        &self,
+        client: &zk::Client,
+        parent: &str,
+        name: &LockName,
+    ) -> Result<()> {
         const OP: &str = "create the lock's node";
         let config = &self.inner.config;
         let containers = zk::CreateMode::Container.with_acls(acls(config));
@@ -750,7 +755,11 @@ pub(crate) fn retry_cleanup(client: &zk::Client, e: &zk::Error) -> bool {
 /// Deletes `path`, retrying while the connection is down and the session lives (a node left
 /// behind would block the queue for the session's whole life); gives up when the session
 /// ends, which deletes the node anyway. `true` when this call deleted the node.
-pub(crate) async fn delete_eventually(client: zk::Client, path: String, what: &'static str) -> bool {
+pub(crate) async fn delete_eventually(
+    client: zk::Client,
+    path: String,
+    what: &'static str,
+) -> bool {
     let first = client.delete(&path, None).await;
     retry_delete(client, path, first, what).await
 }

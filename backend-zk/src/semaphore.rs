@@ -252,10 +252,7 @@ impl ZkLock {
                 Paths {
                     count: leases.clone(),
                     leases,
-                    mutex: Some(LockName::new(format!(
-                        "{}/{CURATOR_LOCKS}",
-                        name.as_str()
-                    ))?),
+                    mutex: Some(LockName::new(format!("{}/{CURATOR_LOCKS}", name.as_str()))?),
                 }
             }
             Layout::Kazoo => {
@@ -282,9 +279,14 @@ impl ZkLock {
         let owner = opts.owner_or_random();
         let opts = opts.clone().owner(owner);
         match &paths.mutex {
-            None => self.dlock_permit(name, permits, &opts, &paths, deadline, wait).await,
+            None => {
+                self.dlock_permit(name, permits, &opts, &paths, deadline, wait)
+                    .await
+            }
             Some(mutex) => {
-                let Some(internal) = self.acquire(mutex, &opts, deadline, wait, Request::Mutex).await?
+                let Some(internal) = self
+                    .acquire(mutex, &opts, deadline, wait, Request::Mutex)
+                    .await?
                 else {
                     return Ok(None);
                 };
@@ -299,7 +301,9 @@ impl ZkLock {
                 }
                 let mut hold = MutexHold { client, path };
                 let got = self
-                    .library_permit(name, permits, &opts, &paths, mutex, deadline, wait, &mut hold)
+                    .library_permit(
+                        name, permits, &opts, &paths, mutex, deadline, wait, &mut hold,
+                    )
                     .await;
                 hold.release(self).await;
                 got
@@ -366,8 +370,11 @@ impl ZkLock {
                 (Ok(Ok(d)), Ok(Ok(l))) => (d, l),
                 (Ok(Err(zk::Error::NoNode)), _) | (_, Ok(Err(zk::Error::NoNode))) => {
                     let containers = zk::CreateMode::Container.with_acls(acls(&self.inner.config));
-                    match timed(self.limit(), client.create(parent, count.as_bytes(), &containers))
-                        .await
+                    match timed(
+                        self.limit(),
+                        client.create(parent, count.as_bytes(), &containers),
+                    )
+                    .await
                     {
                         Ok(Ok(_) | Err(zk::Error::NodeExists)) => continue,
                         Ok(Err(e)) => return Err(zk_error(OP, Some(name), e)),
@@ -473,7 +480,8 @@ impl ZkLock {
         let client = hold.client.clone();
         let owner = opts.owner_or_random();
         let parent = &paths.leases;
-        self.check_count(&client, name, permits, paths, mutex).await?;
+        self.check_count(&client, name, permits, paths, mutex)
+            .await?;
         let attempt = SemAttempt {
             client: client.clone(),
             layout,
@@ -490,15 +498,13 @@ impl ZkLock {
                 "{parent}/{}{CURATOR_LEASE}",
                 names::curator_protected(owner)
             );
-            let node_opts =
-                zk::CreateMode::EphemeralSequential.with_acls(acls(&self.inner.config));
-            let (stat, seq) = match timed(self.limit(), client.create(&prefix, &data, &node_opts))
-                .await
-            {
-                Ok(Ok(made)) => made,
-                Ok(Err(e)) => return Err(zk_error(OP, Some(name), e)),
-                Err(()) => return Err(no_answer(OP, Some(name), self.limit())),
-            };
+            let node_opts = zk::CreateMode::EphemeralSequential.with_acls(acls(&self.inner.config));
+            let (stat, seq) =
+                match timed(self.limit(), client.create(&prefix, &data, &node_opts)).await {
+                    Ok(Ok(made)) => made,
+                    Ok(Err(e)) => return Err(zk_error(OP, Some(name), e)),
+                    Err(()) => return Err(no_answer(OP, Some(name), self.limit())),
+                };
             let path = format!("{prefix}{seq}");
             guard.state_mut().path = Some(path.clone());
             created = Some((path, stat));
@@ -533,13 +539,16 @@ impl ZkLock {
                         let node_opts =
                             zk::CreateMode::Ephemeral.with_acls(acls(&self.inner.config));
                         guard.state_mut().path = Some(path.clone());
-                        let stat =
-                            match timed(self.limit(), client.create(&path, &data, &node_opts)).await
-                            {
-                                Ok(Ok((stat, _))) => stat,
-                                Ok(Err(e)) => return Err(zk_error(OP, Some(name), e)),
-                                Err(()) => return Err(no_answer(OP, Some(name), self.limit())),
-                            };
+                        let stat = match timed(
+                            self.limit(),
+                            client.create(&path, &data, &node_opts),
+                        )
+                        .await
+                        {
+                            Ok(Ok((stat, _))) => stat,
+                            Ok(Err(e)) => return Err(zk_error(OP, Some(name), e)),
+                            Err(()) => return Err(no_answer(OP, Some(name), self.limit())),
+                        };
                         let lease =
                             self.permit_lease(&client, name, opts, &path, &stat, checked_at);
                         hold.release(self).await;
@@ -703,9 +712,7 @@ impl ZkLock {
         }
         holders.sort_by_key(|h| h.token);
         let in_use = !holders.is_empty() || waiters > 0;
-        let permits = count
-            .filter(|_| in_use)
-            .and_then(|c| u32::try_from(c).ok());
+        let permits = count.filter(|_| in_use).and_then(|c| u32::try_from(c).ok());
         Ok(Some(SemaphoreInfo::new(
             name,
             permits,
@@ -725,10 +732,7 @@ mod tests {
         let dlock = format!("{DLOCK_PERMIT}{o}-0000000012");
         let p = parse_permit(Layout::Dlock, &dlock).unwrap();
         assert_eq!((p.owner, p.seq), (Some(o), Some(12)));
-        let curator = format!(
-            "{}{CURATOR_LEASE}0000000003",
-            names::curator_protected(o)
-        );
+        let curator = format!("{}{CURATOR_LEASE}0000000003", names::curator_protected(o));
         let p = parse_permit(Layout::Curator, &curator).unwrap();
         assert_eq!((p.owner, p.seq), (Some(o), Some(3)));
         // Curator without protection: a lease, of no known owner.
@@ -739,7 +743,10 @@ mod tests {
         for (layout, junk) in [
             (Layout::Dlock, "write-0123-0000000001"),
             (Layout::Curator, "_c_x-lock-0000000001"),
-            (Layout::Kazoo, "0123456789abcdef0011223344556677__lock__0000000001"),
+            (
+                Layout::Kazoo,
+                "0123456789abcdef0011223344556677__lock__0000000001",
+            ),
             (Layout::Kazoo, "lock"),
         ] {
             assert_eq!(parse_permit(layout, junk), None, "{junk}");
