@@ -71,6 +71,10 @@ fn main() -> ExitCode {
     .fault("holder_requests_blackholed_past_ttl", SESSION)
     .fault("holder_process_killed", SESSION)
     .fault("client_paused_past_ttl", SESSION)
+    // Both stores have semaphores: a permit is held on both, its token at least ZooKeeper's
+    // czxid, which survives the restart.
+    .fault("sem_server_killed_and_restarted", Expect::Safe)
+    .fault("sem_holder_blackholed_past_ttl", SESSION)
     .fault(
         "store_connections_killed",
         Expect::NotApplicable(

@@ -3,6 +3,7 @@
 pub mod config;
 mod lock;
 mod names;
+mod semaphore;
 mod session;
 
 use std::sync::Arc;
@@ -21,8 +22,9 @@ pub const BACKEND: &str = "zookeeper";
 /// URL schemes this crate serves.
 pub const SCHEMES: &[&str] = &["zk"];
 
-/// What the ZooKeeper backend offers besides the mutex, in every layout: read-write locks.
-pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(false, true, false);
+/// What the ZooKeeper backend offers besides the mutex, in every layout: read-write locks and
+/// counting semaphores (see the README, "Semaphores").
+pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(false, true, true);
 
 /// Connects to the ZooKeeper ensemble named by `url` (see [`ZkConfig`] for the form and
 /// options).

@@ -27,7 +27,7 @@ use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
     Fencing, FencingToken, Lease, LockInfo, LockName, LostReason, OwnerId, RawFloor, Released,
-    Result, WaitMechanism,
+    Result, SemaphoreInfo, WaitMechanism,
 };
 use tokio::sync::Notify;
 use zookeeper_client as zk;
@@ -45,13 +45,13 @@ const PARENT_RETRIES: usize = 10;
 /// the handle uses the same session.
 #[derive(Clone)]
 pub struct ZkLock {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 pub(crate) struct Inner {
     pub(crate) session: Session,
     pub(crate) config: ZkConfig,
-    base: String,
+    pub(crate) base: String,
     /// Node path → when its lease runs out unless renewed. ZooKeeper keeps an ephemeral node
     /// as long as the session, so this client deletes a node whose lease it stopped renewing.
     held: Mutex<HashMap<String, Instant>>,
@@ -182,11 +182,11 @@ struct Created {
 
 /// The limit on a lease: the session timeout as negotiated, so that a lease is never trusted
 /// for longer than the server would keep a silent session alive.
-fn effective_ttl(ttl: Duration, session_timeout: Duration) -> Duration {
+pub(crate) fn effective_ttl(ttl: Duration, session_timeout: Duration) -> Duration {
     ttl.min(session_timeout)
 }
 
-fn drift_for(opts: &AcquireOptions, ttl: Duration) -> Duration {
+pub(crate) fn drift_for(opts: &AcquireOptions, ttl: Duration) -> Duration {
     let drift = if ttl == opts.ttl_value() {
         opts.drift_value()
     } else {
@@ -258,24 +258,24 @@ impl ZkLock {
         names::lock_path(self.layout(), &self.inner.base, name)
     }
 
-    fn limit(&self) -> Duration {
+    pub(crate) fn limit(&self) -> Duration {
         self.inner.session.timeout()
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+    pub(crate) fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
         self.inner
             .held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn register(&self, path: &str, until: Instant) {
+    pub(crate) fn register(&self, path: &str, until: Instant) {
         self.held().insert(path.to_owned(), until);
         self.inner.wake_reaper.notify_one();
     }
 
     /// Lists `parent`'s children; `Ok(None)` when the parent does not exist.
-    async fn children(
+    pub(crate) async fn children(
         &self,
         client: &zk::Client,
         parent: &str,
@@ -388,7 +388,12 @@ impl ZkLock {
     /// node (`ensure_path`: a kazoo `Lock` remembers that its path exists and would fail if the
     /// server removed an empty container behind it), its missing ancestors as CONTAINERs, so
     /// that nothing of a forgotten name stays behind.
-    async fn make_parent(&self, client: &zk::Client, parent: &str, name: &LockName) -> Result<()> {
+    pub(crate) async fn make_parent(
+        &self,
+        client: &zk::Client,
+        parent: &str,
+        name: &LockName,
+    ) -> Result<()> {
         const OP: &str = "create the lock's node";
         let config = &self.inner.config;
         let containers = zk::CreateMode::Container.with_acls(acls(config));
@@ -422,7 +427,7 @@ impl ZkLock {
 
     /// The node's stat (its czxid is the fencing token), with a separate `exists`: for a node
     /// found after a lost create reply, and to check a lease's node.
-    async fn czxid(
+    pub(crate) async fn czxid(
         &self,
         client: &zk::Client,
         path: &str,
@@ -437,7 +442,7 @@ impl ZkLock {
 
     /// One acquisition of `request`: create the node, then until nothing blocks it (or
     /// `deadline`, or after one look when `wait` is false) watch the node that blocks it.
-    async fn acquire(
+    pub(crate) async fn acquire(
         &self,
         name: &LockName,
         opts: &AcquireOptions,
@@ -686,7 +691,7 @@ impl ZkLock {
 
 /// An acquire whose own queue node was deleted behind its back (`when` says at which point):
 /// not retryable, since whatever deleted it may do so again.
-fn own_node_gone(name: &LockName, when: &str) -> Error {
+pub(crate) fn own_node_gone(name: &LockName, when: &str) -> Error {
     Error::backend(
         BACKEND,
         "acquire",
@@ -719,7 +724,7 @@ fn exclusive(opts: &AcquireOptions) -> Request {
 }
 
 /// A lease's handle: the session that created its node, and the node's path.
-fn handle(session: i64, path: &str) -> String {
+pub(crate) fn handle(session: i64, path: &str) -> String {
     format!("{session:x}:{path}")
 }
 
@@ -728,7 +733,7 @@ fn parse_handle(handle: &str) -> Option<(i64, &str)> {
     Some((u64::from_str_radix(session, 16).ok()? as i64, path))
 }
 
-fn session_ended(state: zk::SessionState) -> bool {
+pub(crate) fn session_ended(state: zk::SessionState) -> bool {
     matches!(
         state,
         zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
@@ -739,24 +744,28 @@ fn session_ended(state: zk::SessionState) -> bool {
 const CONTAINER: i64 = i64::MIN;
 
 /// Pause between clean-up attempts while the session is disconnected.
-const CLEANUP_RETRY: Duration = Duration::from_millis(200);
+pub(crate) const CLEANUP_RETRY: Duration = Duration::from_millis(200);
 
 /// Whether a clean-up step that failed with `e` is worth trying again: the session is still
 /// alive (disconnected, say), so its nodes stay until someone deletes them.
-fn retry_cleanup(client: &zk::Client, e: &zk::Error) -> bool {
+pub(crate) fn retry_cleanup(client: &zk::Client, e: &zk::Error) -> bool {
     crate::session::is_retryable(e) && !session_ended(client.state())
 }
 
 /// Deletes `path`, retrying while the connection is down and the session lives (a node left
 /// behind would block the queue for the session's whole life); gives up when the session
 /// ends, which deletes the node anyway. `true` when this call deleted the node.
-async fn delete_eventually(client: zk::Client, path: String, what: &'static str) -> bool {
+pub(crate) async fn delete_eventually(
+    client: zk::Client,
+    path: String,
+    what: &'static str,
+) -> bool {
     let first = client.delete(&path, None).await;
     retry_delete(client, path, first, what).await
 }
 
 /// [`delete_eventually`] for a delete already sent, which answered `result`.
-async fn retry_delete(
+pub(crate) async fn retry_delete(
     client: zk::Client,
     path: String,
     mut result: std::result::Result<(), zk::Error>,
@@ -887,6 +896,31 @@ impl DistributedLock for ZkLock {
     ) -> Result<Option<Lease>> {
         self.acquire(name, opts, deadline, true, Request::Read)
             .await
+    }
+
+    /// See the crate README, "Semaphores": the layout's recipe (`semaphore.rs`).
+    async fn try_acquire_permit(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        self.acquire_permit(name, permits, opts, None, false).await
+    }
+
+    async fn acquire_permit_wait(
+        &self,
+        name: &LockName,
+        permits: u32,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        self.acquire_permit(name, permits, opts, deadline, true)
+            .await
+    }
+
+    async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>> {
+        self.inspect_permits(name).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {

@@ -184,26 +184,32 @@ pub(crate) fn request_prefix(layout: Layout, request: Request, owner: OwnerId) -
             NodeKind::Shared => format!("read-{owner}-"),
         },
         Layout::Curator => {
-            let hex = owner.to_string();
             let name = match request {
                 Request::Mutex => CURATOR_MUTEX,
                 Request::Write => CURATOR_WRITE,
                 Request::Read => CURATOR_READ,
             };
-            format!(
-                "{CURATOR_PROTECTED}{}-{}-{}-{}-{}-{name}",
-                &hex[..8],
-                &hex[8..12],
-                &hex[12..16],
-                &hex[16..20],
-                &hex[20..]
-            )
+            format!("{}{name}", curator_protected(owner))
         }
         Layout::Kazoo => match request.kind() {
             NodeKind::Exclusive => format!("{owner}{KAZOO_WRITE}"),
             NodeKind::Shared => format!("{owner}{KAZOO_READ}"),
         },
     }
+}
+
+/// The head Curator's protected mode (`CreateBuilder.withProtection`) puts before a node's
+/// name, with `owner` standing for its UUID: `_c_{8-4-4-4-12 hex}-`.
+pub(crate) fn curator_protected(owner: OwnerId) -> String {
+    let hex = owner.to_string();
+    format!(
+        "{CURATOR_PROTECTED}{}-{}-{}-{}-{}-",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
 }
 
 /// Curator's protected-mode prefix (`CreateBuilder.withProtection`).
@@ -272,7 +278,7 @@ fn parse_library_child(node: &str) -> Option<Child> {
 }
 
 /// The owner id in a Curator protected node's head, `_c_{8-4-4-4-12 hex}-`.
-fn curator_owner(head: &str) -> Option<OwnerId> {
+pub(crate) fn curator_owner(head: &str) -> Option<OwnerId> {
     let uuid = head.strip_prefix(CURATOR_PROTECTED)?.strip_suffix('-')?;
     let dashes = [8, 13, 18, 23];
     if uuid.len() != 36 || dashes.iter().any(|&i| uuid.as_bytes()[i] != b'-') {

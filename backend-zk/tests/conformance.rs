@@ -40,6 +40,9 @@ fn declare(target: Target) -> Target {
         .fault("store_connections_killed", NO_SERVER_KILL)
         .fault("holder_process_killed", TTL_SCENARIO)
         .fault("client_paused_past_ttl", TTL_SCENARIO)
+        // Permits are ephemeral nodes; their tokens (czxids) survive the restart with the data.
+        .fault("sem_server_killed_and_restarted", Expect::Safe)
+        .fault("sem_holder_blackholed_past_ttl", TTL_SCENARIO)
 }
 
 /// A target on the kit's standalone server: `label`, in the chroot `/{chroot}`, with the URL
@@ -100,7 +103,9 @@ fn main() -> ExitCode {
     .fault("holder_requests_blackholed_past_ttl", TTL_SCENARIO)
     .fault("store_connections_killed", NO_SERVER_KILL)
     .fault("holder_process_killed", TTL_SCENARIO)
-    .fault("client_paused_past_ttl", TTL_SCENARIO);
+    .fault("client_paused_past_ttl", TTL_SCENARIO)
+    .fault("sem_server_killed_and_restarted", NO_SINGLE_SERVER)
+    .fault("sem_holder_blackholed_past_ttl", TTL_SCENARIO);
     conformance_tests::harness::main(
         vec![
             declare(standalone("zookeeper", "conformance", "")),

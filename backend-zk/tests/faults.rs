@@ -1,6 +1,7 @@
 //! Scenarios only ZooKeeper has: sessions that expire behind a silent link, a lost reply to
 //! `create`, a leader killed in an ensemble, queue nodes deleted or abandoned, digest ACLs, and
-//! the czxid fencing token. Each uses a kit server of its own (or its own chroot on the shared
+//! the czxid fencing token, and a silent semaphore holder whose permit comes back with its
+//! session. Each uses a kit server of its own (or its own chroot on the shared
 //! one), and checks safety on recorded histories and a fenced resource.
 
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use conformance_tests::kit::{Fault, Proxy, ZkEnsemble, ZooKeeper};
 use conformance_tests::{FencedResource, History, Hold};
 use lockcore::{
     AcquireOptions, DistributedLock, Error, KeepAlive, LockExt, LockGuard, LockName, LostReason,
-    Released, Wait,
+    Released, SemaphoreExt, Wait,
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -253,6 +254,62 @@ async fn holder_blackholed_past_session_timeout() {
     drop(guard);
     history.assert_safe();
     fenced.assert_never_accepted_stale();
+}
+
+/// A permit's holder goes silent (its link drops every request, as if its process had died:
+/// not even its client's own clean-up reaches the server). In each layout the semaphore stays
+/// full until the server ends the holder's session and with it the ephemeral permit node;
+/// then a waiter gets the permit, with a token above the silent holder's, whose late write to
+/// its slot is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_permit_holder_returns_its_permit_with_its_session() {
+    let zk = ZooKeeper::start().await.expect("kit ZooKeeper");
+    for layout in ["dlock", "curator", "kazoo"] {
+        let proxy = Proxy::start(zk.addr()).await.expect("proxy");
+        let query = format!("session_timeout=2s&timeout=1s&layout={layout}");
+        let holder = client(&format!("zk://{}/sem-{layout}?{query}", proxy.addr())).await;
+        let other = dyn_lock(&client(&format!("{}/sem-{layout}?{query}", zk.url())).await);
+        let name = unique("silent");
+        let slot = FencedResource::new();
+        let held = dyn_lock(&holder)
+            .semaphore(&name, 1)
+            .expect("semaphore")
+            .acquire(&plain(30 * SEC, Wait::No))
+            .await
+            .expect("the holder takes the permit");
+        let old = held.fencing_token();
+        slot.write(old, 0).expect("the holder writes");
+        let sem = other.semaphore(&name, 1).expect("semaphore");
+        assert!(
+            sem.try_acquire(&plain(30 * SEC, Wait::No))
+                .await
+                .expect("try_acquire")
+                .is_none(),
+            "{layout}: a second permit of one"
+        );
+
+        proxy.set(Fault::BlackholeRequests);
+        let next = within(
+            60 * SEC,
+            "the permit after the session's end",
+            sem.acquire(&plain(30 * SEC, Wait::For(45 * SEC))),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{layout}: the permit did not come back: {e}"));
+        assert!(
+            next.fencing_token() > old,
+            "{layout}: the new holder's token is not above the silent one's"
+        );
+        slot.write(next.fencing_token(), 1)
+            .expect("the new holder writes");
+        assert!(
+            slot.write(old, 2).is_err(),
+            "{layout}: the silent holder's late write was accepted"
+        );
+        slot.assert_never_accepted_stale();
+        next.release().await.expect("release");
+        std::mem::forget(held);
+    }
 }
 
 /// The reply to `create` is lost and the connection dies under it. The client reconnects,

@@ -15,7 +15,7 @@ use conformance_tests::kit::{Fault, LockPeer, PeerHold, PeerLibrary, PeerLock, P
 use conformance_tests::{FencedResource, History, Hold};
 use lockcore::{
     AcquireOptions, DistributedLock, Error, FencingToken, KeepAlive, LockExt, LockName,
-    ReadWriteExt, Released, Wait,
+    ReadWriteExt, Released, SemaphoreExt, Wait,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -635,6 +635,76 @@ async fn dlock_session_closed_hands_over(library: PeerLibrary) {
     drop(guard);
 }
 
+/// A semaphore of two shared by dlock (in the library's layout) and the library's own
+/// semaphore (Curator's `InterProcessSemaphoreV2`, kazoo's `Semaphore`): together they never
+/// hold more than two leases. The library holds one and dlock gets the other; then neither a
+/// third dlock client nor the library gets one at once; a dlock waiter gets the library's
+/// lease once it is returned, with a higher token; with dlock holding both, the library's
+/// one attempt is refused.
+async fn semaphore_shared_with_library(library: PeerLibrary) {
+    let s = Setup::new(library, "sem").await;
+    let name = "jobs";
+    let peer = s.peer().await;
+    let (a, b, c) = (s.dlock().await, s.dlock().await, s.dlock().await);
+    let sem = |c: &Arc<dyn DistributedLock>| c.semaphore(name, 2).expect("semaphore");
+    let two = PeerLock::Semaphore { max_leases: 2 };
+    let theirs = peer_take(&peer, two, &s.path(name), 10 * SEC)
+        .await
+        .expect("the library takes a lease of a free semaphore");
+    let mine = sem(&a)
+        .try_acquire(&plain(Wait::No))
+        .await
+        .expect("try_acquire")
+        .expect("dlock gets the second permit");
+    assert!(
+        mine.fencing_token() > FencingToken(theirs.czxid),
+        "dlock's later grant has a lower token than the library's lease"
+    );
+    assert!(
+        sem(&b)
+            .try_acquire(&plain(Wait::No))
+            .await
+            .expect("try_acquire")
+            .is_none(),
+        "a third holder beside the library's lease and dlock's permit"
+    );
+    assert!(
+        peer_take(&peer, two, &s.path(name), Duration::ZERO)
+            .await
+            .is_none(),
+        "the library took a third lease beside dlock's permit"
+    );
+    let waiter = {
+        let sem = sem(&c);
+        tokio::spawn(async move { sem.acquire(&plain(Wait::For(120 * SEC))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "a dlock waiter got a permit while both were held"
+    );
+    peer.release(&theirs)
+        .await
+        .expect("the library returns its lease");
+    let next = within(60 * SEC, "dlock's waiter", waiter)
+        .await
+        .expect("waiter task")
+        .expect("dlock's waiter gets the returned lease");
+    assert!(next.fencing_token() > mine.fencing_token());
+    assert!(
+        peer_take(&peer, two, &s.path(name), Duration::ZERO)
+            .await
+            .is_none(),
+        "the library took a lease while dlock held both"
+    );
+    assert_eq!(next.release().await.expect("release"), Released::Released);
+    let again = peer_take(&peer, two, &s.path(name), 10 * SEC)
+        .await
+        .expect("the library takes the lease dlock released");
+    peer.release(&again).await.expect("release");
+    assert_eq!(mine.release().await.expect("release"), Released::Released);
+}
+
 /// Each scenario above, once per library.
 macro_rules! per_library {
     ($($scenario:ident => $curator:ident, $kazoo:ident;)*) => {$(
@@ -668,6 +738,72 @@ per_library! {
     dlock_session_closed_hands_over =>
         dlock_session_closed_hands_over_to_curator,
         dlock_session_closed_hands_over_to_kazoo;
+    semaphore_shared_with_library =>
+        curator_and_dlock_semaphore_never_exceed_count,
+        kazoo_and_dlock_semaphore_never_exceed_count;
+}
+
+/// kazoo records its semaphore's count in the path's data and raises on another: dlock, in
+/// kazoo's layout, refuses another count than the one a kazoo holder recorded, and kazoo
+/// refuses another count than the one dlock recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_and_dlock_refuse_each_others_other_count() {
+    let s = Setup::new(PeerLibrary::Kazoo, "sem-count").await;
+    let peer = s.peer().await;
+    let dlock = s.dlock().await;
+    let theirs = peer_take(
+        &peer,
+        PeerLock::Semaphore { max_leases: 2 },
+        &s.path("kazoo-first"),
+        10 * SEC,
+    )
+    .await
+    .expect("kazoo takes a lease");
+    let three = dlock
+        .semaphore("kazoo-first", 3)
+        .expect("semaphore")
+        .try_acquire(&plain(Wait::No))
+        .await;
+    match three {
+        Err(Error::InvalidArgument { argument, reason }) => {
+            assert_eq!(argument, "permits");
+            assert!(reason.contains('2') && reason.contains('3'), "{reason}");
+        }
+        other => panic!("dlock with another count than kazoo's: {other:?}"),
+    }
+    peer.release(&theirs).await.expect("release");
+
+    let mine = dlock
+        .semaphore("dlock-first", 3)
+        .expect("semaphore")
+        .try_acquire(&plain(Wait::No))
+        .await
+        .expect("try_acquire")
+        .expect("a permit of a free semaphore");
+    let data = s
+        .observer
+        .zk_client()
+        .get_data(&s.path("dlock-first"))
+        .await
+        .expect("the semaphore's node")
+        .0;
+    assert_eq!(data, b"3", "dlock records the count where kazoo reads it");
+    let sent = peer
+        .acquire(
+            PeerLock::Semaphore { max_leases: 2 },
+            &s.path("dlock-first"),
+            Some(Duration::ZERO),
+        )
+        .expect("send acquire");
+    let refused = within(60 * SEC, "kazoo's acquire", sent).await;
+    match refused {
+        Err(e) => assert!(
+            e.to_string().contains("Inconsistent max leases"),
+            "kazoo's error: {e}"
+        ),
+        Ok(hold) => panic!("kazoo with another count than dlock's: {hold:?}"),
+    }
+    mine.release().await.expect("release");
 }
 
 /// A dlock client in either path layout also counts the other library's nodes, which that

@@ -2,11 +2,13 @@
 // over a line protocol so that one JVM serves a whole test.
 //
 //   stdin:  <id> mutex|read|write <path> <wait_ms>   (wait_ms < 0: forever; 0: one attempt)
+//           <id> semaphore <path> <wait_ms> <max_leases>
 //           <id> release
 //   stdout: ready <session id, hex>
 //           <id> acquired <lock node path> <czxid>
 //           <id> timeout | <id> released | <id> error <message>
 //
+// semaphore takes one lease of an InterProcessSemaphoreV2 (the lease node is reported);
 // mutex is InterProcessMutex; read and write are the two sides of InterProcessReadWriteLock,
 // each request a lock object of its own (a contender of its own). Curator ties a hold to the
 // thread that acquired it, so every request gets a thread that acquires, then waits for its
@@ -25,6 +27,8 @@ import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
+import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.retry.RetryNTimes;
 import org.apache.zookeeper.data.Stat;
 
@@ -75,6 +79,15 @@ public final class CuratorPeer {
                 }
                 continue;
             }
+            if (w[1].equals("semaphore")) {
+                InterProcessSemaphoreV2 sem = new InterProcessSemaphoreV2(client, w[2], Integer.parseInt(w[4]));
+                String path = w[2];
+                long waitMs = Long.parseLong(w[3]);
+                Thread t = new Thread(() -> lease(client, sem, path, id, waitMs));
+                t.setDaemon(true);
+                t.start();
+                continue;
+            }
             InterProcessMutex lock;
             switch (w[1]) {
                 case "mutex":
@@ -96,6 +109,28 @@ public final class CuratorPeer {
             t.start();
         }
         System.exit(0);
+    }
+
+    /// Takes a lease of `sem`, reports its node, and returns it when told to.
+    private static void lease(CuratorFramework client, InterProcessSemaphoreV2 sem, String path,
+                              String id, long waitMs) {
+        try {
+            Lease lease = waitMs < 0 ? sem.acquire() : sem.acquire(waitMs, TimeUnit.MILLISECONDS);
+            if (lease == null) {
+                say(id + " timeout");
+                return;
+            }
+            String node = path + "/leases/" + lease.getNodeName();
+            Stat stat = client.checkExists().forPath(node);
+            LinkedBlockingQueue<String> q = new LinkedBlockingQueue<>();
+            HELD.put(id, q);
+            say(id + " acquired " + node + " " + (stat == null ? -1 : stat.getCzxid()));
+            q.take();
+            sem.returnLease(lease);
+            say(id + " released");
+        } catch (Throwable e) {
+            say(id + " error " + String.valueOf(e).replace('\n', ' '));
+        }
     }
 
     /// Acquires `lock`, reports it, and releases it on this thread when told to.

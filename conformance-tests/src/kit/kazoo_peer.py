@@ -2,12 +2,13 @@
 # protocol as CuratorPeer.java so that one Python process serves a whole test.
 #
 #   stdin:  <id> mutex|read|write <path> <wait_ms>   (wait_ms < 0: forever; 0: one attempt)
+#           <id> semaphore <path> <wait_ms> <max_leases>
 #           <id> release
 #   stdout: ready <session id, hex>
 #           <id> acquired <lock node path> <czxid>
 #           <id> timeout | <id> released | <id> error <message>
 #
-# mutex is kazoo's Lock, read and write its ReadLock and WriteLock; each request is a lock
+# semaphore takes one lease of kazoo's Semaphore (the lease node is reported); mutex is kazoo's Lock, read and write its ReadLock and WriteLock; each request is a lock
 # object of its own (a contender of its own), acquired on a thread of its own. Stdin closing
 # ends the process.
 
@@ -51,6 +52,28 @@ def acquire(zk, kind, ident, path, wait_ms):
     say("%s acquired %s %d" % (ident, node, stat.czxid if stat else -1))
 
 
+def lease(zk, ident, path, wait_ms, max_leases):
+    sem = zk.Semaphore(path, max_leases=max_leases)
+    try:
+        if wait_ms == 0:
+            got = sem.acquire(blocking=False)
+        elif wait_ms < 0:
+            got = sem.acquire()
+        else:
+            got = sem.acquire(timeout=wait_ms / 1000.0)
+    except LockTimeout:
+        got = False
+    except Exception as e:  # reported, not raised: the test reads it (ValueError on a count)
+        say("%s error %r" % (ident, e))
+        return
+    if not got:
+        say("%s timeout" % ident)
+        return
+    stat = zk.exists(sem.create_path)
+    HELD[ident] = sem
+    say("%s acquired %s %d" % (ident, sem.create_path, stat.czxid if stat else -1))
+
+
 def release(ident):
     lock = HELD.pop(ident, None)
     if lock is None:
@@ -80,6 +103,9 @@ def main():
         ident, verb = words[0], words[1]
         if verb == "release":
             target, args = release, (ident,)
+        elif verb == "semaphore":
+            target = lease
+            args = (zk, ident, words[2], int(words[3]), int(words[4]))
         elif verb in ("mutex", "read", "write"):
             target, args = acquire, (zk, verb, ident, words[2], int(words[3]))
         else:

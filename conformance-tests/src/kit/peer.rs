@@ -68,6 +68,12 @@ pub enum PeerLock {
     Read,
     /// The write side of Curator's `InterProcessReadWriteLock`, kazoo's `WriteLock`.
     Write,
+    /// One lease of a counting semaphore of `max_leases`: Curator's
+    /// `InterProcessSemaphoreV2`, kazoo's `Semaphore` (the hold names the lease node).
+    Semaphore {
+        /// The count the library is given.
+        max_leases: u32,
+    },
 }
 
 impl PeerLock {
@@ -76,6 +82,15 @@ impl PeerLock {
             PeerLock::Mutex => "mutex",
             PeerLock::Read => "read",
             PeerLock::Write => "write",
+            PeerLock::Semaphore { .. } => "semaphore",
+        }
+    }
+
+    /// What the request line carries after the wait.
+    fn suffix(self) -> String {
+        match self {
+            PeerLock::Semaphore { max_leases } => format!(" {max_leases}"),
+            _ => String::new(),
         }
     }
 }
@@ -249,7 +264,10 @@ impl LockPeer {
     ) -> KitResult<impl Future<Output = KitResult<Option<PeerHold>>> + Send + 'static> {
         let id = format!("r{}", self.next.fetch_add(1, Ordering::Relaxed));
         let wait_ms = wait.map_or(-1, |w| w.as_millis() as i64);
-        let reply = self.send(&id, &format!("{} {path} {wait_ms}", lock.verb()))?;
+        let reply = self.send(
+            &id,
+            &format!("{} {path} {wait_ms}{}", lock.verb(), lock.suffix()),
+        )?;
         let failed = self.failure_context();
         let path = path.to_owned();
         Ok(async move {
