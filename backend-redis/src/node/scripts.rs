@@ -757,6 +757,38 @@ mod tests {
     }
 
     #[test]
+    fn inspect_reports_the_oldest_reader() {
+        let bulk = |t: &str| Value::BulkString(t.as_bytes().to_vec());
+        let reply = |member: &str| {
+            Value::Array(vec![
+                bulk(""),
+                Value::Int(-2),
+                Value::Int(12),
+                Value::Int(1),
+                Value::Int(1),
+                Value::Int(2),
+                bulk(member),
+                Value::Int(2500),
+            ])
+        };
+        let member = permit_member(OwnerId(3), 11);
+        let r = parse_inspect(&reply(&member)).unwrap();
+        assert_eq!(r.holder, None);
+        assert_eq!(r.readers, 2);
+        assert_eq!(
+            r.oldest_reader,
+            Some(PermitReply {
+                owner: OwnerId(3).to_string(),
+                token: 11,
+                remaining_ms: 2500
+            })
+        );
+        let r = parse_inspect(&reply("")).unwrap();
+        assert_eq!(r.oldest_reader, None);
+        assert!(parse_inspect(&reply("no-token")).is_err());
+    }
+
+    #[test]
     fn owner_hex_matches_the_display_form() {
         for owner in [
             OwnerId(0),
