@@ -418,9 +418,9 @@ async fn names_lists_this_prefixs_names() {
 }
 
 /// A token floor is honoured on every path that grants (the `try` fast path, an uncontended
-/// waiting acquire, a queued waiter handed the lock by a release): the token is the floor and
-/// the fence counter holds it, so the next plain grant is one above. A floor Lua numbers cannot
-/// carry exactly is refused before any I/O.
+/// waiting acquire, a queued waiter handed the lock by a release, a reader): the token is the
+/// floor and the fence counter holds it, so the next plain grant is one above. A floor Lua
+/// numbers cannot carry exactly is refused before any I/O.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_floor_on_every_granting_path() {
     let redis = shared().await;
@@ -498,6 +498,23 @@ async fn token_floor_on_every_granting_path() {
         None,
         "the refused floor took the lock"
     );
+
+    // Readers draw from the same counter, and their grants (a `try`, a wait) raise it too.
+    use lockcore::ReadWriteExt;
+    let r1 = a
+        .try_read_lock(&name, &floored(7000))
+        .await
+        .expect("try read")
+        .expect("free");
+    assert_eq!(r1.fencing_token(), FencingToken(7000));
+    let r2 = b.read_lock(&name, &floored(8000)).await.expect("read");
+    assert_eq!(r2.fencing_token(), FencingToken(8000));
+    assert_eq!(fence().await, Some("8000".to_owned()));
+    r1.release().await.expect("release");
+    r2.release().await.expect("release");
+    let g = a.lock(&name, &opts(30 * SEC)).await.expect("acquire");
+    assert_eq!(g.fencing_token(), FencingToken(8001));
+    g.release().await.expect("release");
 }
 
 /// A waiter that stops re-checking (a crashed client) is dropped from the queue once its
