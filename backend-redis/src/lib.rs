@@ -25,10 +25,11 @@ pub const BACKEND: &str = "redis";
 /// [`connect`] serves both).
 pub const SCHEMES: &[&str] = &["redis", "rediss", "redis+cluster"];
 
-/// What this backend offers natively besides the mutex (see its capabilities): counting
-/// semaphores (`src/node/lua/sem_*.lua`, each semaphore an object apart from the lock of its
-/// name).
-pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(false, false, true);
+/// What this backend offers natively besides the mutex (see its capabilities): read-write locks
+/// (the lock of a name is its write lock; readers are kept beside it, see the README's
+/// "Read-write locks") and counting semaphores (`src/node/lua/sem_*.lua`, each semaphore an
+/// object apart from the lock of its name), on a single server and in a Cluster.
+pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(false, true, true);
 
 /// Connects to the Redis server or Redis Cluster named by `url`, or to the Tair emulation on a
 /// server for `tair://` (see [`RedisConfig`] for the forms and options). Redlock URLs are

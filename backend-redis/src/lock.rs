@@ -205,6 +205,27 @@ impl DistributedLock for RedisLock {
         queue::acquire_wait(&self.inner.node, name, opts, deadline, Hold::Lock).await
     }
 
+    /// A read hold: granted while no writer holds the lock and none is queued (readers queue
+    /// with writers in the lock's own queue); the token comes from the lock's fence counter.
+    async fn try_acquire_shared(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        queue::try_acquire(&self.inner.node, name, opts, Hold::Read).await
+    }
+
+    /// Queues for a read hold behind the writers ahead of it; a run of readers at the head of
+    /// the queue gets in together.
+    async fn acquire_shared_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        queue::acquire_wait(&self.inner.node, name, opts, deadline, Hold::Read).await
+    }
+
     async fn try_acquire_permit(
         &self,
         name: &LockName,
@@ -264,8 +285,24 @@ impl DistributedLock for RedisLock {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let r = self.inner.node.inspect(name).await?;
-        if r.holder.is_none() && r.fence.is_none() && r.queued == 0 {
+        if r.holder.is_none() && r.fence.is_none() && r.queued == 0 && r.readers == 0 {
             return Ok(None);
+        }
+        let waiters = Some(usize::try_from(r.live_waiters).unwrap_or(0));
+        if let (None, Some(reader)) = (&r.holder, r.oldest_reader) {
+            // Read holds (no writer holds while a reader does): the oldest reader stands for
+            // them, with its own token, as lockcore's memory backend reports them.
+            let info = LockInfo::new(
+                name,
+                Some(reader.owner),
+                Some(FencingToken(reader.token)),
+                Some(Duration::from_millis(reader.remaining_ms)),
+                waiters,
+            );
+            return Ok(Some(info.with_details(vec![format!(
+                "read-locked by {} reader(s)",
+                r.readers
+            )])));
         }
         // Tokens are drawn only by a grant, so while the lock is held the fence counter is
         // its holder's token; when free it is the last one handed out.
@@ -274,7 +311,7 @@ impl DistributedLock for RedisLock {
             r.holder,
             r.fence.map(FencingToken),
             (r.pttl > 0).then(|| Duration::from_millis(r.pttl as u64)),
-            Some(usize::try_from(r.live_waiters).unwrap_or(0)),
+            waiters,
         )))
     }
 

@@ -1,7 +1,9 @@
 //! Acquiring on one server: single attempts and the fair (FIFO) waiting acquire, each with an
 //! armed [`CleanupGuard`] that undoes an acquire whose caller went away. The same two functions
-//! take a lock or a permit of the semaphore of the same name ([`Hold`]): the semaphore has a
-//! queue of its own with the same layout, its own scripts, and the same wake-up hub.
+//! take a lock, a read hold of the lock (its read-write form: readers queue in the lock's own
+//! queue, marked as readers), or a permit of the semaphore of the same name ([`Hold`]): the
+//! semaphore has a queue of its own with the same layout, its own scripts, and the same wake-up
+//! hub.
 //!
 //! A waiting acquire joins a queue kept in Redis (a ZSET ordered by an arrival ticket) and
 //! refreshes a liveness deadline on every re-check; the acquire script drops waiters whose
@@ -23,8 +25,10 @@ use crate::node::{self, AcquireReply, Mode, Node, RECHECK};
 /// What an acquire takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Hold {
-    /// The lock of the name.
+    /// The lock of the name (the write lock of its read-write form).
     Lock,
+    /// A shared (read) hold of the lock of the name.
+    Read,
     /// A permit of the semaphore of the name, which has this many.
     Permit(u32),
 }
@@ -44,12 +48,14 @@ impl Hold {
         match (self, mode) {
             (Hold::Lock, Mode::Try) => node.try_once(name, owner, opts, floor).await,
             (Hold::Lock, _) => node.acquire(name, owner, opts, mode, floor).await,
+            (Hold::Read, _) => node.acquire_shared(name, owner, opts, mode, floor).await,
             (Hold::Permit(n), _) => node.acquire_permit(name, owner, opts, mode, floor, n).await,
         }
     }
 
     /// The lease of a grant with `token`, valid from `started`; a permit's carries
-    /// [`node::PERMIT`], which routes its release and extend to the semaphore's scripts.
+    /// [`node::PERMIT`], which routes its release and extend to the semaphore's scripts, and a
+    /// reader's [`node::READER`], which routes them to the lock's read holds.
     fn lease(
         self,
         name: &LockName,
@@ -61,6 +67,7 @@ impl Hold {
         let lease = node::lease(name, owner, token, started, opts);
         match self {
             Hold::Lock => lease,
+            Hold::Read => lease.with_handle(node::READER),
             Hold::Permit(_) => lease.with_handle(node::PERMIT),
         }
     }
@@ -69,12 +76,14 @@ impl Hold {
 /// What an acquire of `owner` on a node may have left there (the state of its clean-up guard).
 type Attempt = (Node, LockName, OwnerId, Hold);
 
-/// Leaves the queue and deletes the lock (or frees the permit) if it was granted to the owner
+/// Leaves the queue and deletes the lock (or frees the read hold or the permit) if it was
+/// granted to the owner
 /// (the undo of an acquire that did not return its lease).
 fn leave((node, name, owner, hold): Attempt) -> Undo {
     Undo::Spawn(Box::pin(async move {
         match hold {
             Hold::Lock => node.cancel(&name, owner).await,
+            Hold::Read => node.cancel_shared(&name, owner).await,
             Hold::Permit(_) => node.cancel_permit(&name, owner).await,
         }
     }))
@@ -150,9 +159,9 @@ pub(crate) async fn acquire_wait(
         }
         let mut wake = now + RECHECK;
         if rank == 0 {
-            // Head of the queue behind a holder (or, for a permit, behind full permits): its
-            // lease may simply run out (expiry publishes nothing), so look again right after
-            // it would.
+            // Head of the queue behind a holder (a writer behind readers: the last of them; for
+            // a permit, behind full permits): its lease may simply run out (expiry publishes
+            // nothing), so look again right after it would.
             let left = u64::try_from(pttl).unwrap_or(0);
             wake = wake.min(now + Duration::from_millis(left + 1));
         }

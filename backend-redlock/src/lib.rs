@@ -23,7 +23,9 @@ pub const BACKEND: &str = "redlock";
 /// URL schemes this crate serves (`redlocks://` speaks TLS to every node).
 pub const SCHEMES: &[&str] = &["redlock", "redlocks"];
 
-/// What this backend offers natively besides the mutex (see its capabilities): nothing yet.
+/// What this backend offers natively besides the mutex (see its capabilities): nothing. Neither
+/// semaphores nor read-write locks: the README says why a majority vote keeps neither's
+/// guarantees.
 pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(false, false, false);
 
 /// Connects to the Redlock masters named by `url` (`redlock://h1:p1,h2:p2,h3:p3`; see

@@ -12,7 +12,8 @@
 //!   a failure;
 //! * **the scripts** (`src/node/lua/`): acquire, release, extend, cancel, inspect, forget, the
 //!   fence write-back, the bench floors, and the counting semaphore's (`sem_*.lua`), sent with
-//!   `EVALSHA` and loaded on `NOSCRIPT`;
+//!   `EVALSHA` and loaded on `NOSCRIPT`; the read-write lock's readers go through the lock's
+//!   acquire, cancel and inspect scripts and the semaphore's release and extend;
 //! * **the node operations** over one lock name's keys, each one script call with its reply
 //!   decoded and checked: [`try_once`](Node::try_once), [`acquire`](Node::acquire),
 //!   [`give_back`](Node::give_back), [`release`](Node::release), [`extend`](Node::extend),
@@ -20,8 +21,11 @@
 //!   [`inspect`](Node::inspect), [`forget`](Node::forget), [`names`](Node::names); and over
 //!   the semaphore of the same name (an object apart, with keys of its own under the same hash
 //!   tag): [`acquire_permit`](Node::acquire_permit), [`cancel_permit`](Node::cancel_permit),
-//!   [`inspect_semaphore`](Node::inspect_semaphore), while `release`, `extend` and
-//!   `extend_many` take a permit's lease by its handle ([`PERMIT`]);
+//!   [`inspect_semaphore`](Node::inspect_semaphore); and the read (shared) side of the lock's
+//!   read-write form, whose write side is the lock itself:
+//!   [`acquire_shared`](Node::acquire_shared), [`cancel_shared`](Node::cancel_shared); while
+//!   `release`, `extend` and `extend_many` take a permit's or a reader's lease by its handle
+//!   ([`PERMIT`], [`READER`]);
 //! * **the wake-up hub**: one subscriber connection listening on the client's own channel
 //!   ([`register`](Node::register), [`ensure_subscribed`](Node::ensure_subscribed)).
 //!
@@ -72,6 +76,16 @@ pub const PERMIT: &str = "permit";
 /// Whether `lease` is a semaphore permit's (see [`PERMIT`]).
 pub fn is_permit(lease: &Lease) -> bool {
     lease.handle() == Some(PERMIT)
+}
+
+/// The handle of a reader's lease (a shared hold of a read-write lock, [`Lease::handle`]):
+/// release, extend and [`extend_many`](Node::extend_many) of such a lease act on the lock's
+/// read holds, not on its exclusive hold.
+pub const READER: &str = "reader";
+
+/// Whether `lease` is a reader's (see [`READER`]).
+pub fn is_reader(lease: &Lease) -> bool {
+    lease.handle() == Some(READER)
 }
 
 /// How the acquire script treats the queue (see `lua/acquire.lua`).
@@ -288,12 +302,60 @@ impl Node {
         mode: Mode,
         floor: u64,
     ) -> Result<AcquireReply> {
+        self.acquire_as(name, owner, opts, mode, floor, false).await
+    }
+
+    /// One run of the acquire script for a shared (read) hold of `name` for `owner`, in
+    /// [`Mode::Try`] or [`Mode::Wait`] (a [`Mode::Member`] waits as `Wait` does). The exclusive
+    /// lock of `name` is its write lock: a reader is granted while the lock is free and no
+    /// writer is queued ahead of it; readers and writers share one queue, in arrival order. The
+    /// token comes from the lock's own fence counter; a grant's lease must carry [`READER`] as
+    /// its handle. The reply must echo `owner`.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe on its own: a dropped call may still grant a read hold or queue `owner`;
+    /// callers arm a clean-up that runs [`cancel_shared`](Node::cancel_shared).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure or a reply that does not decode.
+    pub async fn acquire_shared(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        mode: Mode,
+        floor: u64,
+    ) -> Result<AcquireReply> {
+        let mode = if mode == Mode::Try {
+            Mode::Try
+        } else {
+            Mode::Wait
+        };
+        self.acquire_as(name, owner, opts, mode, floor, true).await
+    }
+
+    async fn acquire_as(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        mode: Mode,
+        floor: u64,
+        read: bool,
+    ) -> Result<AcquireReply> {
         let s = &self.shared;
         let call = self
             .keys(name)
             .call(
                 &scripts::ACQUIRE,
-                &[Key::Lock, Key::Fence, Key::Queue, Key::Alive, Key::Seq],
+                &[
+                    Key::Lock,
+                    Key::Fence,
+                    Key::Queue,
+                    Key::Alive,
+                    Key::Seq,
+                    Key::Readers,
+                ],
             )
             .owner_arg(owner)
             .arg(millis(opts.ttl_value()))
@@ -301,15 +363,17 @@ impl Node {
             .arg(millis(ALIVE))
             .arg(s.client.as_str())
             .arg(s.wakes.as_str())
-            .arg(floor);
+            .arg(floor)
+            .arg(u8::from(read));
         let value = self.run("acquire", name, &call).await?;
         scripts::parse_acquire(&value, owner).map_err(|e| protocol_error("acquire", Some(name), e))
     }
 
-    /// One `try` for `owner` that never jumps the queue: the short fast script (free and
-    /// nobody queued: three commands, three keys), and the full acquire script in
-    /// [`Mode::Try`] only when someone is queued (it prunes dead waiters and never jumps live
-    /// ones). A refusal carries the node's fence counter, as the full script's does.
+    /// One `try` for `owner` that never jumps the queue: the short fast script (free, nobody
+    /// queued, no reader: three commands), and the full acquire script in [`Mode::Try`] only
+    /// when someone is queued or a read hold is recorded (it prunes dead waiters and expired
+    /// readers and never jumps live ones). A refusal carries the node's fence counter, as the
+    /// full script's does.
     ///
     /// # Cancel safety
     /// As [`acquire`](Node::acquire).
@@ -325,7 +389,10 @@ impl Node {
     ) -> Result<AcquireReply> {
         let keys = self.keys(name);
         let fast = keys
-            .call(&scripts::TRY_FAST, &[Key::Lock, Key::Fence, Key::Queue])
+            .call(
+                &scripts::TRY_FAST,
+                &[Key::Lock, Key::Fence, Key::Queue, Key::Readers],
+            )
             .owner_arg(owner)
             .arg(millis(opts.ttl_value()))
             .arg(floor);
@@ -350,6 +417,45 @@ impl Node {
         self.give_back(name, owner, false, None).await
     }
 
+    /// Leaves the queue and frees any read hold of `name` granted to `owner` (the undo of an
+    /// [`acquire_shared`](Node::acquire_shared) whose caller went away), then wakes the head
+    /// waiter if the lock is free; `true` when a read hold was freed.
+    ///
+    /// # Cancel safety
+    /// The undo either ran on the server or not.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] for a store failure.
+    pub async fn cancel_shared(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
+        let call = self.cancel_call(name, owner, false, None, true);
+        let value = self.run("cancel read acquire", name, &call).await?;
+        scripts::parse_flag(&value)
+            .map_err(|e| protocol_error("cancel read acquire", Some(name), e))
+    }
+
+    /// The call of `cancel.lua` (see [`give_back`](Node::give_back)); `read` for a reader's.
+    fn cancel_call(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        keep_place: bool,
+        spare: Option<FencingToken>,
+        read: bool,
+    ) -> Call {
+        let s = &self.shared;
+        self.keys(name)
+            .call(
+                &scripts::CANCEL,
+                &[Key::Lock, Key::Queue, Key::Alive, Key::Fence, Key::Readers],
+            )
+            .owner_arg(owner)
+            .arg(s.client.as_str())
+            .arg(s.wakes.as_str())
+            .arg(u8::from(keep_place))
+            .arg(spare.map_or(0, |t| t.0))
+            .arg(u8::from(read))
+    }
+
     /// Deletes the lock if it was granted to `owner`, and leaves the queue unless `keep_place`
     /// (a Redlock waiter that lost a split vote keeps its place for its next attempt); wakes the
     /// next head if that frees the lock. `true` when a lock was deleted.
@@ -372,18 +478,7 @@ impl Node {
         keep_place: bool,
         spare: Option<FencingToken>,
     ) -> Result<bool> {
-        let s = &self.shared;
-        let call = self
-            .keys(name)
-            .call(
-                &scripts::CANCEL,
-                &[Key::Lock, Key::Queue, Key::Alive, Key::Fence],
-            )
-            .owner_arg(owner)
-            .arg(s.client.as_str())
-            .arg(s.wakes.as_str())
-            .arg(u8::from(keep_place))
-            .arg(spare.map_or(0, |t| t.0));
+        let call = self.cancel_call(name, owner, keep_place, spare, false);
         let value = self.run("cancel acquire", name, &call).await?;
         scripts::parse_flag(&value).map_err(|e| protocol_error("cancel acquire", Some(name), e))
     }
@@ -461,7 +556,9 @@ impl Node {
 
     /// The owner- and token-checked release of `lease`, which also takes the holder's own queue
     /// entry out and wakes the head waiter; resolves to `true` when this node deleted the lock,
-    /// `false` when it was no longer `lease`'s. The call is built now and the returned future
+    /// `false` when it was no longer `lease`'s. A permit's lease ([`PERMIT`]) frees its permit;
+    /// a reader's ([`READER`]) frees its read hold, and the last reader's release wakes the head
+    /// waiter. The call is built now and the returned future
     /// owns all it needs, so it can finish in a task of its own.
     ///
     /// # Cancel safety
@@ -479,6 +576,17 @@ impl Node {
             )
             .arg(scripts::permit_member(lease.owner(), lease.token().0))
             .arg(s.wakes.as_str())
+            .arg(0)
+        } else if is_reader(lease) {
+            // The semaphore's release on the lock's readers: only the last reader's release
+            // wakes the head (a writer, if anyone).
+            keys.call(
+                &scripts::SEM_RELEASE,
+                &[Key::Readers, Key::Queue, Key::Alive],
+            )
+            .arg(scripts::permit_member(lease.owner(), lease.token().0))
+            .arg(s.wakes.as_str())
+            .arg(1)
         } else {
             keys.call(
                 &scripts::RELEASE,
@@ -496,13 +604,19 @@ impl Node {
         }
     }
 
-    /// The extend call of `lease`: a lock's, or a permit's (see [`PERMIT`]), so that one
-    /// pipeline renews both kinds.
+    /// The extend call of `lease`: a lock's, a permit's (see [`PERMIT`]) or a reader's (see
+    /// [`READER`]), so that one pipeline renews every kind.
     fn extend_call(&self, lease: &Lease, ttl: Duration) -> Call {
         let keys = self.keys(lease.name());
-        if is_permit(lease) {
+        if is_permit(lease) || is_reader(lease) {
+            // A reader's hold is a member of the same shape as a permit's, on the lock's keys.
+            let holders = if is_reader(lease) {
+                Key::Readers
+            } else {
+                Key::SemHolders
+            };
             return keys
-                .call(&scripts::SEM_EXTEND, &[Key::SemHolders])
+                .call(&scripts::SEM_EXTEND, &[holders])
                 .arg(scripts::permit_member(lease.owner(), lease.token().0))
                 .arg(millis(ttl));
         }
@@ -592,7 +706,7 @@ impl Node {
     }
 
     /// What this node holds for `name`: holder, its remaining time, the fence counter, live
-    /// waiters and queued entries.
+    /// waiters and queued entries, live readers and the oldest of them.
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is written.
@@ -602,7 +716,7 @@ impl Node {
     pub async fn inspect(&self, name: &LockName) -> Result<InspectReply> {
         let call = self.keys(name).call(
             &scripts::INSPECT,
-            &[Key::Lock, Key::Fence, Key::Queue, Key::Alive],
+            &[Key::Lock, Key::Fence, Key::Queue, Key::Alive, Key::Readers],
         );
         let value = self.run("inspect", name, &call).await?;
         scripts::parse_inspect(&value).map_err(|e| protocol_error("inspect", Some(name), e))
@@ -632,8 +746,8 @@ impl Node {
             .map_err(|e| protocol_error("inspect semaphore", Some(name), e))
     }
 
-    /// Deletes what is left of the lock `name` (fence counter, queue, ticket counter) unless
-    /// it is held or waited for, and of the semaphore `name` (its fence counter, recorded count,
+    /// Deletes what is left of the lock `name` (fence counter, queue, ticket counter, expired
+    /// readers) unless it is held (by a writer or a live reader) or waited for, and of the semaphore `name` (its fence counter, recorded count,
     /// queue and ticket counter) unless a permit is live or a waiter is, each on its own (as
     /// lockcore's memory backend does); `true` when nothing of either is left.
     ///
@@ -657,6 +771,7 @@ impl Node {
                 Key::SemAlive,
                 Key::SemSeq,
                 Key::SemCount,
+                Key::Readers,
             ],
         );
         let value = self.run("forget", name, &call).await?;

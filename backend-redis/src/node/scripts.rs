@@ -188,6 +188,9 @@ pub(crate) enum Key {
     Alive,
     /// Arrival ticket counter.
     Seq,
+    /// A read-write lock's read holds: ZSET of `<owner id>:<token>` scored by the server time
+    /// (ms) at which each runs out (the write hold is [`Key::Lock`]).
+    Readers,
     /// A semaphore's permits: ZSET of `<owner id>:<token>` scored by the server time (ms) at
     /// which each runs out.
     SemHolders,
@@ -221,6 +224,9 @@ impl Key {
             Key::Queue => ":queue",
             Key::Alive => ":alive",
             Key::Seq => ":seq",
+            // Not `:readers`: the Tair emulation keeps its readers under that suffix of the same
+            // hash tag, and the two layouts are different locks.
+            Key::Readers => ":shared",
             Key::SemHolders => ":sem:holders",
             Key::SemFence => ":sem:fence",
             Key::SemQueue => ":sem:queue",
@@ -472,12 +478,14 @@ pub(crate) fn parse_permit(value: &Value, owner: OwnerId) -> Result<PermitAnswer
         .ok_or_else(|| format!("permit: bad count in {value:?}"))
 }
 
-/// The holders ZSET member of a permit: `<owner id>:<token>`, as `sem_acquire.lua` writes it.
+/// The holders ZSET member of a permit, or of a reader of a read-write lock: `<owner id>:<token>`,
+/// as `sem_acquire.lua` and `acquire.lua` write it.
 pub(crate) fn permit_member(owner: OwnerId, token: u64) -> String {
     format!("{owner}:{token}")
 }
 
-/// One live permit, as a node's semaphore inspect reports it.
+/// One live permit, as a node's semaphore inspect reports it; or one live reader of a
+/// read-write lock, as a node's inspect reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PermitReply {
     /// The holder's owner id (32 hex digits).
@@ -548,6 +556,10 @@ pub struct InspectReply {
     pub live_waiters: i64,
     /// Entries in the queue, live or not.
     pub queued: i64,
+    /// Live readers (shared holds of the read-write lock).
+    pub readers: i64,
+    /// The live reader granted first (lowest token), if any.
+    pub oldest_reader: Option<PermitReply>,
 }
 
 /// Decodes the inspect script's reply.
@@ -557,12 +569,28 @@ pub(crate) fn parse_inspect(value: &Value) -> Result<InspectReply, String> {
     let holder = items.first().and_then(text).ok_or_else(bad)?.to_owned();
     let holder = (!holder.is_empty()).then_some(holder);
     let fence = items.get(2).and_then(int).ok_or_else(bad)?;
+    let member = items.get(6).and_then(text).ok_or_else(bad)?;
+    let oldest_reader = match member.split_once(':') {
+        None if member.is_empty() => None,
+        None => return Err(bad()),
+        Some((owner, token)) => Some(PermitReply {
+            owner: owner.to_owned(),
+            token: token.parse().map_err(|_| bad())?,
+            remaining_ms: items
+                .get(7)
+                .and_then(int)
+                .and_then(|ms| u64::try_from(ms).ok())
+                .ok_or_else(bad)?,
+        }),
+    };
     Ok(InspectReply {
         holder,
         pttl: items.get(1).and_then(int).ok_or_else(bad)?,
         fence: (fence > 0).then_some(fence as u64),
         live_waiters: items.get(3).and_then(int).ok_or_else(bad)?,
         queued: items.get(4).and_then(int).ok_or_else(bad)?,
+        readers: items.get(5).and_then(int).ok_or_else(bad)?,
+        oldest_reader,
     })
 }
 
@@ -609,7 +637,7 @@ mod tests {
         let name = LockName::new("a/{b}:c").unwrap();
         let keys = Keys::new("dlock", &name);
         let slot = super::super::cluster::slot(keys.get(Key::Lock).as_bytes());
-        for k in [Key::Fence, Key::Queue, Key::Alive, Key::Seq]
+        for k in [Key::Fence, Key::Queue, Key::Alive, Key::Seq, Key::Readers]
             .into_iter()
             .chain(SEM_KEYS)
         {
@@ -622,9 +650,18 @@ mod tests {
             "{dlock:a%2F%7Bb%7D%3Ac}:sem:holders"
         );
         // No semaphore key is a lock key, nor matches the fence pattern `names()` scans for.
-        let lock_keys: Vec<String> = [Key::Lock, Key::Fence, Key::Queue, Key::Alive, Key::Seq]
-            .map(|k| keys.get(k))
-            .into();
+        let lock_keys: Vec<String> = [
+            Key::Lock,
+            Key::Fence,
+            Key::Queue,
+            Key::Alive,
+            Key::Seq,
+            Key::Readers,
+        ]
+        .map(|k| keys.get(k))
+        .into();
+        assert_eq!(keys.get(Key::Readers), "{dlock:a%2F%7Bb%7D%3Ac}:shared");
+        assert_eq!(name_of_fence_key("dlock", &keys.get(Key::Readers)), None);
         for k in SEM_KEYS.map(|k| keys.get(k)) {
             assert!(!lock_keys.contains(&k), "{k}");
             assert_eq!(name_of_fence_key("dlock", &k), None, "{k}");
@@ -717,6 +754,38 @@ mod tests {
         assert_eq!(call.first_key(), b"{p:n}:lock");
         let bare = Call::on(&INSPECT, &[]);
         assert_eq!(bare.first_key(), b"");
+    }
+
+    #[test]
+    fn inspect_reports_the_oldest_reader() {
+        let bulk = |t: &str| Value::BulkString(t.as_bytes().to_vec());
+        let reply = |member: &str| {
+            Value::Array(vec![
+                bulk(""),
+                Value::Int(-2),
+                Value::Int(12),
+                Value::Int(1),
+                Value::Int(1),
+                Value::Int(2),
+                bulk(member),
+                Value::Int(2500),
+            ])
+        };
+        let member = permit_member(OwnerId(3), 11);
+        let r = parse_inspect(&reply(&member)).unwrap();
+        assert_eq!(r.holder, None);
+        assert_eq!(r.readers, 2);
+        assert_eq!(
+            r.oldest_reader,
+            Some(PermitReply {
+                owner: OwnerId(3).to_string(),
+                token: 11,
+                remaining_ms: 2500
+            })
+        );
+        let r = parse_inspect(&reply("")).unwrap();
+        assert_eq!(r.oldest_reader, None);
+        assert!(parse_inspect(&reply("no-token")).is_err());
     }
 
     #[test]

@@ -1,27 +1,39 @@
--- ACQUIRE: KEYS lock, fence, queue, alive, seq
+-- ACQUIRE: KEYS lock, fence, queue, alive, seq, shared
 --          ARGV owner, ttl_ms, mode ('try' | 'wait' | 'member'), alive_ms, client id,
---               wakes (channel prefix), token floor (0 = none)
--- Returns {1, token, owner} when granted, else {0, pttl_of_holder, owner, rank_in_queue,
--- fence} (fence: the counter's value, the last token handed out; Redlock's acquirer takes a
--- token above every fence it hears of).
+--               wakes (channel prefix), token floor (0 = none), read ('1': a shared hold of the
+--               read-write lock; else the exclusive hold, which is the write lock)
+-- Returns {1, token, owner} when granted, else {0, ms_blocked, owner, rank_in_queue, fence}
+-- (ms_blocked: how long the holds in the way last unless released: the holder's pttl, for a
+-- writer blocked by readers the last reader's, negative when nothing holds; fence: the counter's
+-- value, the last token handed out; Redlock's acquirer takes a token above every fence it hears
+-- of).
 --
 -- A grant's token is max(fence + 1, floor), and the fence counter moves to it in the same step,
--- so every later token is above the floor too.
+-- so every later token is above the floor too. Readers draw from the same counter.
 --
--- 'try':  grant only if the lock is free and nobody (alive) is queued: never jumps the queue.
--- 'wait': grant if the lock is free and this owner heads the queue (or the queue is empty);
---         otherwise join the queue at the tail if not in it (again, if liveness ran out), and
---         refresh this owner's liveness.
--- 'member': as 'wait', but a free lock goes to any live member of the queue, not only its head,
---         and the member keeps its entry when granted. Redlock waits this way: its nodes may
---         order the same waiters differently, and insisting on each node's head could split
---         the votes for ever. Newcomers still never jump a live queue. The entry stays until the
---         vote is decided: a split vote gives the lock back but keeps the place (`cancel` with
---         keep), and the winner's release removes it (`release`).
+-- The exclusive hold needs the lock free and no live reader; a reader needs the lock free and no
+-- writer queued ahead of it, so readers and writers queue together in arrival order and a steady
+-- stream of readers never starves a writer.
 --
--- The common case comes first and touches only the lock, the queue's existence and the fence:
--- a free lock with nobody waiting is granted in three commands, whatever the mode.
-if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
+-- 'try':  exclusive: grant only if the lock is free, no reader holds and nobody (alive) is
+--         queued: never jumps the queue. Read: grant if the lock is free and no writer is queued.
+-- 'wait': exclusive: grant if the lock is free, no reader holds, and this owner heads the queue
+--         (or the queue is empty); read: grant if the lock is free and no writer is queued ahead
+--         of this owner (or, not queued yet, anywhere in the queue), so a run of readers at the
+--         head gets in together (a queued reader granted wakes the next head if it is a reader).
+--         Otherwise join the queue at the tail if not in it (again, if liveness ran out), and
+--         refresh this owner's liveness. A grant leaves the queue.
+-- 'member': (exclusive only) as 'wait', but a free lock goes to any live member of the queue,
+--         not only its head, and the member keeps its entry when granted. Redlock waits this
+--         way: its nodes may order the same waiters differently, and insisting on each node's
+--         head could split the votes for ever. Newcomers still never jump a live queue. The entry
+--         stays until the vote is decided: a split vote gives the lock back but keeps the place
+--         (`cancel` with keep), and the winner's release removes it (`release`).
+--
+-- The common case comes first and touches only the lock, the queue's and the readers' existence
+-- and the fence: a free exclusive lock with nobody waiting or reading is granted in three
+-- commands, whatever the mode.
+if ARGV[8] ~= '1' and redis.call('EXISTS', KEYS[1], KEYS[3], KEYS[6]) == 0 then
   local token = redis.call('INCR', KEYS[2])
   if token < tonumber(ARGV[7]) then
     token = tonumber(ARGV[7])
@@ -31,37 +43,103 @@ if redis.call('EXISTS', KEYS[1], KEYS[3]) == 0 then
   return {1, token, ARGV[1]}
 end
 --@common
-local lock, fence, queue, alive, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local lock, fence, queue, alive, seq, shared = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local owner, ttl, mode, alive_ms, wakes = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[6]
 local floor = ARGV[7]
+local read = ARGV[8] == '1'
 local entry = owner .. ARGV[5]
+if read then
+  entry = entry .. 'r'
+end
 local now = now_ms()
-local pruned = prune(queue, alive, now)
-local held = redis.call('EXISTS', lock) == 1
+-- Dead waiters leave the queue, expired readers the read holds (by the server's clock).
+local pruned = prune(queue, alive, now) + redis.call('ZREMRANGEBYSCORE', shared, '-inf', now)
+local writer = redis.call('EXISTS', lock) == 1
+local held = writer or (not read and redis.call('EXISTS', shared) == 1)
+
+-- Whether a writer is queued before rank `rank` (nil: anywhere in the queue).
+local function writer_ahead(rank)
+  if rank == 0 then
+    return false
+  end
+  for _, e in ipairs(redis.call('ZRANGE', queue, 0, rank and rank - 1 or -1)) do
+    if not is_reader(e) then
+      return true
+    end
+  end
+  return false
+end
+
+-- The grant: the exclusive lock, or a read hold that runs out at now + ttl. The member names the
+-- token in decimal, as the client writes it (exact up to 2^53).
+local function grant_hold()
+  if not read then
+    return grant(lock, fence, owner, ttl, floor)
+  end
+  local token = next_token(fence, floor)
+  redis.call('ZADD', shared, now + tonumber(ttl), owner .. ':' .. string.format('%d', token))
+  return token
+end
+
+-- How long the holds in the way last (a head waiter looks again then: expiry publishes nothing).
+local function blocked_ms()
+  if writer then
+    return redis.call('PTTL', lock)
+  end
+  if held then
+    local last = redis.call('ZRANGE', shared, -1, -1, 'WITHSCORES')
+    return tonumber(last[2]) - now
+  end
+  return -2
+end
+
+-- After pruning, the lock may be free for the head (expiry publishes nothing).
+local function wake_if_pruned()
+  if pruned > 0 and not writer then
+    wake_first(queue, wakes)
+  end
+end
+
 if mode == 'try' then
-  if not held and redis.call('ZCARD', queue) == 0 then
-    return {1, grant(lock, fence, owner, ttl, floor), owner}
+  local free
+  if read then
+    free = not writer and not writer_ahead(nil)
+  else
+    free = not held and redis.call('ZCARD', queue) == 0
   end
-  if pruned > 0 then
-    wake_head(lock, queue, wakes)
+  if free then
+    return {1, grant_hold(), owner}
   end
-  return {0, redis.call('PTTL', lock), owner, -1, redis.call('GET', fence) or 0}
+  wake_if_pruned()
+  return {0, blocked_ms(), owner, -1, redis.call('GET', fence) or 0}
 end
 local rank = redis.call('ZRANK', queue, entry)
-if not held and (rank == 0 or (rank and mode == 'member')
-    or (not rank and redis.call('ZCARD', queue) == 0)) then
+local turn
+if read then
+  turn = not writer and not writer_ahead(rank)
+else
+  turn = not held and (rank == 0 or (rank and mode == 'member')
+    or (not rank and redis.call('ZCARD', queue) == 0))
+end
+if turn then
   if rank and mode ~= 'member' then
     redis.call('ZREM', queue, entry)
     redis.call('ZREM', alive, entry)
   end
-  return {1, grant(lock, fence, owner, ttl, floor), owner}
+  local token = grant_hold()
+  if read then
+    -- A run of readers goes in together: the next head, if a reader, may come in too.
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    if head and is_reader(head) then
+      wake_first(queue, wakes)
+    end
+  end
+  return {1, token, owner}
 end
 if not rank then
   redis.call('ZADD', queue, redis.call('INCR', seq), entry)
   rank = redis.call('ZCARD', queue) - 1
 end
 redis.call('ZADD', alive, now + alive_ms, entry)
-if pruned > 0 then
-  wake_head(lock, queue, wakes)
-end
-return {0, redis.call('PTTL', lock), owner, rank, redis.call('GET', fence) or 0}
+wake_if_pruned()
+return {0, blocked_ms(), owner, rank, redis.call('GET', fence) or 0}

@@ -1,22 +1,35 @@
--- CANCEL: KEYS lock, queue, alive, fence; ARGV owner, client id, wakes (channel prefix), keep
---         (1 = keep the queue entry), spare (a token, or 0 for none)
--- Undoes an acquire whose caller went away: leaves the queue, and deletes the lock if it was
--- granted to this owner meanwhile. Then wakes the next head if the lock is free. With keep, only
--- the lock is given back: a Redlock waiter that lost a split vote stays where it was queued.
--- With spare, a grant whose token (the fence counter) is spare stays: a Redlock vote was won with
--- that token, so this late grant is part of the winner's lease, and an extend may already have
--- counted it.
--- Returns 1 if a lock granted to the owner was deleted, else 0.
+-- CANCEL: KEYS lock, queue, alive, fence, shared; ARGV owner, client id, wakes (channel prefix),
+--         keep (1 = keep the queue entry), spare (a token, or 0 for none), read ('1': the undo
+--         of a reader's acquire)
+-- Undoes an acquire whose caller went away: leaves the queue, and deletes the lock (for a reader,
+-- every read hold of this owner id in `shared`: the caller never saw its token, and an owner id
+-- names one acquisition) if it was granted to this owner meanwhile. Then wakes the next head if
+-- the lock is free. With keep, only the lock is given back: a Redlock waiter that lost a split
+-- vote stays where it was queued. With spare, a grant whose token (the fence counter) is spare
+-- stays: a Redlock vote was won with that token, so this late grant is part of the winner's
+-- lease, and an extend may already have counted it.
+-- Returns 1 if a lock (or read hold) granted to the owner was deleted, else 0.
 --@common
 local owner = ARGV[1]
+local read = ARGV[6] == '1'
 local entry = owner .. ARGV[2]
+if read then
+  entry = entry .. 'r'
+end
 local removed = 0
 if ARGV[4] ~= '1' then
   removed = redis.call('ZREM', KEYS[2], entry)
   redis.call('ZREM', KEYS[3], entry)
 end
 local released = 0
-if redis.call('GET', KEYS[1]) == owner
+if read then
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
+    if string.sub(member, 1, 32) == owner then
+      redis.call('ZREM', KEYS[5], member)
+      released = 1
+    end
+  end
+elseif redis.call('GET', KEYS[1]) == owner
     and (ARGV[5] == '0' or redis.call('GET', KEYS[4]) ~= ARGV[5]) then
   redis.call('DEL', KEYS[1])
   released = 1

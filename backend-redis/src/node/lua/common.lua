@@ -7,6 +7,11 @@
 --   queue  ZSET of waiting entries (owner id + client id), scored by arrival ticket (FIFO order)
 --   alive  ZSET of the same entries, scored by the server time (ms) until which each is alive
 --   seq    the arrival ticket counter
+--   shared ZSET of read (shared) holders of the name's read-write lock: member
+--          `<owner id>:<token>`, scored by the server time (ms) at which the hold runs out;
+--          members whose score has passed are expired and pruned by the scripts that look
+--   (`lock` is the exclusive hold, which is also the write lock: a writer is granted only with
+--   no live member in `shared`, a reader only while `lock` does not exist.)
 --
 -- A counting semaphore of the same name is an object apart: its keys carry the same hash tag
 -- with a `:sem:` suffix (see `sem_acquire.lua`), and its queue (queue, alive, seq) has the same
@@ -29,14 +34,15 @@ local function prune(queue, alive, now)
 end
 
 -- Queue entries (the members of queue and alive) are the waiter's owner id (32 hex digits)
--- followed by the id of its client. Each client listens on its own channel, `wakes` followed by
--- its id, so a wake-up reaches the head waiter's client only.
+-- followed by the id of its client (16 hex digits), and `r` for a reader of a read-write lock.
+-- Each client listens on its own channel, `wakes` followed by its id, so a wake-up reaches the
+-- head waiter's client only.
 --
 -- If someone waits, tells the head waiter to re-check (the payload is its owner id).
 local function wake_first(queue, wakes)
   local head = redis.call('ZRANGE', queue, 0, 0)[1]
   if head then
-    redis.call('PUBLISH', wakes .. string.sub(head, 33), string.sub(head, 1, 32))
+    redis.call('PUBLISH', wakes .. string.sub(head, 33, 48), string.sub(head, 1, 32))
   end
 end
 
@@ -64,4 +70,9 @@ local function grant(lock, fence, owner, ttl, floor)
   local token = next_token(fence, floor)
   redis.call('SET', lock, owner, 'PX', ttl)
   return token
+end
+
+-- Whether a queue entry is a reader's (see the entries above).
+local function is_reader(entry)
+  return string.sub(entry, 49) == 'r'
 end

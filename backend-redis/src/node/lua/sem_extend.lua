@@ -1,6 +1,7 @@
 -- SEM_EXTEND: KEYS holders; ARGV member (`<owner id>:<token>`), ttl_ms
 -- Moves the permit's expiry to now + ttl (server time) only if it is still this lease's and has
--- not run out: an expired or freed permit stays gone. The token does not change.
+-- not run out: an expired or freed permit stays gone. The token does not change. A reader of a
+-- read-write lock is extended by this script too, on the lock's `shared` ZSET (same members).
 -- Returns 1 when extended, 0 when the lease was no longer current.
 --@common
 local now = now_ms()
