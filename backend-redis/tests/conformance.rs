@@ -91,7 +91,8 @@ fn main() -> ExitCode {
     // and the semaphore's counter, and a permit's expiry runs on the server's clock.
     .fault("sem_server_killed_and_restarted", Expect::Safe)
     .fault("sem_holder_blackholed_past_ttl", Expect::Safe)
-    .fault("sem_client_paused_past_ttl", Expect::Safe);
+    .fault("sem_client_paused_past_ttl", Expect::Safe)
+    .fault("rw_reader_paused_past_ttl", Expect::Safe);
 
     let cluster = Target::lazy(
         "redis_cluster",
@@ -106,6 +107,7 @@ fn main() -> ExitCode {
     .fault("holder_process_killed", Expect::Safe)
     .fault("client_paused_past_ttl", Expect::Safe)
     .fault("sem_client_paused_past_ttl", Expect::Safe)
+    .fault("rw_reader_paused_past_ttl", Expect::Safe)
     .without_server(
         "a cluster's node faults are their own scenario: cluster_master_kill9_resets_the_fence \
          in backend-redis/tests/faults.rs",

@@ -13,7 +13,6 @@ mod common;
 use common::{dlock, run, text};
 
 /// Stores that cannot be reached: a command that tried to connect would fail with 69, not 64.
-const UNREACHABLE_TAIR: &str = "tair://127.0.0.1:1";
 const UNREACHABLE_REDLOCK: &str = "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3";
 
 fn run_with(url: &str, extra: &[&str]) -> Output {
@@ -26,7 +25,6 @@ fn run_with(url: &str, extra: &[&str]) -> Output {
 #[test]
 fn a_primitive_the_store_lacks_is_refused_before_any_io() {
     for (url, flag, what) in [
-        (UNREACHABLE_TAIR, &["--permits", "2"][..], "semaphores"),
         (UNREACHABLE_REDLOCK, &["--permits", "2"][..], "semaphores"),
         (UNREACHABLE_REDLOCK, &["--shared"][..], "read-write locks"),
     ] {
