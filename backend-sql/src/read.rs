@@ -36,7 +36,7 @@ use crate::client::{Client, reader};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::{Dialect, ReadStatements, held};
 use crate::queue::Attempt;
-use crate::statement::{Args, Reply, SqlDb};
+use crate::statement::{Args, Reply, SqlDb, begin};
 
 /// What a look at a name (the `state` statement) says about a read hold for us.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,10 +86,7 @@ async fn grant_tx<DB: SqlDb>(
     a: Args<'_>,
     queued: bool,
 ) -> sqlx::Result<Grant> {
-    if let Some(setup) = &sql.setup {
-        DB::plain(conn, setup).await?;
-    }
-    let mut tx = sqlx::Connection::begin(conn).await?;
+    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
     let fence = DB::reply(&mut *tx, &sql.bump, &a).await?.value();
     let state = DB::reply(&mut *tx, &sql.state, &a).await?;
     if let Judged::Blocked { ahead, holder_left } = judge(&state) {
@@ -124,10 +121,7 @@ async fn end_tx<DB: SqlDb>(
     a: Args<'_>,
     checked: bool,
 ) -> sqlx::Result<bool> {
-    if let Some(setup) = &sql.setup {
-        DB::plain(conn, setup).await?;
-    }
-    let mut tx = sqlx::Connection::begin(conn).await?;
+    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
     DB::reply(&mut *tx, &sql.lock, &a).await?;
     let gone = if checked {
         DB::reply(&mut *tx, &sql.release, &a).await?.count() > 0
@@ -156,10 +150,7 @@ async fn extend_tx<DB: SqlDb>(
     sql: &ReadStatements,
     a: Args<'_>,
 ) -> sqlx::Result<bool> {
-    if let Some(setup) = &sql.setup {
-        DB::plain(conn, setup).await?;
-    }
-    let mut tx = sqlx::Connection::begin(conn).await?;
+    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
     DB::reply(&mut *tx, &sql.lock, &a).await?;
     // MySQL sets CLIENT_FOUND_ROWS: a matched row counts even if unchanged.
     let live = DB::reply(&mut *tx, &sql.extend, &a).await?.count() == 1;
@@ -177,10 +168,7 @@ async fn join_tx<DB: SqlDb>(
     enqueue: &crate::statement::Stmt,
     a: Args<'_>,
 ) -> sqlx::Result<i64> {
-    if let Some(setup) = &sql.setup {
-        DB::plain(conn, setup).await?;
-    }
-    let mut tx = sqlx::Connection::begin(conn).await?;
+    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
     DB::reply(&mut *tx, &sql.drop_owner, &a).await?;
     DB::reply(&mut *tx, &sql.mark, &a).await?;
     let ticket = DB::reply(&mut *tx, enqueue, &a).await?.value();

@@ -38,7 +38,7 @@ use crate::client::{Client, permit};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::{Dialect, PermitStatements};
 use crate::queue::{Attempt, Kind};
-use crate::statement::{Args, Reply, SqlDb};
+use crate::statement::{Args, Reply, SqlDb, begin};
 
 /// What a look at a semaphore (the `state` statement) says about granting `permits` to us.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,10 +103,7 @@ async fn grant_tx<DB: SqlDb>(
     permits: u32,
     queued: bool,
 ) -> sqlx::Result<Grant> {
-    if let Some(setup) = &sql.setup {
-        DB::plain(conn, setup).await?;
-    }
-    let mut tx = sqlx::Connection::begin(conn).await?;
+    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
     let fence = DB::reply(&mut *tx, &sql.lock_bump, &a).await?.value();
     let state = DB::reply(&mut *tx, &sql.state, &a).await?;
     // (live holders but us, expired holder rows to delete, whether the permit is ours already)
@@ -154,10 +151,7 @@ async fn join_tx<DB: SqlDb>(
     a: Args<'_>,
     permits: u32,
 ) -> sqlx::Result<std::result::Result<i64, u64>> {
-    if let Some(setup) = &sql.setup {
-        DB::plain(conn, setup).await?;
-    }
-    let mut tx = sqlx::Connection::begin(conn).await?;
+    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
     DB::reply(&mut *tx, &sql.lock, &a).await?;
     let state = DB::reply(&mut *tx, &sql.state, &a.ticket(i64::MAX)).await?;
     if let Judged::Mismatch(recorded) = judge(&state, permits) {

@@ -311,6 +311,18 @@ pub type LockRow = (Option<String>, i64, Option<i64>, i64);
 /// A permit holder as `inspect_semaphore` reads it: owner, fence, µs left.
 pub type HolderRow = (String, i64, Option<i64>);
 
+/// Begins a transaction on `conn`, after `setup` (the dialect's `TX_SETUP`, which must run
+/// before `BEGIN`) where there is one.
+pub async fn begin<'c, DB: SqlDb>(
+    conn: &'c mut DB::Connection,
+    setup: Option<&SqlStr>,
+) -> sqlx::Result<sqlx::Transaction<'c, DB>> {
+    if let Some(setup) = setup {
+        DB::plain(conn, setup).await?;
+    }
+    sqlx::Connection::begin(conn).await
+}
+
 /// What this crate needs of an sqlx driver, as methods, so that generic code asks only for
 /// `DB: SqlDb` (sqlx's own bounds are not implied by a trait's where-clauses). PostgreSQL,
 /// MySQL and SQLite all have it.
