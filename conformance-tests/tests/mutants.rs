@@ -71,6 +71,7 @@ fn read_write_cases_catch_blind_readers() {
     for case in [
         "rw_readers_share_writer_waits",
         "rw_writer_excludes_readers_and_writers",
+        "rw_no_writer_starvation",
     ] {
         let target = conformance_tests::mutants::blind_readers_target();
         fails_against(case, &target, "blind readers");

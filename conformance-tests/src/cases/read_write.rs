@@ -104,26 +104,26 @@ pub async fn rw_writer_excludes_readers_and_writers(ctx: Ctx) {
     r.release().await.expect("release");
 }
 
-/// Readers keep coming (each overlapping the next) while a writer waits: once the writer is
-/// queued, later readers queue behind it, so the writer gets the lock, and no reader holds
-/// while it does.
+/// Readers keep coming, each taking the name before the one before it lets go, so that without
+/// a queued writer there is never a moment with no reader: a store whose readers jump a queued
+/// writer would starve it forever. Once the writer is queued, the next reader's short wait must
+/// time out (it queues behind the writer); the chain then lets go, the writer gets the lock, and
+/// no reader holds while it does.
 pub async fn rw_no_writer_starvation(ctx: Ctx) {
     use lockcore::ReadWriteExt;
     let n = ctx.name("x");
     let writer = ctx.client().await;
+    let readers = [ctx.client().await, ctx.client().await];
     let inside_readers = Arc::new(AtomicUsize::new(0));
     let writer_inside = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let violations = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let first = ctx
-        .client()
-        .await
+    let first = readers[0]
         .read_lock(&n, &lease_opts(30 * SEC))
         .await
         .expect("the first reader");
-    let mut stream = Vec::new();
-    for _ in 0..3 {
-        let c = ctx.client().await;
+    inside_readers.fetch_add(1, Ordering::SeqCst);
+    let chain = {
         let (n, inside, writer_inside, violations, stop) = (
             n.clone(),
             inside_readers.clone(),
@@ -131,20 +131,43 @@ pub async fn rw_no_writer_starvation(ctx: Ctx) {
             violations.clone(),
             stop.clone(),
         );
-        stream.push(tokio::spawn(async move {
-            while !stop.load(Ordering::SeqCst) {
-                let opts = lease_opts(30 * SEC).wait(Wait::For(60 * SEC));
-                let r = c.read_lock(&n, &opts).await.expect("a reader");
+        tokio::spawn(async move {
+            let entered = |inside: &AtomicUsize| {
                 inside.fetch_add(1, Ordering::SeqCst);
                 if writer_inside.load(Ordering::SeqCst) {
                     violations.fetch_add(1, Ordering::SeqCst);
                 }
+            };
+            let mut current = first;
+            let mut turn = 0;
+            while !stop.load(Ordering::SeqCst) {
+                turn += 1;
+                let c = &readers[turn % 2];
+                let quick = lease_opts(30 * SEC).wait(Wait::For(ms(200)));
+                let next = match c.read_lock(&n, &quick).await {
+                    Ok(next) => next,
+                    // Queued behind the writer: let go, so that it gets in, then wait.
+                    Err(Error::Timeout { .. }) => {
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        current.release().await.expect("release");
+                        let opts = lease_opts(30 * SEC).wait(Wait::For(60 * SEC));
+                        let next = c.read_lock(&n, &opts).await.expect("a reader");
+                        entered(&inside);
+                        current = next;
+                        continue;
+                    }
+                    Err(e) => panic!("a reader: {e}"),
+                };
+                entered(&inside);
                 tokio::time::sleep(ms(30)).await;
                 inside.fetch_sub(1, Ordering::SeqCst);
-                r.release().await.expect("release");
+                current.release().await.expect("release");
+                current = next;
             }
-        }));
-    }
+            inside.fetch_sub(1, Ordering::SeqCst);
+            current.release().await.expect("release");
+        })
+    };
     tokio::time::sleep(ms(100)).await;
     let waiting = {
         let (writer, n, inside, writer_inside, violations) = (
@@ -168,15 +191,13 @@ pub async fn rw_no_writer_starvation(ctx: Ctx) {
             w.release().await.expect("release");
         })
     };
-    tokio::time::sleep(ms(200)).await;
-    first.release().await.expect("release");
-    within(90 * SEC, "the writer under a stream of readers", waiting)
+    within(90 * SEC, "the writer under a chain of readers", waiting)
         .await
         .expect("writer task");
     stop.store(true, Ordering::SeqCst);
-    for t in stream {
-        within(90 * SEC, "a reader", t).await.expect("reader task");
-    }
+    within(90 * SEC, "the readers", chain)
+        .await
+        .expect("reader task");
     assert_eq!(
         violations.load(Ordering::SeqCst),
         0,
