@@ -46,6 +46,10 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// ISOLATION LEVEL READ COMMITTED`, so that each statement of it reads what committed
     /// before the statement, as on PostgreSQL).
     const TX_SETUP: Option<&'static str> = None;
+    /// Run first inside a transaction that a crash may lose without harm (joining a queue: a
+    /// waiter whose row is gone joins again), so its commit does not wait for the disk
+    /// (PostgreSQL: `SET LOCAL synchronous_commit = off`, as the lock's own enqueue does).
+    const RELAXED_COMMIT: Option<&'static str> = None;
     /// SQLSTATEs with which `CREATE TABLE IF NOT EXISTS` fails when it raced another client's;
     /// running it again then finds the table.
     const CREATE_RACES: &[&str] = &[];
@@ -217,6 +221,8 @@ pub const READERS_OWNER: &str = "readers";
 pub struct ReadStatements {
     /// Run before each reader transaction begins ([`Dialect::TX_SETUP`]).
     pub setup: Option<sqlx::SqlStr>,
+    /// Run first in the join transaction ([`Dialect::RELAXED_COMMIT`]).
+    pub relaxed: Option<sqlx::SqlStr>,
     /// See [`Dialect::lease_bump`].
     pub bump: Stmt,
     /// Takes the lease row's lock without changing it (release, extend, leave).
@@ -266,6 +272,7 @@ impl ReadStatements {
         );
         ReadStatements {
             setup: D::TX_SETUP.map(sqlx::SqlSafeStr::into_sql_str),
+            relaxed: D::RELAXED_COMMIT.map(sqlx::SqlSafeStr::into_sql_str),
             bump: D::lease_bump(s),
             lock: s.done(&format!("UPDATE {t} SET fence = fence WHERE name = $name")),
             state: s.row(&format!(
@@ -334,6 +341,8 @@ impl ReadStatements {
 pub struct PermitStatements {
     /// Run before each semaphore transaction begins ([`Dialect::TX_SETUP`]).
     pub setup: Option<sqlx::SqlStr>,
+    /// Run first in the join transaction ([`Dialect::RELAXED_COMMIT`]).
+    pub relaxed: Option<sqlx::SqlStr>,
     /// Takes the semaphore row's lock (see [`Dialect::semaphore_lock`]).
     pub lock: Stmt,
     /// Takes the lock and bumps the fence, handing it back.
@@ -395,6 +404,7 @@ impl PermitStatements {
         );
         PermitStatements {
             setup: D::TX_SETUP.map(sqlx::SqlSafeStr::into_sql_str),
+            relaxed: D::RELAXED_COMMIT.map(sqlx::SqlSafeStr::into_sql_str),
             lock: D::semaphore_lock(s, false),
             lock_bump: D::semaphore_lock(s, true),
             state: s.row(&format!(

@@ -169,6 +169,9 @@ async fn join_tx<DB: SqlDb>(
     a: Args<'_>,
 ) -> sqlx::Result<i64> {
     let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
+    if let Some(relaxed) = &sql.relaxed {
+        DB::plain(&mut *tx, relaxed).await?;
+    }
     DB::reply(&mut *tx, &sql.drop_owner, &a).await?;
     DB::reply(&mut *tx, &sql.mark, &a).await?;
     let ticket = DB::reply(&mut *tx, enqueue, &a).await?.value();

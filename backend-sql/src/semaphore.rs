@@ -152,6 +152,9 @@ async fn join_tx<DB: SqlDb>(
     permits: u32,
 ) -> sqlx::Result<std::result::Result<i64, u64>> {
     let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
+    if let Some(relaxed) = &sql.relaxed {
+        DB::plain(&mut *tx, relaxed).await?;
+    }
     DB::reply(&mut *tx, &sql.lock, &a).await?;
     let state = DB::reply(&mut *tx, &sql.state, &a.ticket(i64::MAX)).await?;
     if let Judged::Mismatch(recorded) = judge(&state, permits) {

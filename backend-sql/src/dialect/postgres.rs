@@ -88,6 +88,8 @@ impl Dialect for Postgres {
 
     const NOW: &'static str = NOW;
 
+    const RELAXED_COMMIT: Option<&'static str> = Some("SET LOCAL synchronous_commit = off");
+
     fn expiry() -> String {
         format!("{NOW} + $ttl::bigint * interval '1 microsecond'")
     }
@@ -294,11 +296,18 @@ impl Dialect for Postgres {
         // name's waiters.
         sql.reads.notify = Some(s.done(&format!("SELECT pg_notify('{table}', 'N' || $name)")));
         let permits = &mut sql.permits;
-        permits.notify = Some(s.done(&format!("SELECT pg_notify('{table}', 'P' || $name)")));
+        // The live head of the permit queue but `$owner`: the only waiter that a freed permit
+        // can go to (FIFO), so only it is woken (`Q`); with nobody queued, `P` wakes the rest.
+        let head = format!(
+            "(SELECT waiter FROM {v} WHERE name = $name AND expires_at > {NOW} \
+             AND waiter <> $owner ORDER BY ticket LIMIT 1)"
+        );
+        let wake = format!("COALESCE('Q' || {head} || $name, 'P' || $name)");
+        permits.notify = Some(s.done(&format!("SELECT pg_notify('{table}', {wake})")));
         let free = |condition: &str| {
             s.row(&format!(
                 "WITH gone AS (DELETE FROM {p} WHERE {condition} RETURNING name) \
-                 SELECT count(pg_notify('{table}', 'P' || g.name)) FROM gone AS g"
+                 SELECT count(pg_notify('{table}', {wake})) FROM gone AS g"
             ))
         };
         permits.release = free(HELD);

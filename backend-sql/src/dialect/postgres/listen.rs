@@ -21,9 +21,12 @@ use crate::common::Core;
 ///   the lock was freed; it is the only waiter whose attempt can be granted. Listeners of the
 ///   name that are not queued (`wait_for_release`) wake too.
 /// - `N<name>`: wake everyone interested in `name` (nobody was queued, or a waiter left).
-/// - `P<name>`: wake every waiter for a permit of the semaphore `name` (a permit was freed, a
-///   permit waiter left, or a waiter was granted a permit with more left); they are registered
-///   apart from the lock's, under [`permits_key`].
+/// - `Q<waiter><name>`: wake only `waiter`, the live head of the permit queue of the semaphore
+///   `name`, when a permit was freed or a grant left one free: the only permit waiter whose
+///   attempt can be granted.
+/// - `P<name>`: wake every waiter for a permit of the semaphore `name` (a permit was freed with
+///   nobody queued, or a permit waiter left); they are registered apart from the lock's, under
+///   [`permits_key`].
 ///
 /// Anything else (a client of an older version sends the bare name) wakes nobody; waiters then
 /// find the release on their next re-check ([`RECHECK`](crate::queue::RECHECK)), so a mix of
@@ -31,6 +34,7 @@ use crate::common::Core;
 #[derive(Debug, PartialEq, Eq)]
 enum Payload<'a> {
     Head { waiter: &'a str, name: &'a str },
+    PermitHead { waiter: &'a str, name: &'a str },
     Name(&'a str),
     Permits(&'a str),
     Unknown,
@@ -50,12 +54,19 @@ impl<'a> Payload<'a> {
         if let Some(name) = payload.strip_prefix('P') {
             return Payload::Permits(name);
         }
-        match payload.strip_prefix('W') {
-            Some(rest) if rest.len() > 32 && rest.is_char_boundary(32) => {
-                let (waiter, name) = rest.split_at(32);
-                Payload::Head { waiter, name }
-            }
-            _ => Payload::Unknown,
+        let (permits, rest) = match (payload.strip_prefix('W'), payload.strip_prefix('Q')) {
+            (Some(rest), _) => (false, rest),
+            (None, Some(rest)) => (true, rest),
+            (None, None) => return Payload::Unknown,
+        };
+        if rest.len() <= 32 || !rest.is_char_boundary(32) {
+            return Payload::Unknown;
+        }
+        let (waiter, name) = rest.split_at(32);
+        if permits {
+            Payload::PermitHead { waiter, name }
+        } else {
+            Payload::Head { waiter, name }
         }
     }
 }
@@ -124,6 +135,14 @@ impl Waiters {
                 }
             }
             Payload::Name(name) => map.get(name).into_iter().for_each(Interest::wake_all),
+            Payload::PermitHead { waiter, name } => {
+                if let Some(n) = map
+                    .get(&permits_key(name))
+                    .and_then(|i| i.queued.get(waiter))
+                {
+                    n.notify_waiters();
+                }
+            }
             Payload::Permits(name) => map
                 .get(&permits_key(name))
                 .into_iter()
@@ -417,6 +436,14 @@ mod tests {
             ("jobs/1".to_owned(), Payload::Unknown),
             ("Wé".to_owned(), Payload::Unknown),
             ("Pjobs/1".to_owned(), Payload::Permits("jobs/1")),
+            (
+                format!("Q{A}jobs/1"),
+                Payload::PermitHead {
+                    waiter: A,
+                    name: "jobs/1",
+                },
+            ),
+            (format!("Q{A}"), Payload::Unknown),
         ] {
             assert_eq!(Payload::parse(&payload), parsed, "{payload}");
         }
