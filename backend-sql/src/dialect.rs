@@ -253,6 +253,8 @@ pub struct ReadStatements {
     /// After a hold went: the lease row's expiry becomes the latest live hold's, and the row
     /// is freed when no live hold is left (whether it was, [`state`](Self::state) tells).
     pub settle: Stmt,
+    /// For `inspect`: live read holds of `$name`, and how many of its live waiters are readers.
+    pub summary: Stmt,
     /// Wakes the name's waiters (PostgreSQL's NOTIFY; `None` where waiters poll): after the
     /// readers freed the row, and after a queued reader's grant (readers queued behind it may
     /// share).
@@ -328,6 +330,11 @@ impl ReadStatements {
                  owner = CASE WHEN EXISTS (SELECT 1 FROM {r} AS r WHERE {live_hold}) \
                  THEN owner ELSE NULL END \
                  WHERE name = $name AND owner = '{READERS_OWNER}'"
+            )),
+            summary: s.row(&format!(
+                "SELECT (SELECT count(*) FROM {r} AS r WHERE {live_hold}), \
+                 (SELECT count(*) FROM {w} AS w WHERE w.name = $name AND w.expires_at > {now} \
+                 AND EXISTS (SELECT 1 FROM {r} AS m WHERE m.name = w.name AND m.owner = w.waiter))"
             )),
             notify: None,
         }

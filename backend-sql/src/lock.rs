@@ -13,7 +13,7 @@ use lockcore::{
 use crate::client::{Client, is_permit, is_read};
 use crate::common::{from_micros, token};
 use crate::config::SqlConfig;
-use crate::dialect::{Dialect, held};
+use crate::dialect::{Dialect, READERS_OWNER, held};
 use crate::queue::Kind;
 use crate::statement::Args;
 
@@ -261,19 +261,34 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         out
     }
 
+    /// The lease row as it stands; while readers hold the name, its holder is
+    /// [`READERS_OWNER`](crate::dialect::READERS_OWNER) and the details count the readers, and
+    /// the details say how many of the waiters are readers.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let c = &self.client;
-        let row = c.core.lock_row(&c.sql.inspect, name).await?;
-        Ok(row.map(|(owner, fence, remaining, waiters)| {
-            let remaining = from_micros(remaining);
-            LockInfo::new(
-                name,
-                owner.filter(|_| remaining.is_some()),
-                Some(token(fence)),
-                remaining,
-                Some(usize::try_from(waiters).unwrap_or(0)),
-            )
-        }))
+        let Some((owner, fence, remaining, waiters)) =
+            c.core.lock_row(&c.sql.inspect, name).await?
+        else {
+            return Ok(None);
+        };
+        let remaining = from_micros(remaining);
+        let holder = owner.filter(|_| remaining.is_some());
+        let readers_hold = holder.as_deref() == Some(READERS_OWNER);
+        let mut details = Vec::new();
+        if readers_hold || waiters > 0 {
+            let reads = &c.sql.reads.summary;
+            let counts = c.core.reply("inspect", reads, Args::of(name)).await?;
+            let (holding, queued) = (counts.col(0).unwrap_or(0), counts.col(1).unwrap_or(0));
+            if readers_hold {
+                details.push(format!("{holding} reader(s) holding"));
+            }
+            if queued > 0 {
+                details.push(format!("{queued} of the {waiters} waiting are readers"));
+            }
+        }
+        let waiters = Some(usize::try_from(waiters).unwrap_or(0));
+        let info = LockInfo::new(name, holder, Some(token(fence)), remaining, waiters);
+        Ok(Some(info.with_details(details)))
     }
 
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>> {

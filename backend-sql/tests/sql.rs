@@ -2302,6 +2302,9 @@ async fn readers_hold_the_row_until_the_last_goes(kind: Kind) {
         .await
         .expect("a second reader shares");
     assert!(b.token() > a.token(), "reader tokens increase");
+    let info = c.inspect(&n).await.unwrap().expect("the row");
+    assert_eq!(info.holder.as_deref(), Some("readers"));
+    assert_eq!(info.details, ["2 reader(s) holding"]);
     assert!(
         take(&c, &n, long).await.is_none(),
         "a writer beside readers"
@@ -2374,6 +2377,8 @@ async fn dropped_read_waits_leave_no_rows(kind: Kind) {
         1,
         "the queued reader's mark"
     );
+    let info = c.inspect(&n).await.unwrap().expect("the row");
+    assert_eq!(info.details, ["1 of the 1 waiting are readers"]);
     reader.abort();
     assert!(reader.await.unwrap_err().is_cancelled());
     until_no_rows(&raw, READERS, &n, "the dropped reader's mark").await;
