@@ -176,3 +176,39 @@ fn shared_holders_and_a_queued_writer(url: &str, d: &Path) {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("free"), "{}", text(&o));
 }
+
+/// Two `dlock run --permits 2` holders run their commands at once; a third that does not wait
+/// is refused with 75 while both hold, and runs once one of them has finished. On SQLite, the
+/// embedded default, shared by the processes through one database file.
+#[test]
+fn two_permit_holders_run_at_once_and_a_third_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let url = format!("sqlite://{}/locks.db", d.display());
+    let flags = ["--permits", "2", "--wait", "60s"];
+    let (p1, p1_started, p1_finish) = holder(&url, &flags, "p1", d);
+    wait_for(&p1_started);
+    let (p2, p2_started, p2_finish) = holder(&url, &flags, "p2", d);
+    wait_for(&p2_started);
+    let third = || {
+        run(dlock().args([
+            "run",
+            "--url",
+            &url,
+            "--name",
+            "catalog",
+            "--permits",
+            "2",
+            "--wait",
+            "0",
+            "--",
+            "true",
+        ]))
+    };
+    let o = third();
+    assert_eq!(o.status.code(), Some(75), "{}", text(&o));
+    finish(p1, &p1_finish);
+    let o = third();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    finish(p2, &p2_finish);
+}
