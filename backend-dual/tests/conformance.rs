@@ -74,6 +74,7 @@ fn main() -> ExitCode {
     // Both stores have semaphores: a permit is held on both, its token at least ZooKeeper's
     // czxid, which survives the restart.
     .fault("sem_server_killed_and_restarted", Expect::Safe)
+    .fault("rw_reader_server_killed_and_restarted", Expect::Safe)
     .fault("sem_holder_blackholed_past_ttl", SESSION)
     .fault(
         "store_connections_killed",

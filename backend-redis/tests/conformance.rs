@@ -52,6 +52,8 @@ fn tair() -> Target {
     .fault("sem_server_killed_and_restarted", Expect::Safe)
     .fault("sem_holder_blackholed_past_ttl", Expect::Safe)
     .fault("sem_client_paused_past_ttl", Expect::Safe)
+    .fault("rw_reader_server_killed_and_restarted", Expect::Safe)
+    .fault("rw_reader_blackholed_past_ttl", Expect::Safe)
 }
 
 fn main() -> ExitCode {
@@ -92,7 +94,9 @@ fn main() -> ExitCode {
     .fault("sem_server_killed_and_restarted", Expect::Safe)
     .fault("sem_holder_blackholed_past_ttl", Expect::Safe)
     .fault("sem_client_paused_past_ttl", Expect::Safe)
-    .fault("rw_reader_paused_past_ttl", Expect::Safe);
+    .fault("rw_reader_paused_past_ttl", Expect::Safe)
+    .fault("rw_reader_server_killed_and_restarted", Expect::Safe)
+    .fault("rw_reader_blackholed_past_ttl", Expect::Safe);
 
     let cluster = Target::lazy(
         "redis_cluster",

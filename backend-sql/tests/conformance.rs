@@ -50,6 +50,8 @@ fn server_faults(target: Target) -> Target {
         .fault("sem_holder_blackholed_past_ttl", Expect::Safe)
         .fault("sem_client_paused_past_ttl", Expect::Safe)
         .fault("rw_reader_paused_past_ttl", Expect::Safe)
+        .fault("rw_reader_server_killed_and_restarted", Expect::Safe)
+        .fault("rw_reader_blackholed_past_ttl", Expect::Safe)
 }
 
 fn main() -> ExitCode {

@@ -43,6 +43,7 @@ fn declare(target: Target) -> Target {
         // Permits are ephemeral nodes; their tokens (czxids) survive the restart with the data.
         .fault("sem_server_killed_and_restarted", Expect::Safe)
         .fault("sem_holder_blackholed_past_ttl", TTL_SCENARIO)
+        .fault("rw_reader_server_killed_and_restarted", Expect::Safe)
 }
 
 /// A target on the kit's standalone server: `label`, in the chroot `/{chroot}`, with the URL
@@ -105,6 +106,7 @@ fn main() -> ExitCode {
     .fault("holder_process_killed", TTL_SCENARIO)
     .fault("client_paused_past_ttl", TTL_SCENARIO)
     .fault("sem_server_killed_and_restarted", NO_SINGLE_SERVER)
+    .fault("rw_reader_server_killed_and_restarted", NO_SINGLE_SERVER)
     .fault("sem_holder_blackholed_past_ttl", TTL_SCENARIO);
     conformance_tests::harness::main(
         vec![

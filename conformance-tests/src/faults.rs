@@ -75,6 +75,8 @@ pub const NEED_A_SERVER: &[&str] = &[
     "store_connections_killed",
     "sem_server_killed_and_restarted",
     "sem_holder_blackholed_past_ttl",
+    "rw_reader_server_killed_and_restarted",
+    "rw_reader_blackholed_past_ttl",
 ];
 
 /// What `lost()` may say when the store stopped answering: the lease ran out, renewals could
@@ -294,7 +296,9 @@ async fn waiter(
     token
 }
 
-async fn kill9_and_restart(ctx: Ctx, persistence: Persistence) {
+/// The server killed -9 and restarted while a client holds `primitive` (the lock, or a read
+/// hold) and two writers wait; see [`server_killed_and_restarted`].
+async fn kill9_and_restart(ctx: Ctx, persistence: Persistence, primitive: Primitive) {
     let spawned = spawn(&ctx, persistence).await;
     let url = with_query(&spawned.url, "timeout=1s");
     let name = ctx.name("crashed");
@@ -304,8 +308,8 @@ async fn kill9_and_restart(ctx: Ctx, persistence: Persistence) {
 
     let holder = ctx.connect(&url).await;
     bump(&holder, &name, 3).await;
-    let guard = holder
-        .lock(&name, &held(2 * SEC))
+    let guard = primitive
+        .take(&holder, &name, &held(2 * SEC))
         .await
         .expect("holder acquires");
     let held_at = Instant::now();
@@ -380,7 +384,13 @@ async fn kill9_and_restart(ctx: Ctx, persistence: Persistence) {
 /// the server is down; both waiters get it after the restart, with tokens above the holder's;
 /// the holder's late write is refused and its stale release frees nothing.
 pub async fn server_killed_and_restarted(ctx: Ctx) {
-    kill9_and_restart(ctx, Persistence::Durable).await;
+    kill9_and_restart(ctx, Persistence::Durable, Primitive::Lock).await;
+}
+
+/// [`server_killed_and_restarted`] with a reader holding: after the restart the waiting writers
+/// get in, each with a token above the reader's, and the reader's late action is refused.
+pub async fn rw_reader_server_killed_and_restarted(ctx: Ctx) {
+    kill9_and_restart(ctx, Persistence::Durable, Primitive::Read).await;
 }
 
 /// As [`server_killed_and_restarted`], on a server that keeps nothing across a restart. A
@@ -388,7 +398,7 @@ pub async fn server_killed_and_restarted(ctx: Ctx) {
 /// holder's token is lower than the old holder's, its writes are refused and the old holder's
 /// late write is accepted (declare it documented unsafe).
 pub async fn server_killed_and_restarted_without_persistence(ctx: Ctx) {
-    kill9_and_restart(ctx, Persistence::None).await;
+    kill9_and_restart(ctx, Persistence::None, Primitive::Lock).await;
 }
 
 /// The server is stopped (SIGSTOP) for longer than the ttl while a client holds the lock: the
@@ -449,16 +459,24 @@ pub async fn server_paused_past_ttl(ctx: Ctx) {
 /// a higher token only once the holder's lease is over; the holder's late write is refused;
 /// when the link heals, its client works again and its stale release frees nothing.
 pub async fn holder_replies_blackholed_past_ttl(ctx: Ctx) {
-    holder_blackholed(ctx, Fault::BlackholeReplies).await;
+    holder_blackholed(ctx, Fault::BlackholeReplies, Primitive::Lock).await;
+}
+
+/// [`holder_replies_blackholed_past_ttl`] with a reader cut off: a writer on a direct link gets
+/// in only once the reader's lease is over, with a higher token.
+pub async fn rw_reader_blackholed_past_ttl(ctx: Ctx) {
+    holder_blackholed(ctx, Fault::BlackholeReplies, Primitive::Read).await;
 }
 
 /// As [`holder_replies_blackholed_past_ttl`], with the holder's requests lost instead (nothing
 /// it sends arrives): its renewals never reach the store.
 pub async fn holder_requests_blackholed_past_ttl(ctx: Ctx) {
-    holder_blackholed(ctx, Fault::BlackholeRequests).await;
+    holder_blackholed(ctx, Fault::BlackholeRequests, Primitive::Lock).await;
 }
 
-async fn holder_blackholed(ctx: Ctx, fault: Fault) {
+/// The holder of `primitive` (the lock, or a read hold) cut off by `fault`; a writer takes
+/// over. See [`holder_replies_blackholed_past_ttl`].
+async fn holder_blackholed(ctx: Ctx, fault: Fault, primitive: Primitive) {
     let spawned = spawn(&ctx, Persistence::Durable).await;
     let addr = spawned.server.addr().to_string();
     let proxy = Proxy::start(spawned.server.addr()).await.expect("proxy");
@@ -471,8 +489,8 @@ async fn holder_blackholed(ctx: Ctx, fault: Fault) {
     let fenced = FencedResource::new();
     let mut findings = Findings::default();
 
-    let guard = holder
-        .lock(&name, &held(1500 * ms(1)))
+    let guard = primitive
+        .take(&holder, &name, &held(1500 * ms(1)))
         .await
         .expect("holder acquires");
     let held_at = Instant::now();

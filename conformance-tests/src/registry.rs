@@ -181,6 +181,8 @@ static REGISTRY: &[Case] = entries! {
     Fault sem_faults::sem_holder_blackholed_past_ttl needs SEMAPHORE_TTL;
     Fault sem_faults::sem_client_paused_past_ttl needs SEMAPHORE_TTL;
     Fault faults::rw_reader_paused_past_ttl needs READ_WRITE_TTL;
+    Fault faults::rw_reader_server_killed_and_restarted needs READ_WRITE;
+    Fault faults::rw_reader_blackholed_past_ttl needs READ_WRITE_TTL;
 };
 
 /// Every case and fault scenario, in a stable order (cases first).
