@@ -1,18 +1,10 @@
 //! The `dlock` binary, run as a child process.
 
-use std::path::Path;
+mod common;
+
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
-fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env_remove("DLOCK_URL").env_remove("RUST_LOG");
-    c
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("dlock runs")
-}
+use common::{dlock, run, wait_for_file};
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -211,14 +203,6 @@ fn bench_table_for_people() {
     assert!(!text.contains("\ncontended:"), "{text}");
 }
 
-fn wait_for(path: &Path, within: Duration) {
-    let until = Instant::now() + within;
-    while !path.exists() {
-        assert!(Instant::now() < until, "{} did not appear", path.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn sigterm_is_forwarded_and_dlock_exits_with_the_commands_status() {
     let dir = tempfile::tempdir().unwrap();
@@ -247,7 +231,7 @@ fn sigterm_is_forwarded_and_dlock_exits_with_the_commands_status() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(&started, Duration::from_secs(20));
+    wait_for_file(&started);
     let kill = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -289,7 +273,7 @@ fn a_command_ignoring_sigterm_is_killed_after_grace() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(&started, Duration::from_secs(20));
+    wait_for_file(&started);
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -10,10 +10,7 @@ use conformance_tests::kit::{MariaDb, Postgres, Redis, RedisSet, ZooKeeper};
 
 mod common;
 
-use common::{dlock, run, text};
-
-/// Generous: only so that a broken build fails instead of hanging.
-const HANG: Duration = Duration::from_secs(60);
+use common::{HANG, dlock, eventually, run, text};
 
 fn spawn(cmd: &mut Command) -> Child {
     cmd.stdin(Stdio::null())
@@ -31,18 +28,10 @@ fn status(url: &str, name: &str) -> serde_json::Value {
 
 /// Polls `status` until `pred` holds.
 fn wait_status(url: &str, name: &str, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
-    let start = Instant::now();
-    loop {
+    eventually(what, || {
         let v = status(url, name);
-        if pred(&v) {
-            return;
-        }
-        assert!(
-            start.elapsed() < HANG,
-            "{what}: status never showed it: {v}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        if pred(&v) { Ok(()) } else { Err(v.to_string()) }
+    });
 }
 
 fn signal(child: &Child, sig: i32) {
@@ -86,16 +75,16 @@ fn interrupted_waiter_leaves_nothing(url: &str, sig: i32) {
     ]));
     // Queued (on stores that report waiters), or at least well into its wait.
     let queued = Instant::now();
-    loop {
+    eventually("the waiter to queue", || {
         let v = status(url, &name);
-        if v["waiters"].as_u64().is_some_and(|w| w >= 1)
-            || (v["waiters"].is_null() && queued.elapsed() > Duration::from_millis(1500))
-        {
-            break;
+        let waiting = v["waiters"].as_u64().is_some_and(|w| w >= 1);
+        let unreported = v["waiters"].is_null() && queued.elapsed() > Duration::from_millis(1500);
+        if waiting || unreported {
+            Ok(())
+        } else {
+            Err(v.to_string())
         }
-        assert!(queued.elapsed() < HANG, "the waiter never queued: {v}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    });
     signal(&waiter, sig);
     let code = wait_exit(&mut waiter, "the interrupted waiter");
     assert_eq!(code, 128 + sig, "an interrupted waiter exits 128+signal");

@@ -4,13 +4,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
-use std::time::{Duration, Instant};
 
 use conformance_tests::kit::ZooKeeper;
 
 mod common;
 
-use common::{dlock, run, text};
+use common::{dlock, eventually, run, text, wait_for_file};
 
 /// Stores that cannot be reached: a command that tried to connect would fail with 69, not 64.
 const UNREACHABLE_REDLOCK: &str = "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3";
@@ -57,14 +56,6 @@ fn bad_counts_and_both_flags_are_usage_errors() {
     for extra in [&["--permits", "2"][..], &["--shared"][..]] {
         let o = run_with("memory://cli", extra);
         assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", text(&o));
-    }
-}
-
-fn wait_for(path: &Path) {
-    let until = Instant::now() + Duration::from_secs(60);
-    while !path.exists() {
-        assert!(Instant::now() < until, "{} did not appear", path.display());
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -119,9 +110,9 @@ fn shared_holders_and_a_queued_writer(url: &str, d: &Path) {
     let wait = ["--shared", "--wait", "60s"];
 
     let (r1, r1_started, r1_finish) = holder(&url, &wait, "r1", d);
-    wait_for(&r1_started);
+    wait_for_file(&r1_started);
     let (r2, r2_started, r2_finish) = holder(&url, &wait, "r2", d);
-    wait_for(&r2_started);
+    wait_for_file(&r2_started);
     // Both readers run at once.
     assert!(!r1_finish.exists() && !r2_finish.exists());
 
@@ -132,26 +123,17 @@ fn shared_holders_and_a_queued_writer(url: &str, d: &Path) {
     };
     let before = waiters().0;
     let (w, w_started, w_finish) = holder(&url, &["--wait", "60s"], "w", d);
-    // The writer queues; wait until status shows one more waiting.
-    let until = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (now, v) = waiters();
-        if now > before {
-            break;
-        }
-        assert!(Instant::now() < until, "the writer never queued: {v}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Waits until status shows `more` waiting than before (it counts waiters, not holders).
+    let queued = |more: u64, what: &str| {
+        eventually(what, || match waiters() {
+            (now, _) if now >= before + more => Ok(()),
+            (_, v) => Err(v.to_string()),
+        })
+    };
+    queued(1, "the writer to queue");
     let (r3, r3_started, r3_finish) = holder(&url, &wait, "r3", d);
-    // The late reader queues behind the writer (status counts waiters, not holders).
-    loop {
-        let (now, v) = waiters();
-        if now > before + 1 {
-            break;
-        }
-        assert!(Instant::now() < until, "the late reader never queued: {v}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // The late reader queues behind the writer.
+    queued(2, "the late reader to queue");
     assert!(!w_started.exists(), "the writer ran beside readers");
     assert!(
         !r3_started.exists(),
@@ -160,7 +142,7 @@ fn shared_holders_and_a_queued_writer(url: &str, d: &Path) {
 
     finish(r1, &r1_finish);
     finish(r2, &r2_finish);
-    wait_for(&w_started);
+    wait_for_file(&w_started);
     let (queued, v) = waiters();
     assert!(
         queued >= 1,
@@ -168,7 +150,7 @@ fn shared_holders_and_a_queued_writer(url: &str, d: &Path) {
     );
     assert!(!r3_started.exists(), "a reader ran beside the writer");
     finish(w, &w_finish);
-    wait_for(&r3_started);
+    wait_for_file(&r3_started);
     finish(r3, &r3_finish);
 
     // The readers' and the writer's exits were checked; a read-only status of a free name.
@@ -187,9 +169,9 @@ fn two_permit_holders_run_at_once_and_a_third_is_refused() {
     let url = format!("sqlite://{}/locks.db", d.display());
     let flags = ["--permits", "2", "--wait", "60s"];
     let (p1, p1_started, p1_finish) = holder(&url, &flags, "p1", d);
-    wait_for(&p1_started);
+    wait_for_file(&p1_started);
     let (p2, p2_started, p2_finish) = holder(&url, &flags, "p2", d);
-    wait_for(&p2_started);
+    wait_for_file(&p2_started);
     let third = || {
         run(dlock().args([
             "run",

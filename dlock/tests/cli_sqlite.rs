@@ -4,7 +4,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod common;
+
+use common::wait_for_file;
 
 fn dlock() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
@@ -21,14 +25,6 @@ fn stderr(o: &Output) -> String {
 
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn wait_for(path: &Path) {
-    let until = Instant::now() + Duration::from_secs(30);
-    while !path.exists() {
-        assert!(Instant::now() < until, "{} did not appear", path.display());
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn url(dir: &Path) -> String {
@@ -52,7 +48,7 @@ fn holder(url: &str, name: &str, dir: &Path) -> (Child, PathBuf) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(&started);
+    wait_for_file(&started);
     (child, finish)
 }
 
@@ -182,7 +178,7 @@ fn losing_the_lock_stops_the_command_and_exits_76() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(&started);
+    wait_for_file(&started);
     let pid = child.id().to_string();
     // Freeze dlock (not its command) well past the ttl, so its keep-alive cannot renew, and let
     // another owner take the expired lock meanwhile.

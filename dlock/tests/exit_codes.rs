@@ -13,7 +13,7 @@ use conformance_tests::kit::{MariaDb, Postgres, Redis, RedisSet, RedisTls, ZooKe
 
 mod common;
 
-use common::{dlock, enc, run, text};
+use common::{dlock, enc, run, text, wait_for_file};
 
 /// A password with every character that used to break URL parsing, unencoded.
 const PASSWORD: &str = "ab/?s3cr#t@x";
@@ -381,14 +381,7 @@ fn rows_129_130_143_a_group_sigint_gives_the_commands_status_every_time() {
                 .process_group(0)
                 .spawn()
                 .expect("dlock starts");
-            let start = Instant::now();
-            while !started.exists() {
-                assert!(
-                    start.elapsed() < Duration::from_secs(60),
-                    "the command never started"
-                );
-                std::thread::sleep(Duration::from_millis(10));
-            }
+            wait_for_file(&started);
             std::thread::sleep(Duration::from_millis(50));
             let sent = Command::new("kill")
                 .args(["-INT", "--", &format!("-{}", child.id())])

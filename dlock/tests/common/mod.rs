@@ -1,6 +1,37 @@
-//! Running the `dlock` binary, for the CLI tests against kit servers.
+//! Running the `dlock` binary, for the CLI tests against kit servers, and waiting for what it
+//! does without hanging.
+// Each test binary uses part of this module.
+#![allow(dead_code)]
 
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a CLI test waits for something before it fails instead of hanging: a guard, not a
+/// timing goal (those are `dlock bench`'s).
+pub const HANG: Duration = Duration::from_secs(60);
+
+/// Calls `check` until it answers `Ok`, and returns that. A test that would otherwise hang
+/// fails after [`HANG`] with `what` and the last `Err` (what was seen instead).
+pub fn eventually<T>(what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {
+    let give_up = Instant::now() + HANG;
+    loop {
+        match check() {
+            Ok(done) => return done,
+            Err(seen) if Instant::now() >= give_up => panic!("{what}: still {seen}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// Waits until `path` exists (a command's "started" file); see [`eventually`].
+pub fn wait_for_file(path: &Path) {
+    eventually(&format!("{} to appear", path.display()), || {
+        path.exists()
+            .then_some(())
+            .ok_or_else(|| "missing".to_owned())
+    });
+}
 
 /// `dlock` with no store or log level inherited from the environment.
 pub fn dlock() -> Command {
@@ -24,7 +55,6 @@ pub fn text(o: &Output) -> String {
 }
 
 /// `url` percent-encoded as a query value (for `dual://?first=...&second=...`).
-#[allow(dead_code)]
 pub fn enc(url: &str) -> String {
     dlock::percent_encode(url)
 }
