@@ -73,14 +73,28 @@ impl std::fmt::Debug for ZkLock {
     }
 }
 
-/// What an acquisition has put in its lock's queue so far: the state of its clean-up guard.
-struct Attempt {
-    client: zk::Client,
-    layout: Layout,
-    parent: String,
-    owner: OwnerId,
+/// What an acquisition (of a lock or of a permit) has created under `parent` so far: the state
+/// of its clean-up guard.
+pub(crate) struct Attempt {
+    pub(crate) client: zk::Client,
+    pub(crate) layout: Layout,
+    pub(crate) parent: String,
+    pub(crate) owner: OwnerId,
     /// The attempt's node, once the create's reply (or a search after a lost one) named it.
-    path: Option<String>,
+    pub(crate) path: Option<String>,
+    /// Among `parent`'s children, the node that `owner` created, if any: how the clean-up finds
+    /// the node when the create's reply never came.
+    pub(crate) node_of: fn(Layout, &[String], OwnerId) -> Option<String>,
+    /// What the node is, for the clean-up's log lines.
+    pub(crate) what: &'static str,
+}
+
+/// [`Attempt::node_of`] for a lock's queue.
+fn queued_node_of(layout: Layout, children: &[String], owner: OwnerId) -> Option<String> {
+    names::queue(layout, children)
+        .into_iter()
+        .find(|c| c.owner == Some(owner))
+        .map(|c| c.node)
 }
 
 /// Undoes an acquisition that ends without the lock: deletes its node or, if the create's reply
@@ -88,29 +102,28 @@ struct Attempt {
 /// (the client sends a request when it is called), so it goes out even where no runtime is left
 /// to await its reply; awaiting it, retrying while the connection is down, and finding a node by
 /// its owner id run as a counted clean-up.
-fn undo_attempt(attempt: Attempt) -> Undo {
+pub(crate) fn undo_attempt(attempt: Attempt) -> Undo {
     let Attempt {
         client,
         layout,
         parent,
         owner,
         path,
+        node_of,
+        what,
     } = attempt;
     if let Some(path) = path {
         let sent = client.delete(&path, None);
         return Undo::Spawn(Box::pin(async move {
             let first = sent.await;
-            Ok(retry_delete(client, path, first, "abandoned lock request").await)
+            Ok(retry_delete(client, path, first, what).await)
         }));
     }
     Undo::Spawn(Box::pin(async move {
         let found = loop {
             match client.list_children(&parent).await {
                 Ok(children) => {
-                    break names::queue(layout, &children)
-                        .into_iter()
-                        .find(|c| c.owner == Some(owner))
-                        .map(|c| format!("{parent}/{}", c.node));
+                    break node_of(layout, &children, owner).map(|n| format!("{parent}/{n}"));
                 }
                 Err(zk::Error::NoNode) => break None,
                 Err(e) if retry_cleanup(&client, &e) => tokio::time::sleep(CLEANUP_RETRY).await,
@@ -118,7 +131,7 @@ fn undo_attempt(attempt: Attempt) -> Undo {
             }
         };
         Ok(match found {
-            Some(path) => delete_eventually(client, path, "abandoned lock request").await,
+            Some(path) => delete_eventually(client, path, what).await,
             None => false,
         })
     }))
@@ -461,6 +474,8 @@ impl ZkLock {
             parent: parent.clone(),
             owner,
             path: None,
+            node_of: queued_node_of,
+            what: "abandoned lock request",
         };
         let mut guard = CleanupGuard::arm(BACKEND, name, attempt, undo_attempt);
         let Created {
@@ -744,11 +759,11 @@ pub(crate) fn session_ended(state: zk::SessionState) -> bool {
 const CONTAINER: i64 = i64::MIN;
 
 /// Pause between clean-up attempts while the session is disconnected.
-pub(crate) const CLEANUP_RETRY: Duration = Duration::from_millis(200);
+const CLEANUP_RETRY: Duration = Duration::from_millis(200);
 
 /// Whether a clean-up step that failed with `e` is worth trying again: the session is still
 /// alive (disconnected, say), so its nodes stay until someone deletes them.
-pub(crate) fn retry_cleanup(client: &zk::Client, e: &zk::Error) -> bool {
+fn retry_cleanup(client: &zk::Client, e: &zk::Error) -> bool {
     crate::session::is_retryable(e) && !session_ended(client.state())
 }
 
@@ -765,7 +780,7 @@ pub(crate) async fn delete_eventually(
 }
 
 /// [`delete_eventually`] for a delete already sent, which answered `result`.
-pub(crate) async fn retry_delete(
+async fn retry_delete(
     client: zk::Client,
     path: String,
     mut result: std::result::Result<(), zk::Error>,

@@ -28,7 +28,7 @@
 
 use std::time::Instant;
 
-use lockcore::cleanup::{CleanupGuard, Undo};
+use lockcore::cleanup::CleanupGuard;
 use lockcore::{
     AcquireOptions, Error, FencingToken, Lease, LockName, OwnerId, PermitHolder, Result,
     SemaphoreInfo, permits_mismatch,
@@ -37,8 +37,8 @@ use zookeeper_client as zk;
 
 use crate::BACKEND;
 use crate::lock::{
-    CLEANUP_RETRY, ZkLock, delete_eventually, drift_for, effective_ttl, handle, own_node_gone,
-    retry_cleanup, retry_delete, session_ended,
+    Attempt, ZkLock, delete_eventually, drift_for, effective_ttl, handle, own_node_gone,
+    session_ended, undo_attempt,
 };
 use crate::names::{self, Layout, Request};
 use crate::session::{acls, no_answer, timed, zk_error};
@@ -118,51 +118,12 @@ fn recorded(data: &[u8]) -> Option<u64> {
     std::str::from_utf8(data).ok()?.trim().parse().ok()
 }
 
-/// What a permit acquisition has created so far: the state of its clean-up guard.
-struct SemAttempt {
-    client: zk::Client,
-    layout: Layout,
-    parent: String,
-    owner: OwnerId,
-    path: Option<String>,
-}
-
-/// Deletes the permit node of an acquisition that ends without a permit (or, if the create's
-/// reply never came, the node carrying its owner id).
-fn undo_permit(attempt: SemAttempt) -> Undo {
-    let SemAttempt {
-        client,
-        layout,
-        parent,
-        owner,
-        path,
-    } = attempt;
-    if let Some(path) = path {
-        let sent = client.delete(&path, None);
-        return Undo::Spawn(Box::pin(async move {
-            let first = sent.await;
-            Ok(retry_delete(client, path, first, "abandoned permit request").await)
-        }));
-    }
-    Undo::Spawn(Box::pin(async move {
-        let found = loop {
-            match client.list_children(&parent).await {
-                Ok(children) => {
-                    break permits_of(layout, &children)
-                        .into_iter()
-                        .find(|c| c.owner == Some(owner))
-                        .map(|c| format!("{parent}/{}", c.node));
-                }
-                Err(zk::Error::NoNode) => break None,
-                Err(e) if retry_cleanup(&client, &e) => tokio::time::sleep(CLEANUP_RETRY).await,
-                Err(_) => break None,
-            }
-        };
-        Ok(match found {
-            Some(path) => delete_eventually(client, path, "abandoned permit request").await,
-            None => false,
-        })
-    }))
+/// [`Attempt::node_of`] for a semaphore's permit nodes.
+fn permit_node_of(layout: Layout, children: &[String], owner: OwnerId) -> Option<String> {
+    permits_of(layout, children)
+        .into_iter()
+        .find(|c| c.owner == Some(owner))
+        .map(|c| c.node)
 }
 
 /// The internal mutex of a semaphore in the path layouts, held for one acquisition: deleted
@@ -348,14 +309,16 @@ impl ZkLock {
         let client = self.inner.session.client().await?;
         let owner = opts.owner_or_random();
         let parent = &paths.leases;
-        let attempt = SemAttempt {
+        let attempt = Attempt {
             client: client.clone(),
             layout: Layout::Dlock,
             parent: parent.clone(),
             owner,
             path: None,
+            node_of: permit_node_of,
+            what: "abandoned permit request",
         };
-        let mut guard = CleanupGuard::arm(BACKEND, name, attempt, undo_permit);
+        let mut guard = CleanupGuard::arm(BACKEND, name, attempt, undo_attempt);
         let count = permits.to_string();
         let prefix = format!("{parent}/{DLOCK_PERMIT}{owner}-");
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(acls(&self.inner.config));
@@ -482,14 +445,16 @@ impl ZkLock {
         let parent = &paths.leases;
         self.check_count(&client, name, permits, paths, mutex)
             .await?;
-        let attempt = SemAttempt {
+        let attempt = Attempt {
             client: client.clone(),
             layout,
             parent: parent.clone(),
             owner,
             path: None,
+            node_of: permit_node_of,
+            what: "abandoned permit request",
         };
-        let mut guard = CleanupGuard::arm(BACKEND, name, attempt, undo_permit);
+        let mut guard = CleanupGuard::arm(BACKEND, name, attempt, undo_attempt);
         let data = owner.to_string().into_bytes();
         // Curator creates its lease first and counts it; kazoo counts, then creates.
         let mut created = None;
