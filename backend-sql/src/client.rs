@@ -63,6 +63,30 @@ pub(crate) fn reader(
     granted(name, owner, fence, started, opts).with_handle(READ)
 }
 
+/// What one attempt's statement hands back: whether it granted, and how many tries it took (a
+/// retry may have followed a lost reply to a grant).
+pub(crate) trait Outcome: Send + 'static {
+    /// Whether the attempt was granted.
+    fn granted(&self) -> bool;
+    /// How many tries the statement took.
+    fn tries(&self) -> u32;
+}
+
+impl Outcome for Reply {
+    fn granted(&self) -> bool {
+        self.value().is_some()
+    }
+    fn tries(&self) -> u32 {
+        self.tries
+    }
+}
+
+/// Whether a finished attempt whose caller is gone leaves something to give back: a grant, or a
+/// retry whose lost first try may have been granted.
+fn undo_needed<T: Outcome>(outcome: &T) -> bool {
+    outcome.granted() || outcome.tries() > 1
+}
+
 /// What a [`SqlLock`](crate::SqlLock) holds, shared by its clones.
 pub(crate) struct Client<D: Dialect> {
     pub(crate) core: Core<D::Db>,
@@ -98,13 +122,7 @@ impl<D: Dialect> Client<D> {
         let floor = floor_of(D::BACKEND, opts)?;
         let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
-        // Gives back a lease the attempt may have been granted, while an acquire may have
-        // written a row for an owner the caller never hears about. The guard's state is that
-        // undo, not yet started: dropping the guard armed spawns it right away.
-        let give_back = self.release_later(name, owner);
-        let cleanup = CleanupGuard::arm(D::BACKEND, name, give_back, Undo::Spawn);
-        // The acquire statement; its reply counts the tries (a retry may have followed a lost
-        // reply to a grant).
+        // The acquire statement; its reply counts the tries.
         let statement = {
             let (client, name) = (self.clone(), name.clone());
             async move {
@@ -115,19 +133,32 @@ impl<D: Dialect> Client<D> {
                     .await
             }
         };
-        let undo = self.release_later(name, owner);
-        let needs_undo = |r: &Reply| r.value().is_some() || r.tries > 1;
-        let reply = detached(D::BACKEND, name, statement, needs_undo, undo).await?;
+        let give_back = || self.release_later(name, owner);
+        let reply = self.attempt_once(name, statement, give_back).await?;
         let fence = reply.value();
-        // A retry after a broken connection may find the queue non-empty although the first
-        // try (whose reply was lost) got the lock: then it is given back, here and now, since a
-        // waiting acquire goes on with the same owner id when the caller chose it. (A retry
-        // after SQLite's "database is locked" cannot have run the first try.)
-        if fence.is_none() && reply.tries > 1 {
-            self.release_owner(name, owner).await?;
+        Ok(fence.map(|fence| granted(name, owner, fence, started, opts)))
+    }
+
+    /// One attempt as every `try` runs it (the lock's, a permit's, a read hold's): `statement`
+    /// runs detached (`common::detached`) with `give_back` armed, so a caller that goes away
+    /// leaves nothing granted behind. A retry that was not granted gives back what its first try,
+    /// whose reply was lost, may have been granted: a waiting acquire goes on with the same owner
+    /// id when the caller chose it. (A retry after SQLite's "database is locked" cannot have run
+    /// the first try; giving back then finds nothing.)
+    pub(crate) async fn attempt_once<T: Outcome>(
+        &self,
+        name: &LockName,
+        statement: impl Future<Output = Result<T>> + Send + 'static,
+        give_back: impl Fn() -> Pending<bool>,
+    ) -> Result<T> {
+        let cleanup = CleanupGuard::arm(D::BACKEND, name, give_back(), Undo::Spawn);
+        let undo = give_back();
+        let outcome = detached(D::BACKEND, name, statement, undo_needed::<T>, undo).await?;
+        if outcome.tries() > 1 && !outcome.granted() {
+            give_back().await?;
         }
         let _done = cleanup.disarm();
-        Ok(fence.map(|fence| granted(name, owner, fence, started, opts)))
+        Ok(outcome)
     }
 
     /// Frees `name`'s row if `owner` holds it, whatever the fence (the clean-up after an

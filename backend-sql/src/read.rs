@@ -29,7 +29,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::{AcquireOptions, Lease, LockName, OwnerId, Released, Result};
 
 use crate::client::{Client, reader};
@@ -60,6 +59,15 @@ enum Grant {
         ahead: u64,
         holder_left: Option<Duration>,
     },
+}
+
+impl crate::client::Outcome for (Grant, u32) {
+    fn granted(&self) -> bool {
+        matches!(self.0, Grant::Granted(_))
+    }
+    fn tries(&self) -> u32 {
+        self.1
+    }
 }
 
 /// Reads the `state` statement's row (see `ReadStatements::state`).
@@ -220,21 +228,12 @@ impl<D: Dialect> Client<D> {
         let floor = floor_of(D::BACKEND, opts)?;
         let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
-        let give_back = self.leave_read_later(name, owner);
-        let cleanup = CleanupGuard::arm(D::BACKEND, name, give_back, Undo::Spawn);
         let statement = {
             let (client, name) = (self.clone(), name.clone());
             async move { client.grant_read(&name, owner, ttl, floor, None).await }
         };
-        let undo = self.leave_read_later(name, owner);
-        let needs_undo = |(g, tries): &(Grant, u32)| matches!(g, Grant::Granted(_)) || *tries > 1;
-        let (grant, tries) = detached(D::BACKEND, name, statement, needs_undo, undo).await?;
-        // A retry that was not granted gives back what a first try whose reply was lost may
-        // have been granted (as the lock's `try_acquire` does).
-        if tries > 1 && !matches!(grant, Grant::Granted(_)) {
-            self.leave_read(name, owner).await?;
-        }
-        let _done = cleanup.disarm();
+        let give_back = || self.leave_read_later(name, owner);
+        let (grant, _) = self.attempt_once(name, statement, give_back).await?;
         Ok(match grant {
             Grant::Granted(fence) => Some(reader(name, owner, fence, started, opts)),
             Grant::Blocked { .. } => None,

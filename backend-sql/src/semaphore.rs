@@ -28,7 +28,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::{
     AcquireOptions, FencingToken, Lease, LockName, OwnerId, PermitHolder, Result, SemaphoreInfo,
     permits_mismatch,
@@ -78,6 +77,15 @@ fn judge(state: &Reply, permits: u32) -> Judged {
     }
     let expired = state.col(5).unwrap_or(0) > 0;
     Judged::Free { holders, expired }
+}
+
+impl crate::client::Outcome for (Grant, u32) {
+    fn granted(&self) -> bool {
+        matches!(self.0, Grant::Granted(_))
+    }
+    fn tries(&self) -> u32 {
+        self.1
+    }
 }
 
 /// What a grant transaction did.
@@ -210,21 +218,12 @@ impl<D: Dialect> Client<D> {
         let floor = floor_of(D::BACKEND, opts)?;
         let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
-        let give_back = self.free_permit_later(name, owner);
-        let cleanup = CleanupGuard::arm(D::BACKEND, name, give_back, Undo::Spawn);
         let statement = {
             let (client, name) = (self.clone(), name.clone());
             async move { client.grant(&name, owner, permits, ttl, floor, None).await }
         };
-        let undo = self.free_permit_later(name, owner);
-        let needs_undo = |(g, tries): &(Grant, u32)| matches!(g, Grant::Granted(_)) || *tries > 1;
-        let (grant, tries) = detached(D::BACKEND, name, statement, needs_undo, undo).await?;
-        // A retry that was not granted gives back what a first try whose reply was lost may
-        // have been granted (as the lock's `try_acquire` does).
-        if tries > 1 && !matches!(grant, Grant::Granted(_)) {
-            self.free_permit(name, owner).await?;
-        }
-        let _done = cleanup.disarm();
+        let give_back = || self.free_permit_later(name, owner);
+        let (grant, _) = self.attempt_once(name, statement, give_back).await?;
         match grant {
             Grant::Granted(fence) => Ok(Some(permit(name, owner, fence, started, opts))),
             Grant::Blocked { .. } => Ok(None),
