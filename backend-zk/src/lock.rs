@@ -628,7 +628,7 @@ impl ZkLock {
 
     /// Awaits the reply of a `check_and_watch_stat` already sent (the client sends a request
     /// when it is called, so the order of the calls is the order on the wire).
-    async fn watched(
+    pub(crate) async fn watched(
         &self,
         name: &LockName,
         sent: impl Future<

@@ -173,6 +173,10 @@ fn node_gone(client: &zk::Client, name: &LockName, when: &str) -> Error {
     }
 }
 
+/// Up to this many permits, a waiter in dlock's layout watches the `permits` nodes right ahead
+/// of its own (see [`ZkLock::wait_ahead`]); above it, the semaphore's children.
+const WATCH_AHEAD_MAX: usize = 16;
+
 /// Waits until the watched children change (or the session's state does), or `deadline`.
 async fn wait_change(watcher: zk::OneshotWatcher, deadline: Option<Instant>) {
     let changed = watcher.changed();
@@ -385,22 +389,35 @@ impl ZkLock {
             }
         };
         let me = path.rsplit('/').next().unwrap_or_default().to_owned();
+        // Few permits: watch the nodes right ahead (see `wait_ahead`); many: the children.
+        let watch_children = permits as usize > WATCH_AHEAD_MAX;
+        let mut stat = None;
         loop {
             let checked_at = Instant::now();
-            let (children, watcher) =
-                match timed(self.limit(), client.list_and_watch_children(parent)).await {
-                    Ok(Ok((children, watcher))) => (children, Some(watcher)),
-                    Ok(Err(zk::Error::NoNode)) => (Vec::new(), None),
-                    Ok(Err(e)) => return Err(zk_error(OP, Some(name), e)),
-                    Err(()) => return Err(no_answer(OP, Some(name), self.limit())),
-                };
+            let listed = if watch_children {
+                let listed = timed(self.limit(), client.list_and_watch_children(parent)).await;
+                listed.map(|r| r.map(|(children, w)| (children, Some(w))))
+            } else {
+                let listed = timed(self.limit(), client.list_children(parent)).await;
+                listed.map(|r| r.map(|children| (children, None)))
+            };
+            let (children, watcher) = match listed {
+                Ok(Ok(listed)) => listed,
+                Ok(Err(zk::Error::NoNode)) => (Vec::new(), None),
+                Ok(Err(e)) => return Err(zk_error(OP, Some(name), e)),
+                Err(()) => return Err(no_answer(OP, Some(name), self.limit())),
+            };
             let queue = permits_of(Layout::Dlock, &children);
             let Some(at) = queue.iter().position(|c| c.node == me) else {
                 guard.disarm();
                 return Err(node_gone(&client, name, "while it waited"));
             };
             if at < permits as usize {
-                let Some(stat) = self.czxid(&client, &path, name).await? else {
+                let stat = match stat.take() {
+                    Some(stat) => Some(stat),
+                    None => self.czxid(&client, &path, name).await?,
+                };
+                let Some(stat) = stat else {
                     guard.disarm();
                     return Err(node_gone(&client, name, "as it became a holder"));
                 };
@@ -416,13 +433,68 @@ impl ZkLock {
                 }
                 return Ok(None);
             }
-            // Any node ahead that goes moves this one up: no single node's deletion is the
-            // one that admits it (a holder ahead of the N-th may leave first), so the waiter
-            // watches the children, as Curator's and kazoo's semaphores do.
-            if let Some(watcher) = watcher {
-                wait_change(watcher, deadline).await;
+            // The node's stat (its czxid is the token) is read while waiting, once, so that it
+            // is not a round trip between the release ahead and this grant. (The listing just
+            // made shows the node stands; the stat a create returns cannot be trusted on every
+            // server, see `czxid`.)
+            if stat.is_none() {
+                stat = self.czxid(&client, &path, name).await?;
+            }
+            match watcher {
+                Some(watcher) => wait_change(watcher, deadline).await,
+                None => {
+                    let ahead = &queue[at - permits as usize..at];
+                    self.wait_ahead(&client, name, parent, ahead, &path, deadline)
+                        .await?;
+                }
             }
         }
+    }
+
+    /// Waits, in dlock's layout, until one of the `ahead` nodes (the `permits` nodes right
+    /// ahead of this request's node `mine`) or `mine` itself changes, the session breaks, or
+    /// `deadline` passes; returns at once if one of them is gone already.
+    ///
+    /// While all `permits` of them stand, at least `permits` nodes are ahead, so this request
+    /// cannot hold, whatever happens further ahead; it can only move up once one of them goes.
+    /// So a release wakes only the waiters that have the freed node among their `permits`
+    /// predecessors, not every waiter (and a new request behind wakes nobody), where a watch
+    /// on the children would wake every waiter at every change.
+    async fn wait_ahead(
+        &self,
+        client: &zk::Client,
+        name: &LockName,
+        parent: &str,
+        ahead: &[PermitNode],
+        mine: &str,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        // Every watch is on the wire before any reply is awaited.
+        let sent: Vec<_> = ahead
+            .iter()
+            .map(|n| client.check_and_watch_stat(&format!("{parent}/{}", n.node)))
+            .chain([client.check_and_watch_stat(mine)])
+            .collect();
+        let mut changes = tokio::task::JoinSet::new();
+        for watch in sent {
+            let (stat, watcher) = self.watched(name, watch).await?;
+            if stat.is_none() {
+                return Ok(());
+            }
+            changes.spawn(watcher.changed());
+        }
+        match deadline {
+            Some(d) => {
+                tokio::select! {
+                    _ = changes.join_next() => {}
+                    _ = tokio::time::sleep_until(d.into()) => {}
+                }
+            }
+            None => {
+                changes.join_next().await;
+            }
+        }
+        Ok(())
     }
 
     /// Curator's and kazoo's layouts, with the internal mutex held.

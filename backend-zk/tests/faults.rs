@@ -843,3 +843,64 @@ async fn read_write_queue_and_dropped_reader() {
     w.release().await.expect("release");
     wait_for_nodes(&observer, &name, 0, "nothing left").await;
 }
+
+/// In dlock's layout a permit waiter watches only the `permits` nodes right ahead of its own.
+/// With two permits held by A then B and waiters C then D: B leaving first (not the oldest
+/// holder) must admit C, whose watched pair is {A, B}; D, watching {B, C}, wakes too but must
+/// stay queued (A and C hold), and A leaving must then admit it. A waiter that watched only the
+/// node `permits` places ahead (A, for C) would never learn of B's release, and the guard below
+/// would fail the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiter_is_admitted_whichever_holder_ahead_leaves() {
+    let zk = ZooKeeper::start().await.expect("kit ZooKeeper");
+    let locks = dyn_lock(&client(&format!("{}/ahead", zk.url())).await);
+    let name = unique("ahead");
+    let sem = locks.semaphore(&name, 2).expect("semaphore");
+    let hold = || plain(30 * SEC, Wait::No);
+    let a = sem.acquire(&hold()).await.expect("A holds");
+    let b = sem.acquire(&hold()).await.expect("B holds");
+    let waiter = |expect: &'static str| {
+        let sem = sem.clone();
+        tokio::spawn(async move {
+            sem.acquire(&plain(30 * SEC, Wait::For(60 * SEC)))
+                .await
+                .expect(expect)
+        })
+    };
+    let key = LockName::new(&name).unwrap();
+    let queued = |n: usize, what: &'static str| {
+        let (locks, key) = (locks.clone(), key.clone());
+        within(30 * SEC, what, async move {
+            loop {
+                let info = locks.inspect_semaphore(&key).await.expect("inspect");
+                if info.and_then(|i| i.waiters) == Some(n) {
+                    break;
+                }
+                tokio::time::sleep(ms(20)).await;
+            }
+        })
+    };
+    let c = waiter("C is admitted");
+    queued(1, "C queued").await;
+    let d = waiter("D is admitted");
+    queued(2, "D queued").await;
+
+    assert_eq!(b.release().await.expect("B releases"), Released::Released);
+    let c = within(45 * SEC, "C admitted after B left", c)
+        .await
+        .expect("C's task");
+    let info = locks
+        .inspect_semaphore(&key)
+        .await
+        .expect("inspect")
+        .expect("in use");
+    assert_eq!(info.holders.len(), 2, "A and C hold, D waits: {info:?}");
+    assert!(!d.is_finished(), "D was admitted with A and C holding");
+
+    assert_eq!(a.release().await.expect("A releases"), Released::Released);
+    let d = within(45 * SEC, "D admitted after A left", d)
+        .await
+        .expect("D's task");
+    assert!(d.fencing_token() > c.fencing_token());
+    drop((c, d));
+}
