@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lockcore::cleanup::{CleanupGuard, Undo};
-use lockcore::{AcquireOptions, ClientDefaults, Lease, LockName, OwnerId, Result};
+use lockcore::{AcquireOptions, ClientDefaults, Lease, LockName, OwnerId, Result, WaitMechanism};
 
 use crate::common::{Core, Pending, detached, floor_of, token};
 use crate::config::SqlConfig;
-use crate::dialect::{Dialect, Statements};
+use crate::dialect::{Dialect, Statements, Wake};
 use crate::statement::{Args, Reply};
+use crate::wake::{Waiters, key, local};
 
 /// The lease of a grant to `owner` with fence `fence`, valid from `started` for the ttl of `opts`.
 pub(crate) fn granted(
@@ -95,6 +96,9 @@ pub(crate) struct Client<D: Dialect> {
     pub(crate) redacted: String,
     pub(crate) defaults: ClientDefaults,
     pub(crate) dialect: D,
+    /// Where the dialect polls: this process's wake-up registry for the store and table, so
+    /// that a release made here wakes the waiters here at once (see `crate::wake`).
+    local: Option<Arc<Waiters>>,
 }
 
 impl<D: Dialect> Client<D> {
@@ -102,6 +106,10 @@ impl<D: Dialect> Client<D> {
     pub(crate) async fn connect(config: &SqlConfig) -> Result<Self> {
         let sql = Statements::new::<D>(&config.table);
         let (core, dialect) = D::connect(config, &sql).await?;
+        // The URL without its options (credentials are redacted already) and the table.
+        let store = config.redacted.split('?').next().unwrap_or_default();
+        let polls = D::WAIT == WaitMechanism::Poll;
+        let local = polls.then(|| local(&format!("{store}#{}", config.table)));
         Ok(Client {
             core,
             sql,
@@ -109,7 +117,42 @@ impl<D: Dialect> Client<D> {
             redacted: config.redacted.clone(),
             defaults: config.defaults.clone(),
             dialect,
+            local,
         })
+    }
+
+    /// Subscribes `waiter` to the wake-ups of `name` (the lock, or with `permits` the
+    /// semaphore), before its first look at the rows: the dialect's notifications, or where it
+    /// polls, the releases made in this process.
+    pub(crate) fn wake(&self, name: &LockName, waiter: OwnerId, permits: bool) -> Wake {
+        let Some(hub) = &self.local else {
+            return self.dialect.wake(name, waiter, permits);
+        };
+        let registration = hub.register(&key(name.as_str(), permits), Some(waiter));
+        Wake {
+            notify: registration.notify().clone(),
+            ready: None,
+            _subscription: Some(Box::new(registration)),
+        }
+    }
+
+    /// Records where `waiter` (registered with [`wake`](Self::wake)) joined the queue, so that
+    /// this process's releases wake the nearest to the head (polling dialects).
+    pub(crate) fn joined(&self, name: &LockName, waiter: OwnerId, permits: bool, ticket: i64) {
+        if let Some(hub) = &self.local {
+            hub.joined(&key(name.as_str(), permits), waiter, ticket);
+        }
+    }
+
+    /// Tells this process's waiters on `name` (the lock's and readers', or with `permits` the
+    /// semaphore's) that a hold of it ended here or the queue moved, where the dialect polls:
+    /// wakes the one queued here nearest to the head (the rest are behind it, and each grant
+    /// wakes the next). PostgreSQL's statements notify every process
+    /// themselves.
+    pub(crate) fn freed(&self, name: &LockName, permits: bool) {
+        if let Some(hub) = &self.local {
+            hub.wake_first(&key(name.as_str(), permits));
+        }
     }
 
     /// One attempt (`DistributedLock::try_acquire`), also a waiting acquire's first.
@@ -166,7 +209,11 @@ impl<D: Dialect> Client<D> {
     pub(crate) async fn release_owner(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
         let args = Args::of(name).owner(owner);
         let reply = self.core.reply("release", &self.sql.release_owner, args);
-        Ok(reply.await?.count() > 0)
+        let freed = reply.await?.count() > 0;
+        if freed {
+            self.freed(name, false);
+        }
+        Ok(freed)
     }
 
     /// [`release_owner`](Self::release_owner) as an undo: a future that owns what it needs and

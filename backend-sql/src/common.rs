@@ -3,6 +3,7 @@
 //! whose caller went away, and unit conversions.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::cleanup::{CleanupGuard, Undo};
@@ -66,6 +67,9 @@ pub struct Core<DB: Database> {
     pub(crate) timeout: Duration,
     /// How the server's own errors are handled (the dialect's error classes).
     pub(crate) classify: fn(&dyn DatabaseError) -> Class,
+    /// SQLite: the write turn of the database file, shared by every client of the file in this
+    /// process (see `dialect::sqlite::write_turn`); `None` where the server queues writers.
+    pub(crate) turn: Option<Arc<tokio::sync::Mutex<()>>>,
 }
 
 // By hand: a derive would require `DB: Clone`, which the driver marker types are not.
@@ -73,6 +77,7 @@ impl<DB: Database> Clone for Core<DB> {
     fn clone(&self) -> Self {
         Core {
             pool: self.pool.clone(),
+            turn: self.turn.clone(),
             ..*self
         }
     }
@@ -87,6 +92,22 @@ impl<DB: Database> Core<DB> {
         &self,
         operation: &'static str,
         name: Option<&LockName>,
+        attempt: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Checked<DB>) -> Fut,
+        Fut: Future<Output = (Checked<DB>, std::result::Result<T, sqlx::Error>)>,
+    {
+        self.run_as(true, operation, name, attempt).await
+    }
+
+    /// [`run`](Self::run), for an `attempt` that only reads when `writes` is false: it then
+    /// does not wait for the write turn.
+    pub(crate) async fn run_as<T, F, Fut>(
+        &self,
+        writes: bool,
+        operation: &'static str,
+        name: Option<&LockName>,
         mut attempt: F,
     ) -> Result<T>
     where
@@ -98,6 +119,12 @@ impl<DB: Database> Core<DB> {
         let mut stale = 0;
         loop {
             let once = async {
+                // Writers of this process take turns here, in arrival order, rather than in
+                // SQLite's busy handler, which sleeps 1, 2, 5, 10 ms and more between tries.
+                let _turn = match self.turn.as_ref().filter(|_| writes) {
+                    Some(turn) => Some(turn.lock().await),
+                    None => None,
+                };
                 let conn = self.pool.acquire().await?;
                 let (mut checked, result) = attempt(Checked { conn, clean: false }).await;
                 checked.clean = match &result {

@@ -375,6 +375,10 @@ pub struct PermitStatements {
     /// Wakes the name's permit waiters (PostgreSQL's NOTIFY; `None` where waiters poll): after
     /// a waiter's grant that leaves permits free for the next.
     pub notify: Option<Stmt>,
+    /// A queued waiter's grant in one statement (PostgreSQL): [`grant`](Self::grant),
+    /// [`dequeue`](Self::dequeue) and, when `$permits` leaves room after it, [`notify`](Self::notify).
+    /// `None`: those three one after another.
+    pub grant_queued: Option<Stmt>,
     /// Leaves the queue, frees a permit granted to the waiter and wakes the others, in one
     /// statement that counts the freed permits. `None`: [`dequeue`](Self::dequeue), then
     /// [`release_owner`](Self::release_owner).
@@ -454,6 +458,7 @@ impl PermitStatements {
                 "DELETE FROM {v} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
             )),
             notify: None,
+            grant_queued: None,
             leave: None,
             release: s.done(&format!(
                 "DELETE FROM {p} \
@@ -636,6 +641,7 @@ where
         pool,
         timeout,
         classify: D::classify,
+        turn: None,
     };
     core.probe(&opts).await?;
     create_tables::<D>(&core, sql).await?;

@@ -9,6 +9,7 @@ mod queue;
 mod read;
 mod semaphore;
 mod statement;
+mod wake;
 
 use std::sync::Arc;
 

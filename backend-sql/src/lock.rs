@@ -173,7 +173,10 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         let freed = c.core.reply("release", stmt, held(lease)).await?;
         Ok(match freed.count() {
             0 => Released::NotHeld,
-            _ => Released::Released,
+            _ => {
+                c.freed(lease.name(), is_permit(lease));
+                Released::Released
+            }
         })
     }
 

@@ -8,7 +8,9 @@
 //! liveness deadline [`LIVENESS`] ahead by the database's clock, refreshed every [`REFRESH`]
 //! while it waits. It then loops: an attempt in *waiter mode*, which grants the lock only if the
 //! lease row is free and no live waiter with a smaller ticket is queued for the name, then a
-//! sleep until a release notification (PostgreSQL) or the next poll (MySQL, SQLite).
+//! sleep until a release notification (PostgreSQL) or the next poll (MySQL, SQLite; a release
+//! made in the same process wakes the waiter there nearest the head at once, see
+//! `crate::wake::local`).
 //!
 //! A waiter that crashes stops refreshing its row; once its liveness deadline passes (by the
 //! database's clock) it no longer counts for anyone, and the next dequeue or enqueue on the name
@@ -106,6 +108,7 @@ impl<D: Dialect> Client<D> {
     /// runs detached (`common::detached`), undone with [`leave`](Self::leave) if the caller is
     /// gone when it completes. A grant sets the fence to `GREATEST(fence + 1, floor)` (`floor` 0
     /// = none, see `common::floor_of`).
+    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         self: &Arc<Self>,
         name: &LockName,
@@ -114,17 +117,18 @@ impl<D: Dialect> Client<D> {
         ttl: Duration,
         floor: i64,
         kind: Kind,
+        woken: bool,
     ) -> Result<Attempt> {
         match kind {
             Kind::Permits(permits) => {
-                let attempt = self.permit_attempt(name, waiter, ticket, permits, ttl, floor);
+                let attempt = self.permit_attempt(name, waiter, ticket, permits, ttl, floor, woken);
                 return attempt.await;
             }
             Kind::Read => return self.read_attempt(name, waiter, ticket, ttl, floor).await,
             Kind::Lock => {}
         }
         let mut ahead = None;
-        if let Some(probe) = &self.sql.probe {
+        if let Some(probe) = self.sql.probe.as_ref().filter(|_| !woken) {
             // Look first (read-only): only the head of the queue, with the row free, takes the
             // database's write lock.
             let args = Args::of(name).owner(waiter).ticket(ticket);
@@ -172,6 +176,14 @@ impl<D: Dialect> Client<D> {
     /// lease row if it was granted to `waiter`, and wakes the others. Returns whether a lease
     /// was freed.
     async fn leave(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<bool> {
+        let left = self.leave_queue(name, waiter, kind).await;
+        // Whoever was behind may be next now.
+        self.freed(name, matches!(kind, Kind::Permits(_)));
+        left
+    }
+
+    /// [`leave`](Self::leave) without the wake-up.
+    async fn leave_queue(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<bool> {
         match kind {
             Kind::Permits(_) => return self.leave_permits(name, waiter).await,
             Kind::Read => return self.leave_read(name, waiter).await,
@@ -244,21 +256,26 @@ pub(crate) async fn acquire<D: Dialect>(
     // under it (see `try_acquire`).
     let waiter = opts.owner_or_random();
     // Subscribe before joining, so a release after our first look still wakes us.
-    let wake = q
-        .dialect
-        .wake(name, waiter, matches!(kind, Kind::Permits(_)));
+    let permits = matches!(kind, Kind::Permits(_));
+    let wake = q.wake(name, waiter, permits);
+    let notify = wake.notify.clone();
     // Makes `waiter` leave the queue (and give back a grant it never returned) if the acquire
     // ends without the lease; the guard's state is that undo, not yet started.
     let undo = q.leave_later(name, waiter, kind);
     let cleanup = CleanupGuard::arm(D::BACKEND, name, undo, Undo::Spawn);
     let mut ticket = q.join(name, waiter, kind).await?;
+    q.joined(name, waiter, permits, ticket);
     let mut refreshed = Instant::now();
     let poll = Backoff::for_mechanism(WaitMechanism::Poll);
     let mut backoff = poll.clone();
     let mut last_ahead: Option<u64> = None;
+    // Whether a wake-up (not a timer) started this round: a release or a grant named this
+    // waiter, or it is this process's nearest to the head, so the read-only look that spares
+    // the row's lock to waiters who cannot be granted is skipped.
+    let mut woken = false;
     loop {
         // Enabled before the look: a release committed after it wakes the sleep below.
-        let notified = wake.notify.notified();
+        let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let listening = wake.listening();
@@ -267,16 +284,23 @@ pub(crate) async fn acquire<D: Dialect>(
             if !q.refresh(name, waiter, kind).await? {
                 tracing::debug!(backend = D::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
                 ticket = q.join(name, waiter, kind).await?;
+                q.joined(name, waiter, permits, ticket);
             }
             refreshed = Instant::now();
         }
 
         let started = Instant::now();
-        let attempt = q.attempt(name, waiter, ticket, ttl, floor, kind);
+        let attempt = q.attempt(name, waiter, ticket, ttl, floor, kind, woken);
         let (ahead, holder_left) = match attempt.await? {
             Attempt::Granted(fence) => {
                 q.dequeue(name, waiter, kind).await?;
                 let _left = cleanup.disarm();
+                // Readers right behind may share now, a permit may be left for the next (this
+                // waiter no longer counts as queued here).
+                drop(wake);
+                if kind != Kind::Lock {
+                    q.freed(name, permits);
+                }
                 return Ok(Some(match kind {
                     Kind::Lock => granted(name, waiter, fence, started, opts),
                     Kind::Read => reader(name, waiter, fence, started, opts),
@@ -299,8 +323,11 @@ pub(crate) async fn acquire<D: Dialect>(
             return Ok(None);
         }
 
-        // Polling: back off, but start over whenever the queue moved (we may be next).
-        if ahead.is_some_and(|a| last_ahead.is_some_and(|l| a < l)) {
+        // Polling: back off, but start over on reaching the head of the queue (we are next).
+        // Further back, a waiter is woken by this process's releases and grants (see
+        // `Client::freed`) and otherwise keeps backing off: every waiter re-polling at each
+        // move of the queue kept the database busy answering looks that could not succeed.
+        if ahead == Some(0) && last_ahead.is_some_and(|l| l > 0) {
             backoff = poll.clone();
         }
         last_ahead = ahead;
@@ -313,9 +340,9 @@ pub(crate) async fn acquire<D: Dialect>(
         let holder_gone = holder_left.map(|left| now + left + Duration::from_millis(1));
         let sooner = [holder_gone, Some(refreshed + REFRESH), deadline];
         let until = sooner.into_iter().flatten().fold(now + step, Instant::min);
-        tokio::select! {
-            _ = &mut notified => {}
-            _ = tokio::time::sleep_until(until.into()) => {}
-        }
+        woken = tokio::select! {
+            _ = &mut notified => true,
+            _ = tokio::time::sleep_until(until.into()) => false,
+        };
     }
 }

@@ -332,6 +332,7 @@ impl<D: Dialect> Client<D> {
             })
             .await?;
         Ok(if gone {
+            self.freed(lease.name(), false);
             Released::Released
         } else {
             Released::NotHeld

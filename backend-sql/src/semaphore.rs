@@ -136,6 +136,11 @@ async fn grant_tx<DB: SqlDb>(
     // Our own live permit (a retry whose first try committed, or a chosen owner id acquiring
     // again) is taken over with the new fence and expiry, as the lock's acquire takes over a
     // row that is already ours; the old lease of it is then stale.
+    if let Some(both) = sql.grant_queued.as_ref().filter(|_| queued && !mine) {
+        DB::reply(&mut *tx, both, &a.fence(fence)).await?;
+        tx.commit().await?;
+        return Ok(Grant::Granted(fence));
+    }
     let write = if mine { &sql.regrant } else { &sql.grant };
     DB::reply(&mut *tx, write, &a.fence(fence)).await?;
     if queued {
@@ -236,7 +241,11 @@ impl<D: Dialect> Client<D> {
     async fn free_permit(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
         let args = Args::of(name).owner(owner);
         let stmt = &self.sql.permits.release_owner;
-        Ok(self.core.reply("release", stmt, args).await?.count() > 0)
+        let freed = self.core.reply("release", stmt, args).await?.count() > 0;
+        if freed {
+            self.freed(name, true);
+        }
+        Ok(freed)
     }
 
     /// [`free_permit`](Self::free_permit) as an undo that does nothing until polled.
@@ -265,10 +274,12 @@ impl<D: Dialect> Client<D> {
         joined.map_err(|recorded| permits_mismatch(name, recorded, permits))
     }
 
-    /// One queued waiter's attempt at a permit: a read-only look first, so that only a waiter
-    /// with room and nobody ahead takes the semaphore row's lock; then the grant transaction,
+    /// One queued waiter's attempt at a permit: a read-only look first (unless `woken`: a
+    /// wake-up that named this waiter, which is then likely next), so that only a waiter with
+    /// room and nobody ahead takes the semaphore row's lock; then the grant transaction,
     /// detached and undone (the waiter leaves the queue) if the caller is gone when it
     /// completes.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn permit_attempt(
         self: &Arc<Self>,
         name: &LockName,
@@ -277,19 +288,24 @@ impl<D: Dialect> Client<D> {
         permits: u32,
         ttl: Duration,
         floor: i64,
+        woken: bool,
     ) -> Result<Attempt> {
-        let args = Args::of(name).owner(waiter).ticket(ticket);
-        let seen = self
-            .core
-            .reply("acquire permit", &self.sql.permits.state, args)
-            .await?;
-        match judge(&seen, permits) {
-            Judged::Mismatch(recorded) => return Err(permits_mismatch(name, recorded, permits)),
-            Judged::Blocked { ahead, holder_left } => {
-                let ahead = Some(ahead);
-                return Ok(Attempt::Blocked { ahead, holder_left });
+        if !woken {
+            let args = Args::of(name).owner(waiter).ticket(ticket);
+            let seen = self
+                .core
+                .reply("acquire permit", &self.sql.permits.state, args)
+                .await?;
+            match judge(&seen, permits) {
+                Judged::Mismatch(recorded) => {
+                    return Err(permits_mismatch(name, recorded, permits));
+                }
+                Judged::Blocked { ahead, holder_left } => {
+                    let ahead = Some(ahead);
+                    return Ok(Attempt::Blocked { ahead, holder_left });
+                }
+                Judged::Mine | Judged::Free { .. } => {}
             }
-            Judged::Mine | Judged::Free { .. } => {}
         }
         let statement = {
             let (client, name) = (self.clone(), name.clone());

@@ -227,6 +227,17 @@ impl Sql {
     }
 }
 
+impl Stmt {
+    /// Whether the statement only reads: a plain `SELECT` (one that calls `pg_notify` sends a
+    /// notification, which this crate counts as a write).
+    pub fn reads_only(&self) -> bool {
+        let text = self.sql.as_str().trim_start();
+        text.get(..6)
+            .is_some_and(|w| w.eq_ignore_ascii_case("SELECT"))
+            && !text.contains("pg_notify")
+    }
+}
+
 /// How many integer columns of a statement's first row a [`Reply`] keeps.
 pub const COLUMNS: usize = 6;
 
@@ -470,7 +481,7 @@ impl<DB: SqlDb> Core<DB> {
     pub async fn reply(&self, op: &'static str, stmt: &Stmt, a: Args<'_>) -> Result<Reply> {
         let mut tries = 0;
         let reply = self
-            .run(op, a.name, |mut c| {
+            .run_as(!stmt.reads_only(), op, a.name, |mut c| {
                 tries += 1;
                 async move {
                     let r = DB::reply(c.conn(), stmt, &a).await;
@@ -483,7 +494,7 @@ impl<DB: SqlDb> Core<DB> {
 
     /// Reads the permit holders of `name` with `stmt` (see [`HolderRow`]).
     pub async fn holder_rows(&self, stmt: &Stmt, name: &LockName) -> Result<Vec<HolderRow>> {
-        self.run("inspect", Some(name), |mut c| async move {
+        self.run_as(false, "inspect", Some(name), |mut c| async move {
             let r = DB::holder_rows(c.conn(), stmt, &Args::of(name)).await;
             (c, r)
         })
@@ -492,7 +503,7 @@ impl<DB: SqlDb> Core<DB> {
 
     /// Reads `name`'s lease row with `stmt` (see [`LockRow`]).
     pub async fn lock_row(&self, stmt: &Stmt, name: &LockName) -> Result<Option<LockRow>> {
-        self.run("inspect", Some(name), |mut c| async move {
+        self.run_as(false, "inspect", Some(name), |mut c| async move {
             let r = DB::lock_row(c.conn(), stmt, &Args::of(name)).await;
             (c, r)
         })

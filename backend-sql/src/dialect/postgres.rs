@@ -304,10 +304,28 @@ impl Dialect for Postgres {
         );
         let wake = format!("COALESCE('Q' || {head} || $name, 'P' || $name)");
         permits.notify = Some(s.done(&format!("SELECT pg_notify('{table}', {wake})")));
+        // The grant, the dequeue and (if permits are left after ours) the next head's wake-up,
+        // in one round trip: it runs under the semaphore row's lock, between the release that
+        // woke this waiter and this waiter's lease, so every round trip in it delays the handoff.
+        // (The holders counted are those before our insert, which no statement of the
+        // statement's own snapshot sees.)
+        let expiry = Self::expiry();
+        permits.grant_queued = Some(s.row(&format!(
+            "WITH granted AS (INSERT INTO {p} (name, owner, fence, permits, expires_at) \
+             VALUES ($name, $owner, $fence, $permits, {expiry}) RETURNING 1), \
+             dequeued AS (DELETE FROM {v} \
+             WHERE name = $name AND (waiter = $owner OR expires_at <= {NOW})) \
+             SELECT count(pg_notify('{table}', {wake})) FROM granted \
+             WHERE (SELECT count(*) FROM {p} AS h WHERE h.name = $name \
+             AND h.expires_at > {NOW} AND h.owner <> $owner) + 1 < $permits::bigint"
+        )));
+        // A release commits without waiting for the WAL flush: one lost in a crash leaves the
+        // permit held until its ttl (never granted twice), and the next grant's durable commit
+        // flushes it anyway. It sits between one holder and the next.
         let free = |condition: &str| {
             s.row(&format!(
-                "WITH gone AS (DELETE FROM {p} WHERE {condition} RETURNING name) \
-                 SELECT count(pg_notify('{table}', {wake})) FROM gone AS g"
+                "WITH gone AS (DELETE FROM {p} WHERE {condition} RETURNING name), {ASYNC} \
+                 SELECT count(pg_notify('{table}', {wake})) FROM gone AS g, async_commit"
             ))
         };
         permits.release = free(HELD);
@@ -326,7 +344,7 @@ impl Dialect for Postgres {
         self.listener.ensure();
         let waiters = &self.listener.waiters;
         let registration = if permits {
-            waiters.register(&listen::permits_key(name.as_str()), Some(waiter))
+            waiters.register(&crate::wake::permits_key(name.as_str()), Some(waiter))
         } else {
             waiters.register(name.as_str(), Some(waiter))
         };

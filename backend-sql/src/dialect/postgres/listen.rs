@@ -2,194 +2,18 @@
 //! by every name the client waits on; a background task dispatches release notifications to
 //! per-name and per-waiter wakeups, and replaces the connection when it fails or goes silent.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use lockcore::OwnerId;
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::BACKEND;
 use crate::common::Core;
-
-/// What a release notification says (the NOTIFY payload). The channel is the table name; the
-/// payload's first byte tells the form:
-/// - `W<waiter><name>`: wake only `waiter` (32 hex digits), the live head of `name`'s queue when
-///   the lock was freed; it is the only waiter whose attempt can be granted. Listeners of the
-///   name that are not queued (`wait_for_release`) wake too.
-/// - `N<name>`: wake everyone interested in `name` (nobody was queued, or a waiter left).
-/// - `Q<waiter><name>`: wake only `waiter`, the live head of the permit queue of the semaphore
-///   `name`, when a permit was freed or a grant left one free: the only permit waiter whose
-///   attempt can be granted.
-/// - `P<name>`: wake every waiter for a permit of the semaphore `name` (a permit was freed with
-///   nobody queued, or a permit waiter left); they are registered apart from the lock's, under
-///   [`permits_key`].
-///
-/// Anything else (a client of an older version sends the bare name) wakes nobody; waiters then
-/// find the release on their next re-check ([`RECHECK`](crate::queue::RECHECK)), so a mix of
-/// versions is slower but never stuck.
-#[derive(Debug, PartialEq, Eq)]
-enum Payload<'a> {
-    Head { waiter: &'a str, name: &'a str },
-    PermitHead { waiter: &'a str, name: &'a str },
-    Name(&'a str),
-    Permits(&'a str),
-    Unknown,
-}
-
-/// The key under which waiters for the semaphore `name` register: apart from the lock of the
-/// same name (a lock name never holds a NUL).
-pub fn permits_key(name: &str) -> String {
-    format!("\0{name}")
-}
-
-impl<'a> Payload<'a> {
-    fn parse(payload: &'a str) -> Self {
-        if let Some(name) = payload.strip_prefix('N') {
-            return Payload::Name(name);
-        }
-        if let Some(name) = payload.strip_prefix('P') {
-            return Payload::Permits(name);
-        }
-        let (permits, rest) = match (payload.strip_prefix('W'), payload.strip_prefix('Q')) {
-            (Some(rest), _) => (false, rest),
-            (None, Some(rest)) => (true, rest),
-            (None, None) => return Payload::Unknown,
-        };
-        if rest.len() <= 32 || !rest.is_char_boundary(32) {
-            return Payload::Unknown;
-        }
-        let (waiter, name) = rest.split_at(32);
-        if permits {
-            Payload::PermitHead { waiter, name }
-        } else {
-            Payload::Head { waiter, name }
-        }
-    }
-}
-
-/// The wakeups of one name in this client.
-#[derive(Default)]
-struct Interest {
-    /// Listeners that are not queued (`wait_for_release`): woken by every release of the name.
-    any: Arc<Notify>,
-    /// Queued waiters by id: woken when named as the head, or by an `N` payload.
-    queued: HashMap<String, Arc<Notify>>,
-}
-
-impl Interest {
-    /// Wakes everyone interested in the name.
-    fn wake_all(&self) {
-        self.any.notify_waiters();
-        self.queued.values().for_each(|n| n.notify_waiters());
-    }
-}
-
-/// Per-name wakeups fed by the listener task.
-#[derive(Default)]
-pub struct Waiters {
-    by_name: Mutex<HashMap<String, Interest>>,
-    /// Whether the listener connection is up and LISTENing.
-    pub ready: watch::Sender<bool>,
-}
-
-impl Waiters {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Interest>> {
-        self.by_name.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Interest in every release of `name` (`waiter` `None`), or a queued `waiter`'s: woken
-    /// when it is the head a release names.
-    pub fn register(self: &Arc<Self>, name: &str, waiter: Option<OwnerId>) -> Registration {
-        let waiter = waiter.map(|w| w.to_string());
-        let mut map = self.map();
-        let interest = map.entry(name.to_owned()).or_default();
-        let notify = match &waiter {
-            None => interest.any.clone(),
-            Some(id) => {
-                let notify = Arc::new(Notify::new());
-                interest.queued.insert(id.clone(), notify.clone());
-                notify
-            }
-        };
-        Registration {
-            waiters: self.clone(),
-            name: name.to_owned(),
-            waiter,
-            notify,
-        }
-    }
-
-    fn wake(&self, payload: &str) {
-        let map = self.map();
-        match Payload::parse(payload) {
-            Payload::Head { waiter, name } => {
-                if let Some(i) = map.get(name) {
-                    i.any.notify_waiters();
-                    if let Some(n) = i.queued.get(waiter) {
-                        n.notify_waiters();
-                    }
-                }
-            }
-            Payload::Name(name) => map.get(name).into_iter().for_each(Interest::wake_all),
-            Payload::PermitHead { waiter, name } => {
-                if let Some(n) = map
-                    .get(&permits_key(name))
-                    .and_then(|i| i.queued.get(waiter))
-                {
-                    n.notify_waiters();
-                }
-            }
-            Payload::Permits(name) => map
-                .get(&permits_key(name))
-                .into_iter()
-                .for_each(Interest::wake_all),
-            Payload::Unknown => {}
-        }
-    }
-
-    /// After a reconnect notifications may have been missed: everyone re-checks.
-    fn wake_all(&self) {
-        self.map().values().for_each(Interest::wake_all);
-    }
-}
-
-/// One interest in a name; removes the map entry when the last one goes.
-pub struct Registration {
-    waiters: Arc<Waiters>,
-    name: String,
-    /// The queued waiter's id (see [`Waiters::register`]).
-    waiter: Option<String>,
-    notify: Arc<Notify>,
-}
-
-impl Registration {
-    /// The wakeup the listener task fires.
-    pub fn notify(&self) -> &Arc<Notify> {
-        &self.notify
-    }
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        let mut map = self.waiters.map();
-        let Some(interest) = map.get_mut(&self.name) else {
-            return;
-        };
-        if let Some(waiter) = &self.waiter {
-            interest.queued.remove(waiter);
-        }
-        // The map holds one reference to `any`, and a name-wide registration being dropped
-        // holds another.
-        let others = Arc::strong_count(&interest.any) - 1 - usize::from(self.waiter.is_none());
-        if others == 0 && interest.queued.is_empty() {
-            map.remove(&self.name);
-        }
-    }
-}
+use crate::wake::Waiters;
 
 /// How often, while anyone in this client waits, the listener is checked: a notification sent
 /// through the pool to the client's own ping channel must come back through the listener within
@@ -212,7 +36,7 @@ struct Listen {
     ping: String,
 }
 
-/// Keeps one LISTEN connection up and dispatches notifications by payload (see [`Payload`]),
+/// Keeps one LISTEN connection up and dispatches notifications by payload (see `crate::wake::Payload`),
 /// replacing it when it fails or stops answering pings.
 async fn listen_loop(listen: Arc<Listen>, waiters: Arc<Waiters>) {
     let mut delay = Duration::from_millis(50);
@@ -311,7 +135,7 @@ async fn supervise(
             }
             _ = tokio::time::sleep(LISTENER_CHECK) => {}
         }
-        if waiters.map().is_empty() {
+        if waiters.is_idle() {
             continue;
         }
         let before = *pongs.borrow_and_update();
@@ -399,138 +223,4 @@ impl Drop for Listener {
 /// Takes what `slot` holds.
 fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
     slot.lock().unwrap_or_else(PoisonError::into_inner).take()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const A: &str = "000000000000000000000000000000aa";
-
-    /// A wakeup of `r`, enabled so that a notification from now on fires it.
-    fn arm(r: &Registration) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
-        let mut f = Box::pin(r.notify().notified());
-        f.as_mut().enable();
-        f
-    }
-
-    /// Whether the wakeup `f` fired since it was enabled.
-    fn woken(f: &mut std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>>) -> bool {
-        use std::future::Future;
-        let waker = std::task::Waker::noop();
-        let mut cx = std::task::Context::from_waker(waker);
-        f.as_mut().poll(&mut cx).is_ready()
-    }
-
-    #[test]
-    fn payloads_parse_by_their_first_byte() {
-        let head = |name| Payload::Head { waiter: A, name };
-        for (payload, parsed) in [
-            ("Njobs/1".to_owned(), Payload::Name("jobs/1")),
-            (format!("W{A}jobs/1"), head("jobs/1")),
-            // A name may itself start with N or W, or be anything but NUL.
-            ("NW".to_owned(), Payload::Name("W")),
-            (format!("W{A}N"), head("N")),
-            // Too short for a waiter id and a name, or an older client's bare name.
-            (format!("W{A}"), Payload::Unknown),
-            ("jobs/1".to_owned(), Payload::Unknown),
-            ("Wé".to_owned(), Payload::Unknown),
-            ("Pjobs/1".to_owned(), Payload::Permits("jobs/1")),
-            (
-                format!("Q{A}jobs/1"),
-                Payload::PermitHead {
-                    waiter: A,
-                    name: "jobs/1",
-                },
-            ),
-            (format!("Q{A}"), Payload::Unknown),
-        ] {
-            assert_eq!(Payload::parse(&payload), parsed, "{payload}");
-        }
-    }
-
-    #[test]
-    fn a_head_payload_wakes_only_that_waiter_and_name_wide_listeners() {
-        let w = Arc::<Waiters>::default();
-        let a = OwnerId(0xaa);
-        let b = OwnerId(0xbb);
-        assert_eq!(a.to_string(), A);
-        let ra = w.register("n", Some(a));
-        let rb = w.register("n", Some(b));
-        let any = w.register("n", None);
-        let other = w.register("m", Some(a));
-        let (mut fa, mut fb, mut fany, mut fother) = (arm(&ra), arm(&rb), arm(&any), arm(&other));
-        w.wake(&format!("W{A}n"));
-        assert!(woken(&mut fa), "the head was not woken");
-        assert!(!woken(&mut fb), "a waiter behind the head was woken");
-        assert!(woken(&mut fany), "a name-wide listener was not woken");
-        assert!(!woken(&mut fother), "a waiter of another name was woken");
-
-        let (mut fa, mut fb) = (arm(&ra), arm(&rb));
-        w.wake("Nn");
-        assert!(
-            woken(&mut fa) && woken(&mut fb),
-            "N did not wake every waiter"
-        );
-        assert!(!woken(&mut fother), "N woke another name");
-
-        let mut fb = arm(&rb);
-        w.wake("n");
-        assert!(!woken(&mut fb), "an unknown payload woke someone");
-        w.wake_all();
-        assert!(
-            woken(&mut fb) && woken(&mut fother),
-            "wake_all missed a waiter"
-        );
-    }
-
-    #[test]
-    fn a_permits_payload_wakes_only_the_semaphores_waiters() {
-        let w = Arc::<Waiters>::default();
-        let lock = w.register("n", Some(OwnerId(1)));
-        let any = w.register("n", None);
-        let permit_a = w.register(&permits_key("n"), Some(OwnerId(1)));
-        let permit_b = w.register(&permits_key("n"), Some(OwnerId(2)));
-        let other = w.register(&permits_key("m"), Some(OwnerId(3)));
-        let (mut fl, mut fany) = (arm(&lock), arm(&any));
-        let (mut fa, mut fb, mut fo) = (arm(&permit_a), arm(&permit_b), arm(&other));
-        w.wake("Pn");
-        assert!(woken(&mut fa) && woken(&mut fb), "P missed a permit waiter");
-        assert!(!woken(&mut fo), "P woke another semaphore's waiter");
-        assert!(
-            !woken(&mut fl) && !woken(&mut fany),
-            "P woke the lock's waiters"
-        );
-        let mut fa = arm(&permit_a);
-        w.wake("Nn");
-        w.wake(&format!("W{A}n"));
-        assert!(!woken(&mut fa), "the lock's payloads woke a permit waiter");
-    }
-
-    #[test]
-    fn registrations_remove_their_entries_when_dropped() {
-        let w = Arc::<Waiters>::default();
-        let ra = w.register("n", Some(OwnerId(1)));
-        let any1 = w.register("n", None);
-        let any2 = w.register("n", None);
-        drop(ra);
-        assert!(
-            w.map().contains_key("n"),
-            "removed while name-wide listeners remain"
-        );
-        drop(any1);
-        assert!(
-            w.map().contains_key("n"),
-            "removed while one listener remains"
-        );
-        let rb = w.register("n", Some(OwnerId(2)));
-        drop(any2);
-        assert!(w.map().contains_key("n"), "removed while a waiter remains");
-        assert_eq!(w.map()["n"].queued.len(), 1);
-        drop(rb);
-        assert!(
-            w.map().is_empty(),
-            "the entry outlived its last registration"
-        );
-    }
 }

@@ -1,0 +1,254 @@
+//! Wake-ups of queued waiters, by name: the registry that PostgreSQL's listener feeds from
+//! NOTIFY payloads (`dialect/postgres/listen.rs`), and the process-wide one through which, on
+//! the dialects that poll (MySQL, SQLite), a release made in this process wakes this process's
+//! waiters at once ([`local`]). Waiters in other processes still find such a release by polling;
+//! a wake-up that names nobody, or comes late, only costs a look.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+use lockcore::OwnerId;
+use tokio::sync::{Notify, watch};
+
+/// What a release notification says (the NOTIFY payload). The channel is the table name; the
+/// payload's first byte tells the form:
+/// - `W<waiter><name>`: wake only `waiter` (32 hex digits), the live head of `name`'s queue when
+///   the lock was freed; it is the only waiter whose attempt can be granted. Listeners of the
+///   name that are not queued (`wait_for_release`) wake too.
+/// - `N<name>`: wake everyone interested in `name` (nobody was queued, or a waiter left).
+/// - `Q<waiter><name>`: wake only `waiter`, the live head of the permit queue of the semaphore
+///   `name`, when a permit was freed or a grant left one free: the only permit waiter whose
+///   attempt can be granted.
+/// - `P<name>`: wake every waiter for a permit of the semaphore `name` (a permit was freed with
+///   nobody queued, or a permit waiter left); they are registered apart from the lock's, under
+///   [`permits_key`].
+///
+/// Anything else (a client of an older version sends the bare name) wakes nobody; waiters then
+/// find the release on their next re-check ([`RECHECK`](crate::queue::RECHECK)), so a mix of
+/// versions is slower but never stuck.
+#[derive(Debug, PartialEq, Eq)]
+enum Payload<'a> {
+    Head { waiter: &'a str, name: &'a str },
+    PermitHead { waiter: &'a str, name: &'a str },
+    Name(&'a str),
+    Permits(&'a str),
+    Unknown,
+}
+
+/// The key under which waiters for the semaphore `name` register: apart from the lock of the
+/// same name (a lock name never holds a NUL).
+pub fn permits_key(name: &str) -> String {
+    format!("\0{name}")
+}
+
+impl<'a> Payload<'a> {
+    fn parse(payload: &'a str) -> Self {
+        if let Some(name) = payload.strip_prefix('N') {
+            return Payload::Name(name);
+        }
+        if let Some(name) = payload.strip_prefix('P') {
+            return Payload::Permits(name);
+        }
+        let (permits, rest) = match (payload.strip_prefix('W'), payload.strip_prefix('Q')) {
+            (Some(rest), _) => (false, rest),
+            (None, Some(rest)) => (true, rest),
+            (None, None) => return Payload::Unknown,
+        };
+        if rest.len() <= 32 || !rest.is_char_boundary(32) {
+            return Payload::Unknown;
+        }
+        let (waiter, name) = rest.split_at(32);
+        if permits {
+            Payload::PermitHead { waiter, name }
+        } else {
+            Payload::Head { waiter, name }
+        }
+    }
+}
+
+/// The wakeups of one name in this client.
+#[derive(Default)]
+struct Interest {
+    /// Listeners that are not queued (`wait_for_release`): woken by every release of the name.
+    any: Arc<Notify>,
+    /// Queued waiters, in the order they registered: woken when named as the head, or by an
+    /// `N` payload.
+    queued: Vec<Queued>,
+}
+
+/// A queued waiter's registration.
+struct Queued {
+    id: String,
+    /// Its place in the store's queue, once it has joined (see [`Waiters::joined`]).
+    ticket: Option<i64>,
+    notify: Arc<Notify>,
+}
+
+impl Interest {
+    /// Wakes everyone interested in the name.
+    fn wake_all(&self) {
+        self.any.notify_waiters();
+        self.queued.iter().for_each(|q| q.notify.notify_waiters());
+    }
+
+    /// The wake-up of the queued waiter `id`.
+    fn get(&self, id: &str) -> Option<&Arc<Notify>> {
+        self.queued.iter().find(|q| q.id == id).map(|q| &q.notify)
+    }
+}
+
+/// Per-name wakeups fed by the listener task.
+#[derive(Default)]
+pub struct Waiters {
+    by_name: Mutex<HashMap<String, Interest>>,
+    /// Whether the listener connection is up and LISTENing.
+    pub ready: watch::Sender<bool>,
+}
+
+impl Waiters {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Interest>> {
+        self.by_name.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether nobody is registered.
+    pub fn is_idle(&self) -> bool {
+        self.map().is_empty()
+    }
+
+    /// Interest in every release of `name` (`waiter` `None`), or a queued `waiter`'s: woken
+    /// when it is the head a release names.
+    pub fn register(self: &Arc<Self>, name: &str, waiter: Option<OwnerId>) -> Registration {
+        let waiter = waiter.map(|w| w.to_string());
+        let mut map = self.map();
+        let interest = map.entry(name.to_owned()).or_default();
+        let notify = match &waiter {
+            None => interest.any.clone(),
+            Some(id) => {
+                let notify = Arc::new(Notify::new());
+                let (id, ticket) = (id.clone(), None);
+                let queued = Queued {
+                    id,
+                    ticket,
+                    notify: notify.clone(),
+                };
+                interest.queued.push(queued);
+                notify
+            }
+        };
+        Registration {
+            waiters: self.clone(),
+            name: name.to_owned(),
+            waiter,
+            notify,
+        }
+    }
+
+    /// Wakes whoever `payload` names (see [`Payload`]).
+    pub fn wake(&self, payload: &str) {
+        let map = self.map();
+        match Payload::parse(payload) {
+            Payload::Head { waiter, name } => {
+                if let Some(i) = map.get(name) {
+                    i.any.notify_waiters();
+                    if let Some(n) = i.get(waiter) {
+                        n.notify_waiters();
+                    }
+                }
+            }
+            Payload::Name(name) => map.get(name).into_iter().for_each(Interest::wake_all),
+            Payload::PermitHead { waiter, name } => {
+                if let Some(n) = map.get(&permits_key(name)).and_then(|i| i.get(waiter)) {
+                    n.notify_waiters();
+                }
+            }
+            Payload::Permits(name) => map
+                .get(&permits_key(name))
+                .into_iter()
+                .for_each(Interest::wake_all),
+            Payload::Unknown => {}
+        }
+    }
+
+    /// Records the ticket with which the registered `waiter` of `key` joined the store's queue.
+    pub fn joined(&self, key: &str, waiter: OwnerId, ticket: i64) {
+        let id = waiter.to_string();
+        let mut map = self.map();
+        let queued = map.get_mut(key).into_iter().flat_map(|i| &mut i.queued);
+        if let Some(q) = queued.into_iter().find(|q| q.id == id) {
+            q.ticket = Some(ticket);
+        }
+    }
+
+    /// Wakes the listeners of `key` (a name, or [`permits_key`]) that are not queued, and the
+    /// queued waiter of this registry nearest the head: the smallest ticket (one that has not
+    /// joined yet counts as behind every joined one).
+    pub fn wake_first(&self, key: &str) {
+        if let Some(i) = self.map().get(key) {
+            i.any.notify_waiters();
+            let first = i.queued.iter().min_by_key(|q| q.ticket.unwrap_or(i64::MAX));
+            if let Some(q) = first {
+                q.notify.notify_waiters();
+            }
+        }
+    }
+
+    /// After a reconnect notifications may have been missed: everyone re-checks.
+    pub fn wake_all(&self) {
+        self.map().values().for_each(Interest::wake_all);
+    }
+}
+
+/// One interest in a name; removes the map entry when the last one goes.
+pub struct Registration {
+    waiters: Arc<Waiters>,
+    name: String,
+    /// The queued waiter's id (see [`Waiters::register`]).
+    waiter: Option<String>,
+    notify: Arc<Notify>,
+}
+
+impl Registration {
+    /// The wakeup the listener task fires.
+    pub fn notify(&self) -> &Arc<Notify> {
+        &self.notify
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut map = self.waiters.map();
+        let Some(interest) = map.get_mut(&self.name) else {
+            return;
+        };
+        if let Some(waiter) = &self.waiter {
+            interest.queued.retain(|q| &q.id != waiter);
+        }
+        // The map holds one reference to `any`, and a name-wide registration being dropped
+        // holds another.
+        let others = Arc::strong_count(&interest.any) - 1 - usize::from(self.waiter.is_none());
+        if others == 0 && interest.queued.is_empty() {
+            map.remove(&self.name);
+        }
+    }
+}
+
+/// The wake-up registry of this process for the store and table `key` (any text that tells
+/// one store's table from another's; it is never sent anywhere): every client of a polling
+/// dialect in the process that names the same store shares it.
+pub fn local(key: &str) -> Arc<Waiters> {
+    static HUBS: LazyLock<Mutex<HashMap<String, Arc<Waiters>>>> = LazyLock::new(Mutex::default);
+    let mut hubs = HUBS.lock().unwrap_or_else(PoisonError::into_inner);
+    hubs.entry(key.to_owned()).or_default().clone()
+}
+
+/// The key under which waiters for `name` register: the lock's and readers' (the name), or
+/// with `permits` the semaphore's ([`permits_key`]).
+pub fn key(name: &str, permits: bool) -> String {
+    match permits {
+        true => permits_key(name),
+        false => name.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

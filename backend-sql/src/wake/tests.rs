@@ -1,0 +1,183 @@
+//! The wake-up registry's dispatch by payload, and its clean-up.
+
+use super::*;
+
+const A: &str = "000000000000000000000000000000aa";
+
+/// A wakeup of `r`, enabled so that a notification from now on fires it.
+fn arm(r: &Registration) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
+    let mut f = Box::pin(r.notify().notified());
+    f.as_mut().enable();
+    f
+}
+
+/// Whether the wakeup `f` fired since it was enabled.
+fn woken(f: &mut std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>>) -> bool {
+    use std::future::Future;
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    f.as_mut().poll(&mut cx).is_ready()
+}
+
+#[test]
+fn payloads_parse_by_their_first_byte() {
+    let head = |name| Payload::Head { waiter: A, name };
+    for (payload, parsed) in [
+        ("Njobs/1".to_owned(), Payload::Name("jobs/1")),
+        (format!("W{A}jobs/1"), head("jobs/1")),
+        // A name may itself start with N or W, or be anything but NUL.
+        ("NW".to_owned(), Payload::Name("W")),
+        (format!("W{A}N"), head("N")),
+        // Too short for a waiter id and a name, or an older client's bare name.
+        (format!("W{A}"), Payload::Unknown),
+        ("jobs/1".to_owned(), Payload::Unknown),
+        ("Wé".to_owned(), Payload::Unknown),
+        ("Pjobs/1".to_owned(), Payload::Permits("jobs/1")),
+        (
+            format!("Q{A}jobs/1"),
+            Payload::PermitHead {
+                waiter: A,
+                name: "jobs/1",
+            },
+        ),
+        (format!("Q{A}"), Payload::Unknown),
+    ] {
+        assert_eq!(Payload::parse(&payload), parsed, "{payload}");
+    }
+}
+
+#[test]
+fn a_head_payload_wakes_only_that_waiter_and_name_wide_listeners() {
+    let w = Arc::<Waiters>::default();
+    let a = OwnerId(0xaa);
+    let b = OwnerId(0xbb);
+    assert_eq!(a.to_string(), A);
+    let ra = w.register("n", Some(a));
+    let rb = w.register("n", Some(b));
+    let any = w.register("n", None);
+    let other = w.register("m", Some(a));
+    let (mut fa, mut fb, mut fany, mut fother) = (arm(&ra), arm(&rb), arm(&any), arm(&other));
+    w.wake(&format!("W{A}n"));
+    assert!(woken(&mut fa), "the head was not woken");
+    assert!(!woken(&mut fb), "a waiter behind the head was woken");
+    assert!(woken(&mut fany), "a name-wide listener was not woken");
+    assert!(!woken(&mut fother), "a waiter of another name was woken");
+
+    let (mut fa, mut fb) = (arm(&ra), arm(&rb));
+    w.wake("Nn");
+    assert!(
+        woken(&mut fa) && woken(&mut fb),
+        "N did not wake every waiter"
+    );
+    assert!(!woken(&mut fother), "N woke another name");
+
+    let mut fb = arm(&rb);
+    w.wake("n");
+    assert!(!woken(&mut fb), "an unknown payload woke someone");
+    w.wake_all();
+    assert!(
+        woken(&mut fb) && woken(&mut fother),
+        "wake_all missed a waiter"
+    );
+}
+
+#[test]
+fn a_permits_payload_wakes_only_the_semaphores_waiters() {
+    let w = Arc::<Waiters>::default();
+    let lock = w.register("n", Some(OwnerId(1)));
+    let any = w.register("n", None);
+    let permit_a = w.register(&permits_key("n"), Some(OwnerId(1)));
+    let permit_b = w.register(&permits_key("n"), Some(OwnerId(2)));
+    let other = w.register(&permits_key("m"), Some(OwnerId(3)));
+    let (mut fl, mut fany) = (arm(&lock), arm(&any));
+    let (mut fa, mut fb, mut fo) = (arm(&permit_a), arm(&permit_b), arm(&other));
+    w.wake("Pn");
+    assert!(woken(&mut fa) && woken(&mut fb), "P missed a permit waiter");
+    assert!(!woken(&mut fo), "P woke another semaphore's waiter");
+    assert!(
+        !woken(&mut fl) && !woken(&mut fany),
+        "P woke the lock's waiters"
+    );
+    let mut fa = arm(&permit_a);
+    w.wake("Nn");
+    w.wake(&format!("W{A}n"));
+    assert!(!woken(&mut fa), "the lock's payloads woke a permit waiter");
+}
+
+#[test]
+fn registrations_remove_their_entries_when_dropped() {
+    let w = Arc::<Waiters>::default();
+    let ra = w.register("n", Some(OwnerId(1)));
+    let any1 = w.register("n", None);
+    let any2 = w.register("n", None);
+    drop(ra);
+    assert!(
+        w.map().contains_key("n"),
+        "removed while name-wide listeners remain"
+    );
+    drop(any1);
+    assert!(
+        w.map().contains_key("n"),
+        "removed while one listener remains"
+    );
+    let rb = w.register("n", Some(OwnerId(2)));
+    drop(any2);
+    assert!(w.map().contains_key("n"), "removed while a waiter remains");
+    assert_eq!(w.map()["n"].queued.len(), 1);
+    drop(rb);
+    assert!(
+        w.map().is_empty(),
+        "the entry outlived its last registration"
+    );
+}
+
+#[test]
+fn wake_first_wakes_only_the_local_waiter_nearest_the_head() {
+    let w = Arc::<Waiters>::default();
+    let key = permits_key("n");
+    let (a, b, c) = (OwnerId(1), OwnerId(2), OwnerId(3));
+    // `a` registers first but joins the store's queue behind `b`; `c` has not joined yet.
+    let ra = w.register(&key, Some(a));
+    let rb = w.register(&key, Some(b));
+    let rc = w.register(&key, Some(c));
+    let lock = w.register("n", Some(OwnerId(4)));
+    w.joined(&key, a, 20);
+    w.joined(&key, b, 10);
+    {
+        let (mut fa, mut fb, mut fc, mut fl) = (arm(&ra), arm(&rb), arm(&rc), arm(&lock));
+        w.wake_first(&key);
+        assert!(
+            woken(&mut fb),
+            "the waiter with the smallest ticket was not woken"
+        );
+        assert!(
+            !woken(&mut fa) && !woken(&mut fc),
+            "a waiter behind the nearest was woken"
+        );
+        assert!(
+            !woken(&mut fl),
+            "the semaphore's wake-up woke the lock's waiter"
+        );
+    }
+
+    // Once the head has gone (granted), the next one is nearest.
+    drop(rb);
+    {
+        let (mut fa, mut fc) = (arm(&ra), arm(&rc));
+        w.wake_first(&key);
+        assert!(
+            woken(&mut fa) && !woken(&mut fc),
+            "the next in ticket order was not woken"
+        );
+    }
+
+    // A waiter that has not joined counts as behind every joined one.
+    drop(ra);
+    let mut fc = arm(&rc);
+    w.wake_first(&key);
+    assert!(woken(&mut fc), "the only waiter left was not woken");
+
+    // Nobody registered: nothing to wake, and no entry is made.
+    w.wake_first(&permits_key("m"));
+    assert!(!w.map().contains_key(&permits_key("m")));
+}
