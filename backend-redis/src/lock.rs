@@ -299,10 +299,8 @@ impl DistributedLock for RedisLock {
                 Some(Duration::from_millis(reader.remaining_ms)),
                 waiters,
             );
-            return Ok(Some(info.with_details(vec![format!(
-                "read-locked by {} reader(s)",
-                r.readers
-            )])));
+            let readers = usize::try_from(r.readers).unwrap_or(0);
+            return Ok(Some(info.with_readers(readers, 0)));
         }
         // Tokens are drawn only by a grant, so while the lock is held the fence counter is
         // its holder's token; when free it is the last one handed out.

@@ -277,21 +277,16 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         let remaining = from_micros(remaining);
         let holder = owner.filter(|_| remaining.is_some());
         let readers_hold = holder.as_deref() == Some(READERS_OWNER);
-        let mut details = Vec::new();
+        let (mut holding, mut queued) = (0, 0);
         if readers_hold || waiters > 0 {
             let reads = &c.sql.reads.summary;
             let counts = c.core.reply("inspect", reads, Args::of(name)).await?;
-            let (holding, queued) = (counts.col(0).unwrap_or(0), counts.col(1).unwrap_or(0));
-            if readers_hold {
-                details.push(format!("{holding} reader(s) holding"));
-            }
-            if queued > 0 {
-                details.push(format!("{queued} of the {waiters} waiting are readers"));
-            }
+            let count = |i| usize::try_from(counts.col(i).unwrap_or(0)).unwrap_or(0);
+            (holding, queued) = (if readers_hold { count(0) } else { 0 }, count(1));
         }
         let waiters = Some(usize::try_from(waiters).unwrap_or(0));
         let info = LockInfo::new(name, holder, Some(token(fence)), remaining, waiters);
-        Ok(Some(info.with_details(details)))
+        Ok(Some(info.with_readers(holding, queued)))
     }
 
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>> {

@@ -1072,12 +1072,18 @@ impl DistributedLock for ZkLock {
                 .await?
                 .map(|stat| (from_name(), stat))
         };
-        Ok(Some(LockInfo::new(
+        let held = holding(&queue);
+        let readers = |nodes: &[Child]| nodes.iter().filter(|c| c.kind == NodeKind::Shared).count();
+        let info = LockInfo::new(
             name,
             holder.as_ref().map(|(h, _)| h.clone()),
             holder.map(|(_, s)| FencingToken(s.czxid as u64)),
             None,
-            Some(queue.len() - holding(&queue)),
+            Some(queue.len() - held),
+        );
+        Ok(Some(info.with_readers(
+            readers(&queue[..held]),
+            readers(&queue[held..]),
         )))
     }
 

@@ -216,4 +216,41 @@ impl LockInfo {
     pub fn is_held(&self) -> bool {
         self.holder.is_some()
     }
+
+    /// The same report with the read side of a read-write lock counted, in the words every
+    /// backend uses (and `dlock status` prints): `"N reader(s) holding"` when `readers_holding`
+    /// is above 0, and `"K of the W waiting are readers"` when `readers_waiting` (K) is,
+    /// W being [`waiters`](Self::waiters). Other details are kept.
+    pub fn with_readers(mut self, readers_holding: usize, readers_waiting: usize) -> Self {
+        if readers_holding > 0 {
+            self.details
+                .push(format!("{readers_holding} reader(s) holding"));
+        }
+        if readers_waiting > 0 {
+            let waiting = self.waiters.unwrap_or(readers_waiting);
+            self.details.push(format!(
+                "{readers_waiting} of the {waiting} waiting are readers"
+            ));
+        }
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn with_readers_counts_holders_and_queued_readers_in_one_wording() {
+        let name = LockName::new("n").unwrap();
+        let info = LockInfo::new(&name, Some("r".into()), None, None, Some(3));
+        let counted = info.clone().with_readers(2, 1);
+        assert_eq!(
+            counted.details,
+            ["2 reader(s) holding", "1 of the 3 waiting are readers"]
+        );
+        assert!(info.clone().with_readers(0, 0).details.is_empty());
+        let kept = info.with_details(vec!["x".into()]).with_readers(0, 2);
+        assert_eq!(kept.details, ["x", "2 of the 3 waiting are readers"]);
+    }
 }

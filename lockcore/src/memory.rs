@@ -502,6 +502,8 @@ impl DistributedLock for MemoryLock {
         Ok(entries.get_mut(name).map(|e| {
             e.live_readers(now);
             let holder = e.live_holder(now).or(e.readers.first());
+            let queued_readers = e.queue.iter().filter(|(_, a, _)| *a == Access::Shared);
+            let queued_readers = queued_readers.count();
             LockInfo::new(
                 name,
                 holder.map(|h| h.owner.to_string()),
@@ -511,6 +513,7 @@ impl DistributedLock for MemoryLock {
                 holder.map(|h| h.expires.saturating_duration_since(now)),
                 Some(e.queue.len()),
             )
+            .with_readers(e.readers.len(), queued_readers)
         }))
     }
 

@@ -339,9 +339,7 @@ impl DistributedLock for TairLock {
             u64::try_from(left).ok().map(Duration::from_millis),
             None,
         );
-        if readers > 0 {
-            info = info.with_details(vec![format!("{readers} reader(s) inside")]);
-        }
+        info = info.with_readers(usize::try_from(readers).unwrap_or(0), 0);
         Ok(Some(info))
     }
 

@@ -8,8 +8,10 @@ use lockcore::{DistributedLock, Error, FencingToken, LockExt, Released, Wait};
 use super::{SEC, lease_opts, ms, within};
 use crate::Ctx;
 
-/// Several readers from different clients hold a name together; a writer (and `lock`, the
-/// same exclusive hold) waits until the last reader releases.
+/// Several readers from different clients hold a name together, and `inspect` counts them
+/// (`"3 reader(s) holding"`, see `LockInfo::with_readers`; a pass-through store indents its
+/// stores' lines); a writer (and `lock`, the same exclusive hold) waits until the last reader
+/// releases.
 pub async fn rw_readers_share_writer_waits(ctx: Ctx) {
     use lockcore::ReadWriteExt;
     let clients = [ctx.client().await, ctx.client().await, ctx.client().await];
@@ -24,6 +26,18 @@ pub async fn rw_readers_share_writer_waits(ctx: Ctx) {
                 .expect("a reader must share with other readers"),
         );
     }
+    let key = lockcore::LockName::new(&n).expect("name");
+    let info = writer
+        .inspect(&key)
+        .await
+        .expect("inspect")
+        .expect("in use");
+    assert!(
+        info.details
+            .iter()
+            .any(|d| d.trim() == "3 reader(s) holding"),
+        "inspect does not count the readers: {info:?}"
+    );
     assert!(
         writer
             .try_write_lock(&n, &lease_opts(30 * SEC))
