@@ -147,8 +147,7 @@ impl<D: Dialect> Client<D> {
     /// Tells this process's waiters on `name` (the lock's and readers', or with `permits` the
     /// semaphore's) that a hold of it ended here or the queue moved, where the dialect polls:
     /// wakes the one queued here nearest to the head (the rest are behind it, and each grant
-    /// wakes the next). PostgreSQL's statements notify every process
-    /// themselves.
+    /// wakes the next). PostgreSQL's statements notify every process themselves.
     pub(crate) fn freed(&self, name: &LockName, permits: bool) {
         if let Some(hub) = &self.local {
             hub.wake_first(&key(name.as_str(), permits));
