@@ -52,6 +52,8 @@ pub struct Stmt {
     style: Style,
     /// Whether it answers with a row (`SELECT`, `RETURNING`) rather than with what it changed.
     row: bool,
+    /// Whether it only reads (see [`Stmt::reads_only`]), decided once when it is built.
+    reads: bool,
 }
 
 /// The values a statement's parameters take (those it does not use are ignored).
@@ -217,24 +219,31 @@ impl Sql {
             rest = after;
         }
         text.push_str(rest);
+        let reads = reads_only(&text);
         let sql = sqlx::AssertSqlSafe(std::sync::Arc::<str>::from(text)).into_sql_str();
         Stmt {
             sql,
             binds,
             style: self.style,
             row,
+            reads,
         }
     }
 }
 
+/// Whether the statement `text` only reads: a plain `SELECT` (one that calls `pg_notify` sends
+/// a notification, which this crate counts as a write).
+fn reads_only(text: &str) -> bool {
+    let text = text.trim_start();
+    text.get(..6)
+        .is_some_and(|w| w.eq_ignore_ascii_case("SELECT"))
+        && !text.contains("pg_notify")
+}
+
 impl Stmt {
-    /// Whether the statement only reads: a plain `SELECT` (one that calls `pg_notify` sends a
-    /// notification, which this crate counts as a write).
+    /// Whether the statement only reads, so that it need not wait for SQLite's write turn.
     pub fn reads_only(&self) -> bool {
-        let text = self.sql.as_str().trim_start();
-        text.get(..6)
-            .is_some_and(|w| w.eq_ignore_ascii_case("SELECT"))
-            && !text.contains("pg_notify")
+        self.reads
     }
 }
 
