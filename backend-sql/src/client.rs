@@ -9,9 +9,9 @@ use lockcore::{AcquireOptions, ClientDefaults, Lease, LockName, OwnerId, Result,
 
 use crate::common::{Core, Pending, detached, floor_of, token};
 use crate::config::SqlConfig;
-use crate::dialect::{Dialect, Statements, Wake};
+use crate::dialect::{Dialect, Statements};
 use crate::statement::{Args, Reply};
-use crate::wake::{Waiters, key, local};
+use crate::wake::{Waiters, Wake, key, local};
 
 /// The lease of a grant to `owner` with fence `fence`, valid from `started` for the ttl of `opts`.
 pub(crate) fn granted(
@@ -129,11 +129,7 @@ impl<D: Dialect> Client<D> {
             return self.dialect.wake(name, waiter, permits);
         };
         let registration = hub.register(&key(name.as_str(), permits), Some(waiter));
-        Wake {
-            notify: registration.notify().clone(),
-            ready: None,
-            _subscription: Some(Box::new(registration)),
-        }
+        registration.into_wake(None)
     }
 
     /// Records where `waiter` (registered with [`wake`](Self::wake)) joined the queue, so that

@@ -3,19 +3,17 @@
 //! same everywhere but for the clock and the interval arithmetic are written here once
 //! ([`Statements::new`]); PostgreSQL replaces those that also send a NOTIFY ([`Dialect::adapt`]).
 
-use std::any::Any;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::{Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 use sqlx::error::DatabaseError;
 use sqlx::{Connection, Database};
-use tokio::sync::{Notify, watch};
 
 use crate::common::{Class, Core};
 use crate::config::{SqlConfig, WithTls};
 use crate::statement::{Args, Sql, SqlDb, Stmt, Style};
+use crate::wake::Wake;
 
 pub mod mysql;
 pub mod postgres;
@@ -585,26 +583,6 @@ impl Statements {
         };
         D::adapt(&s, &mut sql);
         sql
-    }
-}
-
-/// How a queued waiter learns that the lock may have been freed (by default: it polls).
-#[derive(Default)]
-pub struct Wake {
-    /// Fired by the dialect's notifications; never where it polls.
-    pub notify: Arc<Notify>,
-    /// Whether the notifications flow (PostgreSQL: the listener connection is up and
-    /// LISTENing); `None` where the dialect polls.
-    pub ready: Option<watch::Receiver<bool>>,
-    /// What keeps the subscription (PostgreSQL: the waiter's interest in the name, woken when a
-    /// release names it the head, or wakes everyone on the name).
-    pub _subscription: Option<Box<dyn Any + Send + Sync>>,
-}
-
-impl Wake {
-    /// Whether a release will be notified: the listener has been LISTENing since before now.
-    pub fn listening(&self) -> bool {
-        self.ready.as_ref().is_some_and(|r| *r.borrow())
     }
 }
 

@@ -4,6 +4,7 @@
 //! waiters at once ([`local`]). Waiters in other processes still find such a release by polling;
 //! a wake-up that names nobody, or comes late, only costs a look.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
@@ -228,6 +229,37 @@ impl Drop for Registration {
         let others = Arc::strong_count(&interest.any) - 1 - usize::from(self.waiter.is_none());
         if others == 0 && interest.queued.is_empty() {
             map.remove(&self.name);
+        }
+    }
+}
+
+/// How a queued waiter learns that the lock may have been freed (by default: it polls).
+#[derive(Default)]
+pub struct Wake {
+    /// Fired by the dialect's notifications (PostgreSQL), or, where it polls, by the releases
+    /// made in this process ([`local`]).
+    pub notify: Arc<Notify>,
+    /// Whether the notifications flow (PostgreSQL: the listener connection is up and
+    /// LISTENing); `None` where the dialect polls.
+    pub ready: Option<watch::Receiver<bool>>,
+    /// What keeps the subscription: the waiter's [`Registration`].
+    pub _subscription: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl Wake {
+    /// Whether a release will be notified: the listener has been LISTENing since before now.
+    pub fn listening(&self) -> bool {
+        self.ready.as_ref().is_some_and(|r| *r.borrow())
+    }
+}
+
+impl Registration {
+    /// The waiter's [`Wake`] of this registration, which it keeps; `ready` as in [`Wake`].
+    pub fn into_wake(self, ready: Option<watch::Receiver<bool>>) -> Wake {
+        Wake {
+            notify: self.notify.clone(),
+            ready,
+            _subscription: Some(Box::new(self)),
         }
     }
 }

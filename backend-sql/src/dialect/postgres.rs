@@ -12,10 +12,11 @@ use lockcore::{Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 use sqlx::error::DatabaseError;
 use sqlx::{SqlSafeStr, SqlStr};
 
-use super::{Dialect, Statements, Wake, connect_server, fence_of};
+use super::{Dialect, Statements, connect_server, fence_of};
 use crate::common::{Class, Core, from_micros, whole};
 use crate::config::{SqlConfig, Target};
 use crate::statement::{Sql, Stmt, Style};
+use crate::wake::Wake;
 use listen::Listener;
 
 const BACKEND: &str = "postgres";
@@ -344,16 +345,9 @@ impl Dialect for Postgres {
     fn wake(&self, name: &LockName, waiter: OwnerId, permits: bool) -> Wake {
         self.listener.ensure();
         let waiters = &self.listener.waiters;
-        let registration = if permits {
-            waiters.register(&crate::wake::permits_key(name.as_str()), Some(waiter))
-        } else {
-            waiters.register(name.as_str(), Some(waiter))
-        };
-        Wake {
-            notify: registration.notify().clone(),
-            ready: Some(waiters.ready.subscribe()),
-            _subscription: Some(Box::new(registration)),
-        }
+        let registration =
+            waiters.register(&crate::wake::key(name.as_str(), permits), Some(waiter));
+        registration.into_wake(Some(waiters.ready.subscribe()))
     }
 
     async fn wait_for_release(
