@@ -438,6 +438,23 @@ impl ZkLock {
         }
     }
 
+    /// Withdraws a request that does not hold (a single try, or a wait that reached its
+    /// deadline): deletes its node at `path` now, so that the queue is clean when the call
+    /// returns. If the delete does not get through, `guard` goes on armed and its undo deletes
+    /// the node in the background.
+    pub(crate) async fn withdraw(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        guard: CleanupGuard<Attempt>,
+    ) {
+        if let Ok(Ok(()) | Err(zk::Error::NoNode)) =
+            timed(self.limit(), client.delete(path, None)).await
+        {
+            guard.disarm();
+        }
+    }
+
     /// The node's stat (its czxid is the fencing token), with a separate `exists`: for a node
     /// found after a lost create reply, and to check a lease's node.
     pub(crate) async fn czxid(
@@ -547,12 +564,7 @@ impl ZkLock {
                 return Ok(Some(lease));
             };
             if !wait || deadline.is_some_and(|d| Instant::now() >= d) {
-                // Withdraw now, so the queue is clean when this call returns.
-                if let Ok(Ok(()) | Err(zk::Error::NoNode)) =
-                    timed(self.limit(), client.delete(&path, None)).await
-                {
-                    guard.disarm();
-                }
+                self.withdraw(&client, &path, guard).await;
                 return Ok(None);
             }
             let woke = self

@@ -426,11 +426,7 @@ impl ZkLock {
                 return Ok(Some(lease));
             }
             if !wait || deadline.is_some_and(|d| Instant::now() >= d) {
-                if let Ok(Ok(()) | Err(zk::Error::NoNode)) =
-                    timed(self.limit(), client.delete(&path, None)).await
-                {
-                    guard.disarm();
-                }
+                self.withdraw(&client, &path, guard).await;
                 return Ok(None);
             }
             // The node's stat (its czxid is the token) is read while waiting, once, so that it
