@@ -349,6 +349,12 @@ fn row_128_plus_n_the_command_was_killed_by_a_signal() {
     assert_eq!(code, Some(137), "{out}");
 }
 
+/// A command that exits 5 on SIGINT. It touches the file named by `$0` once the trap is set,
+/// then sleeps in one-second steps: a SIGINT that arrives between the shell's trap check and
+/// its fork of the next `sleep` is taken at most a second later, when that sleep ends, well
+/// inside dlock's `--grace` (10 s) after which the command would get SIGKILL.
+const TRAP_INT_EXIT_5: &str = "trap 'exit 5' INT; touch \"$0\"; while :; do sleep 1; done";
+
 /// A Ctrl-C reaches the whole foreground process group at once: dlock and the command. dlock
 /// then exits with the command's own status every time (130 if SIGINT ended it, 5 if it trapped
 /// SIGINT and exited 5), never one or the other depending on who saw the signal first.
@@ -357,7 +363,10 @@ fn rows_129_130_143_a_group_sigint_gives_the_commands_status_every_time() {
     let dir = tempfile::tempdir().unwrap();
     for (script, want) in [
         // The issue's command: the foreground `sleep` dies of the SIGINT, then the trap runs.
-        ("trap 'exit 5' INT; touch \"$0\"; sleep 10", 5),
+        // Short sleeps in a loop, not one `sleep 10`: a SIGINT that lands after the shell's
+        // last trap check but before it forks `sleep` misses the sleep, and the shell runs the
+        // trap only when that sleep ends; one `sleep 10` would then race dlock's 10 s grace.
+        (TRAP_INT_EXIT_5, 5),
         ("touch \"$0\"; exec sleep 10", 130),
     ] {
         for round in 0..6 {
@@ -414,7 +423,8 @@ fn a_ctrl_c_typed_at_a_terminal_gives_the_commands_status_every_time() {
         // same SIGINT and `script` would report 130 whatever dlock did. With `exec`, dlock is
         // the terminal's session leader under any shell, as under an interactive shell's job.
         let inner = format!(
-            "exec {bin} run --url memory://x --name a -- sh -c 'trap \"exit 5\" INT; touch {}; sleep 10'",
+            "exec {bin} run --url memory://x --name a -- sh -c '{}' {}",
+            TRAP_INT_EXIT_5.replace('\'', "\""),
             started.display()
         );
         // The feeder types ^C once the command has started, then keeps the terminal open a
