@@ -16,8 +16,11 @@ use crate::statement::{Args, Sql, SqlDb, Stmt, Style};
 use crate::wake::Wake;
 
 pub mod mysql;
+mod permits;
 pub mod postgres;
 pub mod sqlite;
+
+pub use permits::{PermitStatements, PermitTemplates, recorded};
 
 /// One database's side of [`SqlLock`](crate::SqlLock). (Not [`crate::Dialect`], the enum a
 /// URL's scheme picks.)
@@ -335,169 +338,6 @@ impl ReadStatements {
                  AND EXISTS (SELECT 1 FROM {r} AS m WHERE m.name = w.name AND m.owner = w.waiter))"
             )),
             notify: None,
-        }
-    }
-}
-
-/// The statements of counting semaphores (see `crate::semaphore`), over the semaphores table
-/// `{s}` (name, fence), the permit holders table `{p}` (name, owner, fence, permits,
-/// expires_at; one row per permit held) and the permit waiters table `{v}` (ticket, name,
-/// waiter, permits, expires_at).
-pub struct PermitStatements {
-    /// Run before each semaphore transaction begins ([`Dialect::TX_SETUP`]).
-    pub setup: Option<sqlx::SqlStr>,
-    /// Run first in the join transaction ([`Dialect::RELAXED_COMMIT`]).
-    pub relaxed: Option<sqlx::SqlStr>,
-    /// Takes the semaphore row's lock (see [`Dialect::semaphore_lock`]).
-    pub lock: Stmt,
-    /// Takes the lock and bumps the fence, handing it back.
-    pub lock_bump: Stmt,
-    /// One row about `$name` as `$owner` (queued with `$ticket`, or `i64::MAX` when not
-    /// queued) sees it: the recorded count (of live holders and waiters, all equal), live
-    /// holders but `$owner`, live waiters ahead, `$owner`'s own live permit's fence, µs until
-    /// the first live holder but `$owner` runs out, and expired holder rows.
-    pub state: Stmt,
-    /// Inserts `$owner`'s permit row with `$fence`, `$permits` and `$ttl`.
-    pub grant: Stmt,
-    /// Takes over `$owner`'s own live permit row with `$fence` and `$ttl`.
-    pub regrant: Stmt,
-    /// Deletes the name's expired permit rows.
-    pub gc: Stmt,
-    /// Joins the permit queue's tail (liveness in `$ttl`, count `$permits`); hands back the
-    /// ticket.
-    pub enqueue: Stmt,
-    /// Extends a permit waiter's liveness; never revives an expired one.
-    pub refresh: Stmt,
-    /// Deletes `$owner`'s and the name's expired waiter rows.
-    pub dequeue: Stmt,
-    /// Wakes the name's permit waiters (PostgreSQL's NOTIFY; `None` where waiters poll): after
-    /// a waiter's grant that leaves permits free for the next.
-    pub notify: Option<Stmt>,
-    /// A queued waiter's grant in one statement (PostgreSQL): [`grant`](Self::grant),
-    /// [`dequeue`](Self::dequeue) and, when `$permits` leaves room after it, [`notify`](Self::notify).
-    /// `None`: those three one after another.
-    pub grant_queued: Option<Stmt>,
-    /// Leaves the queue, frees a permit granted to the waiter and wakes the others, in one
-    /// statement that counts the freed permits. `None`: [`dequeue`](Self::dequeue), then
-    /// [`release_owner`](Self::release_owner).
-    pub leave: Option<Stmt>,
-    /// Owner- and fence-checked release of a live permit (deletes its row).
-    pub release: Stmt,
-    /// Deletes `$owner`'s permit row whatever its fence (the clean-up after an interrupted
-    /// acquire).
-    pub release_owner: Stmt,
-    /// Owner- and fence-checked extension; never resurrects an expired permit.
-    pub extend: Stmt,
-    /// Live holders: owner, fence, µs left, oldest grant first.
-    pub holders: Stmt,
-    /// Whether the semaphore row exists, the recorded count, live waiters.
-    pub summary: Stmt,
-    /// `forget`: the name's expired holder and waiter rows, then its semaphore row unless a
-    /// live holder or waiter is left.
-    pub forget: Vec<Stmt>,
-    /// Expired holder and waiter rows of every name, dropped when a client connects.
-    pub gc_all: Vec<Stmt>,
-}
-
-impl PermitStatements {
-    /// `D`'s semaphore statements as they read on every dialect; PostgreSQL's notifications
-    /// are added in its [`Dialect::adapt`].
-    fn new<D: Dialect>(s: &Sql) -> Self {
-        let (sem, p, v, now, expiry) = (&s.s, &s.p, &s.v, D::NOW, D::expiry());
-        let live = |a: &str| format!("{a}.name = $name AND {a}.expires_at > {now}");
-        let recorded = format!(
-            "COALESCE((SELECT MAX(p.permits) FROM {p} AS p WHERE {}), \
-             (SELECT MAX(v.permits) FROM {v} AS v WHERE {}))",
-            live("p"),
-            live("v")
-        );
-        PermitStatements {
-            setup: D::TX_SETUP.map(sqlx::SqlSafeStr::into_sql_str),
-            relaxed: D::RELAXED_COMMIT.map(sqlx::SqlSafeStr::into_sql_str),
-            lock: D::semaphore_lock(s, false),
-            lock_bump: D::semaphore_lock(s, true),
-            state: s.row(&format!(
-                "SELECT {recorded}, \
-                 (SELECT count(*) FROM {p} AS p WHERE {} AND p.owner <> $owner), \
-                 (SELECT count(*) FROM {v} AS v WHERE {} AND v.ticket < $ticket \
-                 AND v.waiter <> $owner), \
-                 (SELECT p.fence FROM {p} AS p WHERE {} AND p.owner = $owner), \
-                 (SELECT MIN({}) FROM {p} AS p WHERE {} AND p.owner <> $owner), \
-                 (SELECT count(*) FROM {p} AS p WHERE p.name = $name AND p.expires_at <= {now})",
-                live("p"),
-                live("v"),
-                live("p"),
-                D::micros_between(now, "p.expires_at"),
-                live("p"),
-            )),
-            grant: s.done(&format!(
-                "INSERT INTO {p} (name, owner, fence, permits, expires_at) \
-                 VALUES ($name, $owner, $fence, $permits, {expiry})"
-            )),
-            regrant: s.done(&format!(
-                "UPDATE {p} SET fence = $fence, expires_at = {expiry} \
-                 WHERE name = $name AND owner = $owner"
-            )),
-            gc: s.done(&format!(
-                "DELETE FROM {p} WHERE name = $name AND expires_at <= {now}"
-            )),
-            enqueue: s.insert_returning(
-                &format!(
-                    "INSERT INTO {v} (name, waiter, permits, expires_at) \
-                     VALUES ($name, $owner, $permits, {expiry})"
-                ),
-                "ticket",
-            ),
-            refresh: s.done(&format!(
-                "UPDATE {v} SET expires_at = {expiry} \
-                 WHERE name = $name AND waiter = $owner AND expires_at > {now}"
-            )),
-            dequeue: s.done(&format!(
-                "DELETE FROM {v} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
-            )),
-            notify: None,
-            grant_queued: None,
-            leave: None,
-            release: s.done(&format!(
-                "DELETE FROM {p} \
-                 WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
-            )),
-            release_owner: s.done(&format!(
-                "DELETE FROM {p} WHERE name = $name AND owner = $owner"
-            )),
-            extend: s.done(&format!(
-                "UPDATE {p} SET expires_at = {expiry} \
-                 WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
-            )),
-            holders: s.row(&format!(
-                "SELECT p.owner, p.fence, {} FROM {p} AS p WHERE {} ORDER BY p.fence",
-                D::micros_between(now, "p.expires_at"),
-                live("p")
-            )),
-            summary: s.row(&format!(
-                "SELECT (SELECT count(*) FROM {sem} AS s WHERE s.name = $name), {recorded}, \
-                 (SELECT count(*) FROM {v} AS v WHERE {})",
-                live("v")
-            )),
-            forget: vec![
-                s.done(&format!(
-                    "DELETE FROM {p} WHERE name = $name AND expires_at <= {now}"
-                )),
-                s.done(&format!(
-                    "DELETE FROM {v} WHERE name = $name AND expires_at <= {now}"
-                )),
-                s.done(&format!(
-                    "DELETE FROM {sem} WHERE name = $name \
-                     AND NOT EXISTS (SELECT 1 FROM {p} AS p WHERE {}) \
-                     AND NOT EXISTS (SELECT 1 FROM {v} AS v WHERE {})",
-                    live("p"),
-                    live("v")
-                )),
-            ],
-            gc_all: vec![
-                s.done(&format!("DELETE FROM {p} WHERE expires_at <= {now}")),
-                s.done(&format!("DELETE FROM {v} WHERE expires_at <= {now}")),
-            ],
         }
     }
 }

@@ -114,11 +114,10 @@ async fn grant_tx<DB: SqlDb>(
     let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
     let fence = DB::reply(&mut *tx, &sql.lock_bump, &a).await?.value();
     let state = DB::reply(&mut *tx, &sql.state, &a).await?;
-    // (live holders but us, expired holder rows to delete, whether the permit is ours already)
-    let (holders, expired, mine) = match judge(&state, permits) {
-        Judged::Free { holders, expired } => (holders, expired, false),
-        // We take no new place: nothing to wake anyone for.
-        Judged::Mine => (i64::from(permits), false, true),
+    // (expired holder rows to delete, whether the permit is ours already)
+    let (expired, mine) = match judge(&state, permits) {
+        Judged::Free { expired, .. } => (expired, false),
+        Judged::Mine => (false, true),
         Judged::Mismatch(recorded) => {
             // Nothing written but the bump, which is undone.
             tx.rollback().await?;
@@ -136,24 +135,30 @@ async fn grant_tx<DB: SqlDb>(
     // Our own live permit (a retry whose first try committed, or a chosen owner id acquiring
     // again) is taken over with the new fence and expiry, as the lock's acquire takes over a
     // row that is already ours; the old lease of it is then stale.
-    if let Some(both) = sql.grant_queued.as_ref().filter(|_| queued && !mine) {
-        DB::reply(&mut *tx, both, &a.fence(fence)).await?;
-        tx.commit().await?;
-        return Ok(Grant::Granted(fence));
-    }
     let write = if mine { &sql.regrant } else { &sql.grant };
     DB::reply(&mut *tx, write, &a.fence(fence)).await?;
     if queued {
         DB::reply(&mut *tx, &sql.dequeue, &a).await?;
-        // Permits left for the next waiter: wake it (sent at commit).
-        if let Some(notify) = &sql.notify
-            && holders + 1 < i64::from(permits)
-        {
-            DB::reply(&mut *tx, notify, &a).await?;
-        }
     }
     tx.commit().await?;
     Ok(Grant::Granted(fence))
+}
+
+/// What the grant routine's row says (see `PermitStatements::grant_call`).
+fn granted_by_call(reply: &Reply) -> sqlx::Result<Grant> {
+    let count = |col| u64::try_from(reply.col(col).unwrap_or(0)).unwrap_or(0);
+    match reply.col(0) {
+        Some(0) => reply
+            .col(1)
+            .map(Grant::Granted)
+            .ok_or(sqlx::Error::RowNotFound),
+        Some(1) => Ok(Grant::Blocked {
+            ahead: count(2),
+            holder_left: from_micros(reply.col(3)),
+        }),
+        Some(2) => Ok(Grant::Mismatch(count(4))),
+        _ => Err(sqlx::Error::RowNotFound),
+    }
 }
 
 /// The join transaction on `conn`: under the semaphore row's lock, checks the count and
@@ -201,7 +206,14 @@ impl<D: Dialect> Client<D> {
             .run("acquire permit", Some(name), |mut c| {
                 tries += 1;
                 async move {
-                    let r = grant_tx::<D::Db>(c.conn(), sql, a, permits, ticket.is_some()).await;
+                    let r = match &sql.grant_call {
+                        Some(call) => D::Db::reply(c.conn(), call, &a)
+                            .await
+                            .and_then(|reply| granted_by_call(&reply)),
+                        None => {
+                            grant_tx::<D::Db>(c.conn(), sql, a, permits, ticket.is_some()).await
+                        }
+                    };
                     (c, r)
                 }
             })
@@ -267,7 +279,13 @@ impl<D: Dialect> Client<D> {
         let joined = self
             .core
             .run("enqueue", Some(name), |mut c| async move {
-                let r = join_tx::<D::Db>(c.conn(), sql, a, permits).await;
+                let r = match &sql.join_call {
+                    Some(call) => D::Db::reply(c.conn(), call, &a).await.map(|reply| {
+                        let recorded = reply.col(1).unwrap_or(0);
+                        reply.col(0).ok_or(u64::try_from(recorded).unwrap_or(0))
+                    }),
+                    None => join_tx::<D::Db>(c.conn(), sql, a, permits).await,
+                };
                 (c, r)
             })
             .await?;
@@ -380,6 +398,35 @@ impl<D: Dialect> Client<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_grant_routines_row_reads_as_the_transactions_outcome() {
+        let row = |cols: [Option<i64>; 6]| granted_by_call(&Reply::with_row(cols)).ok();
+        let granted = row([Some(0), Some(41), None, None, None, None]);
+        assert_eq!(granted, Some(Grant::Granted(41)));
+        let full = row([Some(1), None, Some(0), Some(1500), Some(4), None]);
+        let holder_left = Some(Duration::from_micros(1500));
+        assert_eq!(
+            full,
+            Some(Grant::Blocked {
+                ahead: 0,
+                holder_left
+            })
+        );
+        let behind = row([Some(1), None, Some(2), None, Some(4), None]);
+        let ahead = Grant::Blocked {
+            ahead: 2,
+            holder_left: None,
+        };
+        assert_eq!(behind, Some(ahead));
+        assert_eq!(
+            row([Some(2), None, None, None, Some(3), None]),
+            Some(Grant::Mismatch(3))
+        );
+        // A grant without its fence, or an outcome the routine never gives, is an error.
+        assert_eq!(row([Some(0), None, None, None, None, None]), None);
+        assert_eq!(row([Some(7), None, None, None, None, None]), None);
+    }
 
     #[test]
     fn judge_reads_the_state_row_in_order() {

@@ -42,6 +42,31 @@ enum Param {
     Permits,
 }
 
+impl Param {
+    const ALL: [Param; 7] = [
+        Param::Name,
+        Param::Owner,
+        Param::Fence,
+        Param::Ttl,
+        Param::Ticket,
+        Param::Floor,
+        Param::Permits,
+    ];
+
+    /// How templates name it, after the `$`.
+    fn word(self) -> &'static str {
+        match self {
+            Param::Name => "name",
+            Param::Owner => "owner",
+            Param::Fence => "fence",
+            Param::Ttl => "ttl",
+            Param::Ticket => "ticket",
+            Param::Floor => "floor",
+            Param::Permits => "permits",
+        }
+    }
+}
+
 /// One statement, ready to run: its text with the dialect's placeholders, and what to bind.
 #[derive(Clone)]
 pub struct Stmt {
@@ -183,25 +208,31 @@ impl Sql {
         }
     }
 
-    /// Replaces each `$param` by the dialect's placeholder. An unknown parameter is a mistake
-    /// in a template, found by the first connect of any test.
+    /// `template` as the body of a server-side routine whose arguments are named `p_` and the
+    /// parameter's name (`$name` becomes `p_name`).
+    pub fn inline(template: &str) -> String {
+        let mut text = String::with_capacity(template.len());
+        let mut rest = template;
+        while let Some((before, param, after)) = next_param(rest, template) {
+            text.push_str(before);
+            if let Some(param) = param {
+                text.push_str(&format!("p_{}", param.word()));
+            }
+            rest = after;
+        }
+        text.push_str(rest);
+        text
+    }
+
+    /// Replaces each `$param` by the dialect's placeholder.
     fn expand(&self, template: &str, row: bool) -> Stmt {
         let (mut text, mut binds) = (String::with_capacity(template.len()), Vec::new());
         let mut rest = template;
-        while let Some(at) = rest.find('$') {
-            text.push_str(&rest[..at]);
-            rest = &rest[at + 1..];
-            let len = rest.find(|c: char| !c.is_ascii_lowercase());
-            let (word, after) = rest.split_at(len.unwrap_or(rest.len()));
-            let param = match word {
-                "name" => Param::Name,
-                "owner" => Param::Owner,
-                "fence" => Param::Fence,
-                "ttl" => Param::Ttl,
-                "ticket" => Param::Ticket,
-                "floor" => Param::Floor,
-                "permits" => Param::Permits,
-                _ => panic!("unknown parameter ${word} in {template:?}"),
+        while let Some((before, param, after)) = next_param(rest, template) {
+            text.push_str(before);
+            rest = after;
+            let Some(param) = param else {
+                continue;
             };
             match self.style.numbered {
                 Some(prefix) => {
@@ -216,7 +247,6 @@ impl Sql {
                     text.push('?');
                 }
             }
-            rest = after;
         }
         text.push_str(rest);
         let reads = reads_only(&text);
@@ -229,6 +259,33 @@ impl Sql {
             reads,
         }
     }
+}
+
+/// Splits `rest` at its first `$`: the text before it, the parameter named after it, and the
+/// text after that. A `$` that names no parameter comes back in the text before, with the
+/// dollar-quote tag it opens or closes (`$F$`), so that a word right after a tag is not taken
+/// for a parameter. An unknown lower-case word is a mistake in `template`, found by the first
+/// connect of any test.
+fn next_param<'t>(rest: &'t str, template: &str) -> Option<(&'t str, Option<Param>, &'t str)> {
+    let at = rest.find('$')?;
+    let tail = &rest[at + 1..];
+    let len = tail.find(|c: char| !c.is_ascii_lowercase());
+    let (word, after) = tail.split_at(len.unwrap_or(tail.len()));
+    if word.is_empty() {
+        let tag = tail.find(|c: char| !(c.is_ascii_uppercase() || c == '_'));
+        let tag = tag.unwrap_or(tail.len());
+        let end = at
+            + 1
+            + if tail[tag..].starts_with('$') {
+                tag + 1
+            } else {
+                0
+            };
+        return Some((&rest[..end], None, &rest[end..]));
+    }
+    let param = Param::ALL.into_iter().find(|p| p.word() == word);
+    let param = param.unwrap_or_else(|| panic!("unknown parameter ${word} in {template:?}"));
+    Some((&rest[..at], Some(param), after))
 }
 
 /// Whether the statement `text` only reads: a plain `SELECT` (one that calls `pg_notify` sends
@@ -542,3 +599,6 @@ impl<DB: SqlDb> Core<DB> {
             .map_err(|e| Error::backend(self.backend, "raw floor", a.name, true, e))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -4,6 +4,7 @@
 //! ([`listen`]).
 
 mod listen;
+mod routines;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -64,6 +65,22 @@ fn free_and_notify(s: &Sql, condition: &str, head: bool) -> Stmt {
     } else {
         format!("{released} SELECT count(pg_notify('{table}', 'N' || r.name)) FROM released AS r")
     })
+}
+
+/// The template of [`Dialect::semaphore_lock`] on the semaphores table `sem` (quoted).
+fn semaphore_lock(sem: &str, bump: bool) -> String {
+    if bump {
+        format!(
+            "INSERT INTO {sem} AS s (name, fence) VALUES ($name, GREATEST(1, $floor::bigint)) \
+             ON CONFLICT (name) DO UPDATE SET fence = GREATEST(s.fence + 1, $floor::bigint) \
+             RETURNING fence"
+        )
+    } else {
+        format!(
+            "INSERT INTO {sem} AS s (name, fence) VALUES ($name, 0) \
+             ON CONFLICT (name) DO UPDATE SET fence = s.fence"
+        )
+    }
 }
 
 /// The owner- and fence-checked release's condition.
@@ -168,19 +185,8 @@ impl Dialect for Postgres {
     ];
 
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt {
-        let sem = &s.s;
-        if bump {
-            s.row(&format!(
-                "INSERT INTO {sem} AS s (name, fence) VALUES ($name, GREATEST(1, $floor::bigint)) \
-                 ON CONFLICT (name) DO UPDATE SET fence = GREATEST(s.fence + 1, $floor::bigint) \
-                 RETURNING fence"
-            ))
-        } else {
-            s.done(&format!(
-                "INSERT INTO {sem} AS s (name, fence) VALUES ($name, 0) \
-                 ON CONFLICT (name) DO UPDATE SET fence = s.fence"
-            ))
-        }
+        let text = semaphore_lock(&s.s, bump);
+        if bump { s.row(&text) } else { s.done(&text) }
     }
 
     fn lease_bump(s: &Sql) -> Stmt {
@@ -304,34 +310,6 @@ impl Dialect for Postgres {
              AND waiter <> $owner ORDER BY ticket LIMIT 1)"
         );
         let wake = format!("COALESCE('Q' || {head} || $name, 'P' || $name)");
-        permits.notify = Some(s.done(&format!("SELECT pg_notify('{table}', {wake})")));
-        // The grant, the dequeue and (if permits are left after ours) the next head's wake-up,
-        // in one round trip: it runs under the semaphore row's lock, between the release that
-        // woke this waiter and this waiter's lease, so every round trip in it delays the handoff.
-        // (The holders counted are those before our insert, which no statement of the
-        // statement's own snapshot sees.)
-        let expiry = Self::expiry();
-        permits.grant_queued = Some(s.row(&format!(
-            "WITH granted AS (INSERT INTO {p} (name, owner, fence, permits, expires_at) \
-             VALUES ($name, $owner, $fence, $permits, {expiry}) RETURNING 1), \
-             dequeued AS (DELETE FROM {v} \
-             WHERE name = $name AND (waiter = $owner OR expires_at <= {NOW})) \
-             SELECT count(pg_notify('{table}', {wake})) FROM granted \
-             WHERE (SELECT count(*) FROM {p} AS h WHERE h.name = $name \
-             AND h.expires_at > {NOW} AND h.owner <> $owner) + 1 < $permits::bigint"
-        )));
-        // The release waits for the WAL flush like a grant. Committing it without (a release
-        // lost in a crash only leaves the permit held until its ttl) made the semaphore bench
-        // worse, 1.65 to 1.5 holders of 4: the releasing client, back sooner, took the
-        // semaphore row's lock for its next try and join ahead of the woken head's grant.
-        let free = |condition: &str| {
-            s.row(&format!(
-                "WITH gone AS (DELETE FROM {p} WHERE {condition} RETURNING name) \
-                 SELECT count(pg_notify('{table}', {wake})) FROM gone AS g"
-            ))
-        };
-        permits.release = free(HELD);
-        permits.release_owner = free("name = $name AND owner = $owner");
         permits.leave = Some(s.row(&format!(
             "WITH gone AS (DELETE FROM {v} \
              WHERE name = $name AND (waiter = $owner OR expires_at <= {NOW}) RETURNING 1), \
@@ -340,6 +318,7 @@ impl Dialect for Postgres {
              (SELECT count(pg_notify('{table}', 'P' || $name)) FROM \
              (SELECT 1 FROM gone UNION ALL SELECT 1 FROM freed LIMIT 1) AS x)"
         )));
+        routines::add(s, sql, &wake);
     }
 
     fn wake(&self, name: &LockName, waiter: OwnerId, permits: bool) -> Wake {

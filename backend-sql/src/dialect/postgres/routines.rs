@@ -1,0 +1,168 @@
+//! PostgreSQL's semaphore grant, join and release as server-side routines (PL/pgSQL
+//! functions), one round trip each.
+//!
+//! Both transactions hold the semaphore row's lock from their first write to their commit
+//! (see `crate::semaphore`). Sent statement by statement, that is three or four client round
+//! trips; under contention every other grant, join and try of the name queues behind them,
+//! and the semaphore bench held 1.6–1.7 of 4 permits. Inside a function the statements are
+//! the same, but the lock is held only while the server runs them. Each statement of a
+//! `VOLATILE` PL/pgSQL function reads a new snapshot at READ COMMITTED, so the look at the
+//! holders after taking the lock sees every grant committed before it, as the statements
+//! sent one by one do.
+//!
+//! The functions are named after the lease table (`<table>_grant_permit`,
+//! `<table>_join_permits`, `<table>_release_permit`) and (re)created when a client connects, only when their text
+//! differs from what the database holds, under a transaction-scoped advisory lock: two
+//! `CREATE OR REPLACE FUNCTION` of one function at once fail with "tuple concurrently
+//! updated". Their bodies are the templates every dialect runs (`PermitTemplates`), with the
+//! parameters as the functions' arguments.
+
+use super::{NOW, semaphore_lock};
+use crate::common::aux_table;
+use crate::dialect::{PermitTemplates, Statements, recorded};
+use crate::statement::Sql;
+
+/// The advisory lock key under which clients (re)create the functions (`dlock` in ASCII).
+const CREATE_LOCK: i64 = 0x0064_6c6f_636b;
+
+/// The grant transaction (see `crate::semaphore`): outcome 0 granted (with the fence), 1
+/// blocked (waiters ahead; µs until a holder runs out when full), 2 another count recorded.
+/// `p_ticket` is the waiter's ticket, `i64::MAX` for a try; a queued waiter also leaves the
+/// queue and, when permits are left after its own, wakes the next head with `wake`.
+fn grant_body(s: &Sql, wake: &str) -> String {
+    let t = PermitTemplates::new::<super::Postgres>(s);
+    let state = "o_recorded, v_holders, o_ahead, v_mine, o_left, v_expired";
+    let refused = "(o_recorded IS NULL OR o_recorded = p_permits) AND v_mine IS NULL \
+                   AND (o_ahead > 0 OR v_holders >= p_permits)";
+    format!(
+        "DECLARE v_holders bigint; v_mine bigint; v_expired bigint; p_fence bigint; \
+         BEGIN \
+         {look} INTO {state}; \
+         IF {refused} THEN o_outcome := 1; \
+         IF v_holders < p_permits THEN o_left := NULL; END IF; RETURN; END IF; \
+         {lock}; \
+         {look} INTO {state}; \
+         IF o_recorded IS NOT NULL AND o_recorded <> p_permits THEN o_outcome := 2; RETURN; \
+         END IF; \
+         IF {refused} THEN o_outcome := 1; \
+         IF v_holders < p_permits THEN o_left := NULL; END IF; RETURN; END IF; \
+         {bump} INTO p_fence; \
+         IF v_expired > 0 THEN {gc}; END IF; \
+         IF v_mine IS NULL THEN {grant}; ELSE {regrant}; END IF; \
+         IF p_ticket < {max} THEN {dequeue}; \
+         IF v_mine IS NULL AND v_holders + 1 < p_permits THEN \
+         PERFORM pg_notify('{table}', {wake}); END IF; END IF; \
+         o_outcome := 0; o_fence := p_fence; \
+         END",
+        look = t.state,
+        lock = semaphore_lock(&s.s, false),
+        bump = semaphore_lock(&s.s, true),
+        gc = t.gc,
+        grant = t.grant,
+        regrant = t.regrant,
+        dequeue = t.dequeue,
+        max = i64::MAX,
+        table = s.table,
+    )
+}
+
+/// The join transaction: the new waiter's ticket, or NULL and the other count recorded. Its
+/// commit does not wait for the WAL flush (`Dialect::RELAXED_COMMIT`): a join a crash loses
+/// is a waiter that joins again.
+fn join_body(s: &Sql) -> String {
+    let t = PermitTemplates::new::<super::Postgres>(s);
+    format!(
+        "BEGIN \
+         PERFORM set_config('synchronous_commit', 'off', true); \
+         {lock}; \
+         SELECT {recorded} INTO o_recorded; \
+         IF o_recorded IS NOT NULL AND o_recorded <> p_permits THEN RETURN; END IF; \
+         {enqueue} RETURNING ticket INTO o_ticket; \
+         END",
+        lock = semaphore_lock(&s.s, false),
+        recorded = recorded::<super::Postgres>(s),
+        enqueue = t.enqueue,
+    )
+}
+
+/// The release of `p_owner`'s permit with `p_fence` (any fence when NULL: the give-back of an
+/// interrupted acquire; never 0, which a forged lease may carry), under the semaphore row's lock: the number of permits freed (0 or 1),
+/// and when one was, the queue's head (or every waiter) woken with `wake`.
+///
+/// Taking the lock orders the release with every grant. Without it, a release could compute
+/// the head while that waiter's grant was under way and wake it, while the grant counted the
+/// holders before the release's delete committed and so woke nobody: the freed permit then
+/// sat idle until the next release (the bench held 2.5 permits of 4). With it, a release
+/// after a grant sees the next head, and a grant after a release counts the freed permit. It
+/// waits for the WAL flush like a grant: committing it without (a release a crash loses only
+/// leaves the permit held until its ttl) made the bench worse, the releasing client, back
+/// sooner, taking the row's lock for its next try ahead of the woken head's grant.
+fn release_body(s: &Sql, wake: &str) -> String {
+    format!(
+        "BEGIN \
+         PERFORM 1 FROM {sem} WHERE name = $name FOR UPDATE; \
+         DELETE FROM {p} WHERE name = $name AND owner = $owner \
+         AND ($fence IS NULL OR (fence = $fence AND expires_at > {NOW})); \
+         GET DIAGNOSTICS o_freed = ROW_COUNT; \
+         IF o_freed > 0 THEN PERFORM pg_notify('{table}', {wake}); END IF; \
+         END",
+        sem = s.s,
+        p = s.p,
+        table = s.table,
+    )
+}
+
+/// A `DO` block that creates or replaces function `name` with `signature` and `body` (a
+/// template, its parameters turned into the arguments) unless the database holds that text.
+fn create(name: &str, signature: &str, body: &str) -> String {
+    let body = Sql::inline(body);
+    format!(
+        "DO $C$ BEGIN \
+         PERFORM pg_advisory_xact_lock({CREATE_LOCK}); \
+         IF NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = '{name}' \
+         AND pronamespace = current_schema()::regnamespace AND prosrc = $B${body}$B$) THEN \
+         EXECUTE $E$CREATE OR REPLACE FUNCTION \"{name}\"({signature}) \
+         LANGUAGE plpgsql VOLATILE AS $F${body}$F$$E$; \
+         END IF; END $C$"
+    )
+}
+
+/// Adds the functions to `sql.create` and their calls to `sql.permits`; `wake` is the
+/// notification payload that wakes the next head of the permit queue.
+pub(super) fn add(s: &Sql, sql: &mut Statements, wake: &str) {
+    let grant = aux_table(&s.table, "_grant_permit");
+    let join = aux_table(&s.table, "_join_permits");
+    sql.create.push(s.done(&create(
+        &grant,
+        "p_name text, p_owner text, p_ttl bigint, p_floor bigint, p_permits bigint, \
+         p_ticket bigint, OUT o_outcome bigint, OUT o_fence bigint, OUT o_ahead bigint, \
+         OUT o_left bigint, OUT o_recorded bigint",
+        &grant_body(s, wake),
+    )));
+    sql.create.push(s.done(&create(
+        &join,
+        "p_name text, p_owner text, p_ttl bigint, p_permits bigint, \
+         OUT o_ticket bigint, OUT o_recorded bigint",
+        &join_body(s),
+    )));
+    let release = aux_table(&s.table, "_release_permit");
+    sql.create.push(s.done(&create(
+        &release,
+        "p_name text, p_owner text, p_fence bigint, OUT o_freed bigint",
+        &release_body(s, wake),
+    )));
+    let call = |fence: &str| {
+        s.row(&format!(
+            "SELECT * FROM \"{release}\"($name, $owner, {fence}::bigint)"
+        ))
+    };
+    sql.permits.release = call("$fence");
+    sql.permits.release_owner = call("NULL");
+    sql.permits.grant_call = Some(s.row(&format!(
+        "SELECT * FROM \"{grant}\"($name, $owner, $ttl::bigint, $floor::bigint, \
+         $permits::bigint, $ticket::bigint)"
+    )));
+    sql.permits.join_call = Some(s.row(&format!(
+        "SELECT * FROM \"{join}\"($name, $owner, $ttl::bigint, $permits::bigint)"
+    )));
+}
