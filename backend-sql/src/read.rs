@@ -103,11 +103,13 @@ async fn grant_tx<DB: SqlDb>(
         return Ok(Grant::Blocked { ahead, holder_left });
     }
     let fence = fence.ok_or(sqlx::Error::RowNotFound)?;
-    DB::reply(&mut *tx, &sql.hold, &a).await?;
     DB::reply(&mut *tx, &sql.gc, &a).await?;
     // Our own hold from a first try (or our mark, when queued) gives way to the new hold.
     DB::reply(&mut *tx, &sql.drop_owner, &a).await?;
     DB::reply(&mut *tx, &sql.insert_hold, &a.fence(fence)).await?;
+    // The lease row's expiry after the hold's, from a later clock reading: no hold outlives
+    // the row that keeps writers out (see `no_reader_outlives_the_readers_lease_row`).
+    DB::reply(&mut *tx, &sql.hold, &a).await?;
     if queued {
         DB::reply(&mut *tx, &sql.dequeue, &a).await?;
         // Readers queued right behind us may share now.
