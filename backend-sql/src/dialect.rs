@@ -43,10 +43,11 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// semaphores table `{s}`, the permit holders table `{p}` and the permit waiters table `{v}`
     /// (named `{vq}` unquoted), and any index, in this order.
     const CREATE: &[&str];
-    /// Run on the plain protocol before a semaphore transaction begins (MySQL: `SET TRANSACTION
-    /// ISOLATION LEVEL READ COMMITTED`, so that each statement of it reads what committed
-    /// before the statement, as on PostgreSQL).
-    const TX_SETUP: Option<&'static str> = None;
+    /// The text, sent on the plain protocol in one round trip, that begins a semaphore or
+    /// reader transaction where a plain `BEGIN` will not do (MySQL: `SET TRANSACTION ISOLATION
+    /// LEVEL READ COMMITTED; START TRANSACTION`, so that each statement of it reads what
+    /// committed before the statement, as on PostgreSQL).
+    const TX_BEGIN: Option<&'static str> = None;
     /// Run first inside a transaction that a crash may lose without harm (joining a queue: a
     /// waiter whose row is gone joins again), so its commit does not wait for the disk
     /// (PostgreSQL: `SET LOCAL synchronous_commit = off`, as the lock's own enqueue does).
@@ -220,8 +221,8 @@ pub const READERS_OWNER: &str = "readers";
 /// (name, owner, fence, expires_at): one row per reader, a holder when `fence` is set, else
 /// the mark that says the waiter row of that owner is a reader's.
 pub struct ReadStatements {
-    /// Run before each reader transaction begins ([`Dialect::TX_SETUP`]).
-    pub setup: Option<sqlx::SqlStr>,
+    /// Begins each reader transaction, where not a plain `BEGIN` ([`Dialect::TX_BEGIN`]).
+    pub begin: Option<sqlx::SqlStr>,
     /// Run first in the join transaction ([`Dialect::RELAXED_COMMIT`]).
     pub relaxed: Option<sqlx::SqlStr>,
     /// See [`Dialect::lease_bump`].
@@ -274,7 +275,7 @@ impl ReadStatements {
              AND l.expires_at > {now}"
         );
         ReadStatements {
-            setup: D::TX_SETUP.map(sqlx::SqlSafeStr::into_sql_str),
+            begin: D::TX_BEGIN.map(sqlx::SqlSafeStr::into_sql_str),
             relaxed: D::RELAXED_COMMIT.map(sqlx::SqlSafeStr::into_sql_str),
             bump: D::lease_bump(s),
             lock: s.done(&format!("UPDATE {t} SET fence = fence WHERE name = $name")),

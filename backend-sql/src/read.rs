@@ -94,7 +94,7 @@ async fn grant_tx<DB: SqlDb>(
     a: Args<'_>,
     queued: bool,
 ) -> sqlx::Result<Grant> {
-    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
+    let mut tx = begin::<DB>(conn, sql.begin.as_ref()).await?;
     let fence = DB::reply(&mut *tx, &sql.bump, &a).await?.value();
     let state = DB::reply(&mut *tx, &sql.state, &a).await?;
     if let Judged::Blocked { ahead, holder_left } = judge(&state) {
@@ -131,7 +131,7 @@ async fn end_tx<DB: SqlDb>(
     a: Args<'_>,
     checked: bool,
 ) -> sqlx::Result<bool> {
-    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
+    let mut tx = begin::<DB>(conn, sql.begin.as_ref()).await?;
     DB::reply(&mut *tx, &sql.lock, &a).await?;
     let gone = if checked {
         DB::reply(&mut *tx, &sql.release, &a).await?.count() > 0
@@ -160,7 +160,7 @@ async fn extend_tx<DB: SqlDb>(
     sql: &ReadStatements,
     a: Args<'_>,
 ) -> sqlx::Result<bool> {
-    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
+    let mut tx = begin::<DB>(conn, sql.begin.as_ref()).await?;
     DB::reply(&mut *tx, &sql.lock, &a).await?;
     // MySQL sets CLIENT_FOUND_ROWS: a matched row counts even if unchanged.
     let live = DB::reply(&mut *tx, &sql.extend, &a).await?.count() == 1;
@@ -178,7 +178,7 @@ async fn join_tx<DB: SqlDb>(
     enqueue: &crate::statement::Stmt,
     a: Args<'_>,
 ) -> sqlx::Result<i64> {
-    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
+    let mut tx = begin::<DB>(conn, sql.begin.as_ref()).await?;
     if let Some(relaxed) = &sql.relaxed {
         DB::plain(&mut *tx, relaxed).await?;
     }

@@ -111,7 +111,7 @@ async fn grant_tx<DB: SqlDb>(
     permits: u32,
     queued: bool,
 ) -> sqlx::Result<Grant> {
-    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
+    let mut tx = begin::<DB>(conn, sql.begin.as_ref()).await?;
     let fence = DB::reply(&mut *tx, &sql.lock_bump, &a).await?.value();
     let state = DB::reply(&mut *tx, &sql.state, &a).await?;
     // (expired holder rows to delete, whether the permit is ours already)
@@ -169,7 +169,7 @@ async fn join_tx<DB: SqlDb>(
     a: Args<'_>,
     permits: u32,
 ) -> sqlx::Result<std::result::Result<i64, u64>> {
-    let mut tx = begin::<DB>(conn, sql.setup.as_ref()).await?;
+    let mut tx = begin::<DB>(conn, sql.begin.as_ref()).await?;
     if let Some(relaxed) = &sql.relaxed {
         DB::plain(&mut *tx, relaxed).await?;
     }

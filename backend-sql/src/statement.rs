@@ -388,16 +388,16 @@ pub type LockRow = (Option<String>, i64, Option<i64>, i64);
 /// A permit holder as `inspect_semaphore` reads it: owner, fence, µs left.
 pub type HolderRow = (String, i64, Option<i64>);
 
-/// Begins a transaction on `conn`, after `setup` (the dialect's `TX_SETUP`, which must run
-/// before `BEGIN`) where there is one.
+/// Begins a transaction on `conn` with `statement` (the dialect's `TX_BEGIN`), or with a
+/// plain `BEGIN` where there is none.
 pub async fn begin<'c, DB: SqlDb>(
     conn: &'c mut DB::Connection,
-    setup: Option<&SqlStr>,
+    statement: Option<&SqlStr>,
 ) -> sqlx::Result<sqlx::Transaction<'c, DB>> {
-    if let Some(setup) = setup {
-        DB::plain(conn, setup).await?;
+    match statement {
+        Some(statement) => sqlx::Connection::begin_with(conn, statement.clone()).await,
+        None => sqlx::Connection::begin(conn).await,
     }
-    sqlx::Connection::begin(conn).await
 }
 
 /// What this crate needs of an sqlx driver, as methods, so that generic code asks only for
@@ -428,8 +428,8 @@ pub trait SqlDb: Database {
         args: &Args<'_>,
     ) -> impl Future<Output = sqlx::Result<Vec<HolderRow>>> + Send;
 
-    /// Runs `sql`, without parameters, on the plain (not prepared) protocol: session settings
-    /// such as MySQL's `SET TRANSACTION ISOLATION LEVEL ..`.
+    /// Runs `sql`, without parameters, on the plain (not prepared) protocol: settings such as
+    /// PostgreSQL's `SET LOCAL synchronous_commit = off`.
     fn plain(
         conn: &mut Self::Connection,
         sql: &SqlStr,

@@ -134,8 +134,10 @@ impl Dialect for MySql {
     ];
 
     /// Each statement of a semaphore transaction reads what committed before it (the default
-    /// REPEATABLE READ would read a snapshot taken at the transaction's first read).
-    const TX_SETUP: Option<&'static str> = Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED");
+    /// REPEATABLE READ would read a snapshot taken at the transaction's first read). The setting
+    /// applies to the next transaction only; both go in one text query, one round trip.
+    const TX_BEGIN: Option<&'static str> =
+        Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
 
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt {
         // The OK packet's insert id is the new fence (see `insert`).

@@ -9,8 +9,8 @@ use crate::statement::{Sql, Stmt};
 /// expires_at; one row per permit held) and the permit waiters table `{v}` (ticket, name,
 /// waiter, permits, expires_at).
 pub struct PermitStatements {
-    /// Run before each semaphore transaction begins ([`Dialect::TX_SETUP`]).
-    pub setup: Option<sqlx::SqlStr>,
+    /// Begins each semaphore transaction, where not a plain `BEGIN` ([`Dialect::TX_BEGIN`]).
+    pub begin: Option<sqlx::SqlStr>,
     /// Run first in the join transaction ([`Dialect::RELAXED_COMMIT`]).
     pub relaxed: Option<sqlx::SqlStr>,
     /// Takes the semaphore row's lock (see [`Dialect::semaphore_lock`]).
@@ -137,7 +137,7 @@ impl PermitStatements {
         let recorded = recorded::<D>(s);
         let t = PermitTemplates::new::<D>(s);
         PermitStatements {
-            setup: D::TX_SETUP.map(sqlx::SqlSafeStr::into_sql_str),
+            begin: D::TX_BEGIN.map(sqlx::SqlSafeStr::into_sql_str),
             relaxed: D::RELAXED_COMMIT.map(sqlx::SqlSafeStr::into_sql_str),
             lock: D::semaphore_lock(s, false),
             lock_bump: D::semaphore_lock(s, true),
