@@ -55,6 +55,11 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// SQLSTATEs with which `CREATE TABLE IF NOT EXISTS` fails when it raced another client's;
     /// running it again then finds the table.
     const CREATE_RACES: &[&str] = &[];
+    /// Whether a read costs no round trip (SQLite: the database is in the process). A single
+    /// attempt at a permit then looks at the semaphore first and is refused without taking the
+    /// write turn when it is full or has waiters, so on a busy semaphore the woken head's grant
+    /// does not queue behind the refused tries of clients that have just released.
+    const LOCAL_READS: bool = false;
 
     /// `$ttl` from now, as an `expires_at` value.
     fn expiry() -> String {

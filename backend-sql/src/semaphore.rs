@@ -235,6 +235,15 @@ impl<D: Dialect> Client<D> {
         let floor = floor_of(D::BACKEND, opts)?;
         let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
+        if D::LOCAL_READS {
+            // A refusal on this look is sound: only room can appear after it.
+            let args = Args::of(name).owner(owner).ticket(i64::MAX);
+            let state = &self.sql.permits.state;
+            let seen = self.core.reply("acquire permit", state, args).await?;
+            if let Judged::Blocked { .. } = judge(&seen, permits) {
+                return Ok(None);
+            }
+        }
         let statement = {
             let (client, name) = (self.clone(), name.clone());
             async move { client.grant(&name, owner, permits, ttl, floor, None).await }

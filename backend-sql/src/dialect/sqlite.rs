@@ -122,6 +122,7 @@ impl Dialect for Sqlite {
         ttl_unit: Duration::from_millis(1),
     };
     const NOW: &'static str = NOW_MS;
+    const LOCAL_READS: bool = true;
 
     fn micros_between(now: &str, at: &str) -> String {
         format!("({at} - {now}) * 1000")
