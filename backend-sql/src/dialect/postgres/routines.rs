@@ -28,7 +28,9 @@ const CREATE_LOCK: i64 = 0x0064_6c6f_636b;
 /// The grant transaction (see `crate::semaphore`): outcome 0 granted (with the fence), 1
 /// blocked (waiters ahead; µs until a holder runs out when full), 2 another count recorded.
 /// `p_ticket` is the waiter's ticket, `i64::MAX` for a try; a queued waiter also leaves the
-/// queue and, when permits are left after its own, wakes the next head with `wake`.
+/// queue and, when permits are left after its own, wakes the next head with `wake`. Only a try
+/// looks before the lock: a queued waiter comes after a look of its own or a wake-up that named
+/// it, so for it that look would only lengthen the handoff.
 fn grant_body(s: &Sql, wake: &str) -> String {
     let t = PermitTemplates::new::<super::Postgres>(s);
     let state = "o_recorded, v_holders, o_ahead, v_mine, o_left, v_expired";
@@ -37,9 +39,9 @@ fn grant_body(s: &Sql, wake: &str) -> String {
     format!(
         "DECLARE v_holders bigint; v_mine bigint; v_expired bigint; p_fence bigint; \
          BEGIN \
-         {look} INTO {state}; \
+         IF p_ticket = {max} THEN {look} INTO {state}; \
          IF {refused} THEN o_outcome := 1; \
-         IF v_holders < p_permits THEN o_left := NULL; END IF; RETURN; END IF; \
+         IF v_holders < p_permits THEN o_left := NULL; END IF; RETURN; END IF; END IF; \
          {lock}; \
          {look} INTO {state}; \
          IF o_recorded IS NOT NULL AND o_recorded <> p_permits THEN o_outcome := 2; RETURN; \
