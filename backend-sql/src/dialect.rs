@@ -174,6 +174,9 @@ pub fn held(lease: &Lease) -> Args<'_> {
 /// The statements of one client, built once with the validated table name.
 pub struct Statements {
     pub create: Vec<Stmt>,
+    /// One `SELECT` of no rows from each table: whether this account can use the tables that
+    /// a `CREATE` it may not run would have made (see [`create_tables`]).
+    pub probe_tables: Vec<Stmt>,
     /// Expired waiter rows of every name, dropped when a client connects.
     pub gc_queue: Stmt,
     pub acquire: Stmt,
@@ -373,6 +376,10 @@ impl Statements {
                     s.done(&c.replace("{vq}", &permit_queue))
                 })
                 .collect(),
+            probe_tables: [t, w, &s.s, &s.p, &s.v, &s.r]
+                .iter()
+                .map(|table| s.row(&format!("SELECT 1 FROM {table} WHERE 1 = 0")))
+                .collect(),
             gc_queue: s.done(&format!("DELETE FROM {w} WHERE expires_at <= {now}")),
             acquire: D::acquire(&s),
             floor_acquire: D::floor_acquire(&s),
@@ -475,10 +482,23 @@ where
 /// Creates the tables through `core`, running again a `CREATE` that raced another client's (see
 /// [`Dialect::CREATE_RACES`]), then drops expired waiter rows left by crashed processes (best
 /// effort).
+///
+/// An account that may not create tables (PostgreSQL and MySQL refuse `CREATE TABLE IF NOT
+/// EXISTS` without the privilege even when the table is there) can still use tables that an
+/// administrator, or a first run with more rights, made: a refused `CREATE TABLE` is passed
+/// over when every table then answers a `SELECT`, and its refusal returned when one does not.
+/// (PostgreSQL's functions are only created where the database lacks their text, so such an
+/// account needs no right for them either, as long as its version's functions are there.)
 pub async fn create_tables<D: Dialect>(core: &Core<D::Db>, sql: &Statements) -> Result<()> {
+    let mut refused = None;
     for statement in &sql.create {
         let mut tries = 0;
         while let Err(e) = core.reply("create table", statement, Args::default()).await {
+            let table = statement.sql.as_str().starts_with("CREATE TABLE");
+            if table && matches!(e, Error::AccessDenied { .. }) {
+                refused.get_or_insert(e);
+                break;
+            }
             let raced = matches!(&e, Error::Backend { source, .. } if source
                 .downcast_ref::<sqlx::Error>()
                 .and_then(|e| e.as_database_error()?.code())
@@ -489,6 +509,21 @@ pub async fn create_tables<D: Dialect>(core: &Core<D::Db>, sql: &Statements) -> 
             }
             tokio::time::sleep(Duration::from_millis(5 * tries)).await;
         }
+    }
+    if let Some(refused) = refused {
+        for probe in &sql.probe_tables {
+            if core
+                .reply("create table", probe, Args::default())
+                .await
+                .is_err()
+            {
+                return Err(refused);
+            }
+        }
+        tracing::debug!(
+            backend = D::BACKEND,
+            "may not create tables; using the existing ones"
+        );
     }
     for gc in std::iter::once(&sql.gc_queue).chain(&sql.permits.gc_all) {
         let gc = core.reply("drop expired waiters", gc, Args::default());

@@ -2452,3 +2452,112 @@ async fn dropped_read_waits_leave_no_rows(kind: Kind) {
     let info = c.inspect(&n).await.unwrap().expect("the row");
     assert_eq!((info.holder, info.waiters), (None, Some(0)));
 }
+
+// ---- accounts that may not create tables ----
+
+impl Raw {
+    /// Runs `sql` (no parameters, nothing handed back).
+    async fn exec(&self, sql: &str) {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        match self {
+            Raw::Pg(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()),
+            Raw::My(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()),
+            Raw::Lite(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()),
+        }
+        .expect("raw statement");
+    }
+}
+
+/// An account allowed to read and write the tables but not to create any (PostgreSQL:
+/// `CREATE TABLE IF NOT EXISTS` is refused without the schema's `CREATE`, even when the table
+/// is there; MySQL likewise without the `CREATE` privilege) uses the tables a first run with
+/// more rights made: locks and permits work. On a database without the tables it gets the
+/// refusal, as access denied, at connect.
+async fn a_dml_only_account_uses_existing_tables(kind: Kind) {
+    let url = fresh_url(kind).await;
+    drop(client(&url).await);
+    let account = unique("dml");
+    let (db, port) = {
+        let rest = url.rsplit_once('@').expect("user@host").1;
+        let (host, db) = rest.split_once('/').expect("host/db");
+        (
+            db.to_owned(),
+            host.rsplit_once(':').expect("port").1.to_owned(),
+        )
+    };
+    // A second database, where nobody made the tables.
+    let bare = fresh_url(kind).await;
+    let bare_db = bare.rsplit_once('/').expect("db").1.to_owned();
+    let admin = Raw::connect(&url).await;
+    let grants: Vec<String> = match kind {
+        Kind::Postgres => vec![
+            format!("CREATE ROLE \"{account}\" LOGIN"),
+            "REVOKE CREATE ON SCHEMA public FROM PUBLIC".to_owned(),
+            format!("GRANT USAGE ON SCHEMA public TO \"{account}\""),
+            format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public \
+                 TO \"{account}\""
+            ),
+            format!("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO \"{account}\""),
+        ],
+        Kind::MariaDb => ["%", "localhost", "127.0.0.1"]
+            .iter()
+            .flat_map(|host| {
+                [
+                    format!("CREATE USER '{account}'@'{host}'"),
+                    format!(
+                        "GRANT SELECT, INSERT, UPDATE, DELETE ON `{db}`.* TO '{account}'@'{host}'"
+                    ),
+                    format!(
+                        "GRANT SELECT, INSERT, UPDATE, DELETE ON `{bare_db}`.* \
+                         TO '{account}'@'{host}'"
+                    ),
+                ]
+            })
+            .collect(),
+        Kind::Sqlite => unreachable!("SQLite has no accounts"),
+    };
+    for grant in grants {
+        admin.exec(&grant).await;
+    }
+    if kind == Kind::Postgres {
+        // Schemas are per database: the bare one's too.
+        let bare_admin = Raw::connect(&bare).await;
+        bare_admin
+            .exec("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+            .await;
+    }
+    let scheme = if kind == Kind::Postgres {
+        "postgres"
+    } else {
+        "mysql"
+    };
+    let as_account = |db: &str| format!("{scheme}://{account}@127.0.0.1:{port}/{db}");
+    let c = client(&as_account(&db)).await;
+    let n = name("least-privilege");
+    let lock = take(&c, &n, Duration::from_secs(30))
+        .await
+        .expect("the lock");
+    assert_eq!(c.release(&lock).await.unwrap(), Released::Released);
+    let p = permit(&c, &n, 2, opts(Duration::from_secs(30)))
+        .await
+        .expect("try a permit")
+        .expect("a permit");
+    assert_eq!(c.release(&p).await.unwrap(), Released::Released);
+    match backend_sql::connect(&as_account(&bare_db)).await {
+        Err(Error::AccessDenied { .. }) => {}
+        Err(other) => panic!("a database without the tables: {other}"),
+        Ok(_) => panic!("connected to a database without the tables it may not create"),
+    }
+}
+
+mod a_dml_only_account_uses_existing_tables {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        super::a_dml_only_account_uses_existing_tables(super::Kind::Postgres).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mariadb() {
+        super::a_dml_only_account_uses_existing_tables(super::Kind::MariaDb).await
+    }
+}
