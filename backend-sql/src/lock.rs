@@ -264,9 +264,9 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         out
     }
 
-    /// The lease row as it stands; while readers hold the name, its holder is
-    /// [`READERS_OWNER`](crate::dialect::READERS_OWNER) and the details count the readers, and
-    /// the details say how many of the waiters are readers.
+    /// The lease row as it stands; while readers hold the name, its holder is the owner value
+    /// `readers` (`dialect::READERS_OWNER`) and the details count the readers, and the details
+    /// say how many of the waiters are readers.
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let c = &self.client;
         let Some((owner, fence, remaining, waiters)) =
