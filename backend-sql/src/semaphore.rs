@@ -52,8 +52,8 @@ enum Judged {
         ahead: u64,
         holder_left: Option<Duration>,
     },
-    /// Room for us: live holders (but us), and whether expired holder rows are left to delete.
-    Free { holders: i64, expired: bool },
+    /// Room for us, and whether expired holder rows are left to delete.
+    Free { expired: bool },
 }
 
 /// Reads the `state` statement's row (see `PermitStatements::state`).
@@ -76,7 +76,7 @@ fn judge(state: &Reply, permits: u32) -> Judged {
         return Judged::Blocked { ahead, holder_left };
     }
     let expired = state.col(5).unwrap_or(0) > 0;
-    Judged::Free { holders, expired }
+    Judged::Free { expired }
 }
 
 impl crate::client::Outcome for (Grant, u32) {
@@ -116,7 +116,7 @@ async fn grant_tx<DB: SqlDb>(
     let state = DB::reply(&mut *tx, &sql.state, &a).await?;
     // (expired holder rows to delete, whether the permit is ours already)
     let (expired, mine) = match judge(&state, permits) {
-        Judged::Free { expired, .. } => (expired, false),
+        Judged::Free { expired } => (expired, false),
         Judged::Mine => (false, true),
         Judged::Mismatch(recorded) => {
             // Nothing written but the bump, which is undone.
@@ -442,13 +442,7 @@ mod tests {
         let row = |cols: [Option<i64>; 6]| Reply::with_row(cols);
         // Idle: free.
         let idle = row([None, Some(0), Some(0), None, None, Some(0)]);
-        assert_eq!(
-            judge(&idle, 2),
-            Judged::Free {
-                holders: 0,
-                expired: false
-            }
-        );
+        assert_eq!(judge(&idle, 2), Judged::Free { expired: false });
         // Our own permit from a first try wins over anything but another count.
         let mine = row([Some(2), Some(9), Some(9), Some(7), None, None]);
         assert_eq!(judge(&mine, 2), Judged::Mine);
@@ -476,12 +470,6 @@ mod tests {
             }
         );
         let room = row([Some(2), Some(1), Some(0), None, Some(1500), Some(4)]);
-        assert_eq!(
-            judge(&room, 2),
-            Judged::Free {
-                holders: 1,
-                expired: true
-            }
-        );
+        assert_eq!(judge(&room, 2), Judged::Free { expired: true });
     }
 }
