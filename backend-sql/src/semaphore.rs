@@ -235,14 +235,11 @@ impl<D: Dialect> Client<D> {
         let floor = floor_of(D::BACKEND, opts)?;
         let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
-        if D::LOCAL_READS {
-            // A refusal on this look is sound: only room can appear after it.
-            let args = Args::of(name).owner(owner).ticket(i64::MAX);
-            let state = &self.sql.permits.state;
-            let seen = self.core.reply("acquire permit", state, args).await?;
-            if let Judged::Blocked { .. } = judge(&seen, permits) {
-                return Ok(None);
-            }
+        // A refusal on this look is sound: only room can appear after it.
+        if D::LOCAL_READS
+            && let Judged::Blocked { .. } = self.look(name, owner, i64::MAX, permits).await?
+        {
+            return Ok(None);
         }
         let statement = {
             let (client, name) = (self.clone(), name.clone());
@@ -255,6 +252,21 @@ impl<D: Dialect> Client<D> {
             Grant::Blocked { .. } => Ok(None),
             Grant::Mismatch(recorded) => Err(permits_mismatch(name, recorded, permits)),
         }
+    }
+
+    /// A read-only look at `name`'s state as `owner` (queued with `ticket`, `i64::MAX` when
+    /// not) sees it, without the semaphore row's lock.
+    async fn look(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        ticket: i64,
+        permits: u32,
+    ) -> Result<Judged> {
+        let args = Args::of(name).owner(owner).ticket(ticket);
+        let state = &self.sql.permits.state;
+        let seen = self.core.reply("acquire permit", state, args).await?;
+        Ok(judge(&seen, permits))
     }
 
     /// Deletes `owner`'s permit row of `name` whatever its fence (PostgreSQL: and wakes the
@@ -318,12 +330,7 @@ impl<D: Dialect> Client<D> {
         woken: bool,
     ) -> Result<Attempt> {
         if !woken {
-            let args = Args::of(name).owner(waiter).ticket(ticket);
-            let seen = self
-                .core
-                .reply("acquire permit", &self.sql.permits.state, args)
-                .await?;
-            match judge(&seen, permits) {
+            match self.look(name, waiter, ticket, permits).await? {
                 Judged::Mismatch(recorded) => {
                     return Err(permits_mismatch(name, recorded, permits));
                 }
