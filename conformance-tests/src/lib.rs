@@ -11,6 +11,8 @@
 //!   named test per case × target.
 //! * [`table`]: the case × backend table, from reports.
 //! * [`history`], [`fenced`]: the safety tooling (recorder, checker, fenced resource).
+//! * [`catalog`]: how each backend the kit can start fares in every fault scenario, declared
+//!   once for its tests and `dlock compare`.
 //! * [`kit`]: real servers as child processes and a fault-injecting TCP proxy; [`spawn`]: the
 //!   backends a command starts with it (`dlock soak --spawn`).
 //!
@@ -26,6 +28,7 @@
 //! ```
 
 pub mod cases;
+pub mod catalog;
 mod counting;
 pub mod faults;
 pub mod fenced;

@@ -120,6 +120,15 @@ impl FromStr for SpawnName {
     }
 }
 
+/// The `dual://` URL over the stores at `first` and `second`.
+pub fn dual_url(first: &str, second: &str) -> String {
+    format!(
+        "dual://?first={}&second={}",
+        lockcore::percent_encode(first),
+        lockcore::percent_encode(second)
+    )
+}
+
 /// A started backend: its servers, and one URL per client.
 pub struct Stack {
     /// Which backend.
@@ -283,11 +292,7 @@ impl Stack {
             .map(|s| s.addr().to_string())
             .collect();
         let compose = |parts: &[String]| match name {
-            SpawnName::Dual => format!(
-                "dual://?first={}&second={}",
-                lockcore::percent_encode(&parts[0]),
-                lockcore::percent_encode(&parts[1])
-            ),
+            SpawnName::Dual => dual_url(&parts[0], &parts[1]),
             _ => parts[0].clone(),
         };
         let direct: Vec<String> = parts.iter().map(|(u, _)| u.clone()).collect();

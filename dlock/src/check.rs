@@ -23,6 +23,10 @@ pub struct CheckOptions {
     pub cases: Option<regex::Regex>,
     /// How long one case may run before it fails.
     pub case_timeout: Duration,
+    /// How many cases run at once (at least 1). Each case uses names of its own, so they do
+    /// not meet in the store; more at once is faster, but timing-sensitive cases then share
+    /// the machine with the others.
+    pub jobs: usize,
 }
 
 impl Default for CheckOptions {
@@ -30,6 +34,7 @@ impl Default for CheckOptions {
         CheckOptions {
             cases: None,
             case_timeout: conformance_tests::CASE_TIMEOUT,
+            jobs: 1,
         }
     }
 }
@@ -86,10 +91,11 @@ pub fn selected(options: &CheckOptions) -> Vec<&'static Case> {
 }
 
 /// Runs the selected cases against `target` with a `client` already connected to it (its
-/// capabilities head the run), calling `progress(done, total, report)` after each case.
+/// capabilities head the run), `options.jobs` at a time, calling `progress(done, total,
+/// report)` as each case ends; the reports are in registry order whatever the order of ending.
 ///
 /// # Cancel safety
-/// Dropping the future aborts the running case; its cleanup guards release what it held.
+/// Dropping the future aborts the running cases; their cleanup guards release what they held.
 pub async fn run(
     target: &Target,
     client: &Arc<dyn DistributedLock>,
@@ -98,12 +104,30 @@ pub async fn run(
 ) -> CheckRun {
     let started = Instant::now();
     let cases = selected(options);
-    let mut reports = Vec::with_capacity(cases.len());
-    for (i, case) in cases.iter().enumerate() {
-        let report = run_case(target, case, options.case_timeout).await;
-        progress(i + 1, cases.len(), &report);
-        reports.push(report);
+    let mut slots: Vec<Option<Report>> = vec![None; cases.len()];
+    // Dropping the set aborts every task in it, so a dropped run stops its cases.
+    let mut running = tokio::task::JoinSet::new();
+    let mut next = 0;
+    let mut done = 0;
+    while done < cases.len() {
+        while next < cases.len() && running.len() < options.jobs.max(1) {
+            let (target, case, limit) = (target.clone(), cases[next], options.case_timeout);
+            let i = next;
+            running.spawn(async move { (i, run_case(&target, case, limit).await) });
+            next += 1;
+        }
+        match running.join_next().await {
+            Some(Ok((i, report))) => {
+                done += 1;
+                progress(done, cases.len(), &report);
+                slots[i] = Some(report);
+            }
+            // `run_case` catches a case's panic in a task of its own; this task only awaits it.
+            Some(Err(e)) => panic!("a case runner task failed: {e}"),
+            None => break,
+        }
     }
+    let reports: Vec<Report> = slots.into_iter().flatten().collect();
     let (left_held, forgotten) = clean_up(target, client).await;
     let (passed, failed, not_applicable) = conformance_tests::table::counts(&reports);
     CheckRun {

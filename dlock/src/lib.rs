@@ -3,6 +3,8 @@
 pub mod bench;
 #[cfg(feature = "check")]
 pub mod check;
+#[cfg(feature = "check")]
+pub mod compare;
 mod config;
 pub mod migrate;
 mod redact;

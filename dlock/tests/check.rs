@@ -161,6 +161,7 @@ fn failing_cases(defect: Defect) -> (BTreeSet<String>, bool) {
         let options = CheckOptions {
             cases: None,
             case_timeout: Duration::from_secs(60),
+            jobs: 1,
         };
         let run = run(&target, &client, &options, |_, _, _| {}).await;
         let failed = run

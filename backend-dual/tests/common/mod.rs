@@ -1,12 +1,10 @@
-//! What the dual test binaries share: connecting a store URL of any kind these tests use, a
-//! dual URL over two of them, and a server handle that breaks both stores at once.
+//! What the dual test binaries share: connecting a store URL of any kind these tests use, and
+//! a dual URL over two of them.
 #![allow(dead_code)]
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
-use conformance_tests::kit::{KitResult, Redis, ServerControl, ZooKeeper};
-use lockcore::{DistributedLock, MemoryLock, Result, async_trait};
+use lockcore::{DistributedLock, MemoryLock, Result};
 
 /// Connects one store URL (`memory://`, `zk://`, `redis://`), as the facade would.
 pub async fn store(url: String) -> Result<Arc<dyn DistributedLock>> {
@@ -37,49 +35,4 @@ pub fn dual_url(first: &str, second: &str, extra: &str) -> String {
         url.push_str(extra);
     }
     url
-}
-
-/// A ZooKeeper server and a Redis server handled as one: fault scenarios kill, pause and
-/// restart both.
-#[derive(Debug)]
-pub struct Both {
-    pub zk: ZooKeeper,
-    pub redis: Redis,
-}
-
-#[async_trait]
-impl ServerControl for Both {
-    fn label(&self) -> &str {
-        "zookeeper + redis-server"
-    }
-
-    /// The Redis server's address (the ZooKeeper server has its own, [`ZooKeeper::addr`]).
-    fn addr(&self) -> SocketAddr {
-        self.redis.addr()
-    }
-
-    fn kill9(&self) {
-        self.zk.kill9();
-        self.redis.kill9();
-    }
-
-    fn pause(&self) {
-        self.zk.pause();
-        self.redis.pause();
-    }
-
-    fn resume(&self) {
-        self.zk.resume();
-        self.redis.resume();
-    }
-
-    async fn restart(&self) -> KitResult<()> {
-        let (zk, redis) = tokio::join!(self.zk.restart(), self.redis.restart());
-        zk.and(redis)
-    }
-
-    /// ZooKeeper cannot end its clients' connections; this ends Redis's only.
-    async fn kill_client_connections(&self) -> KitResult<usize> {
-        ServerControl::kill_client_connections(&self.redis).await
-    }
 }

@@ -157,6 +157,12 @@ const CHILD_URL: &str = "DLOCK_CT_CHILD_URL";
 const CHILD_NAME: &str = "DLOCK_CT_CHILD_NAME";
 const CHILD_TTL: Duration = Duration::from_secs(3);
 
+/// In a process started by [`holder_process_killed`]: the label of the target whose store it
+/// is to hold a lock in. `None` when this process is not such a child.
+pub fn child_label() -> Option<String> {
+    std::env::var(CHILD_TARGET).ok()
+}
+
 /// In a test binary started by [`holder_process_killed`]: holds the lock it was told to,
 /// prints its token and waits to be killed. `None` when this process is not such a child.
 pub fn child_main(targets: &[Target]) -> Option<std::process::ExitCode> {
@@ -190,8 +196,8 @@ pub fn child_main(targets: &[Target]) -> Option<std::process::ExitCode> {
 
 /// Another OS process holds the lock (keep-alive on) and is killed -9. The lock frees, but not
 /// before ttl − drift has passed since that process was started, and the next token is higher.
-/// The child is this same test binary, started again with the store's URL in its environment
-/// (see [`child_main`]).
+/// The child is this same program (a test binary, or `dlock compare`), started again with the
+/// store's URL in its environment (see [`child_main`]).
 pub async fn holder_process_killed(ctx: Ctx) {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let url = ctx.target().url().await;

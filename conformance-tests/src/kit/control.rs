@@ -233,3 +233,50 @@ impl ServerControl for ZkNode {
         Err(zk_cannot_kill_connections())
     }
 }
+
+/// A ZooKeeper server and a Redis server handled as one (the pair a `dual://` store over
+/// ZooKeeper then Redis uses): a fault breaks both at once.
+#[derive(Debug)]
+pub struct ZkAndRedis {
+    /// The first store's server.
+    pub zk: ZooKeeper,
+    /// The second store's server.
+    pub redis: Redis,
+}
+
+#[async_trait]
+impl ServerControl for ZkAndRedis {
+    fn label(&self) -> &str {
+        "zookeeper + redis-server"
+    }
+
+    /// The Redis server's address (the ZooKeeper server has its own, [`ZooKeeper::addr`]).
+    fn addr(&self) -> SocketAddr {
+        self.redis.addr()
+    }
+
+    fn kill9(&self) {
+        self.zk.kill9();
+        self.redis.kill9();
+    }
+
+    fn pause(&self) {
+        self.zk.pause();
+        self.redis.pause();
+    }
+
+    fn resume(&self) {
+        self.zk.resume();
+        self.redis.resume();
+    }
+
+    async fn restart(&self) -> KitResult<()> {
+        let (zk, redis) = tokio::join!(self.zk.restart(), self.redis.restart());
+        zk.and(redis)
+    }
+
+    /// ZooKeeper cannot end its clients' connections; this ends Redis's only.
+    async fn kill_client_connections(&self) -> KitResult<usize> {
+        ServerControl::kill_client_connections(&self.redis).await
+    }
+}

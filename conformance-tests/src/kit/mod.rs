@@ -56,7 +56,7 @@ mod server;
 mod tls;
 mod zookeeper;
 
-pub use control::ServerControl;
+pub use control::{ServerControl, ZkAndRedis};
 pub use error::{KitError, KitErrorKind, KitResult};
 pub use mariadb::MariaDb;
 pub use peer::{KAZOO_REQUIREMENT, LockPeer, PeerHold, PeerLibrary, PeerLock};

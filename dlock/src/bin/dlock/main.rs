@@ -75,6 +75,18 @@ enum Command {
     /// code 1 on any anomaly. The seed reproduces the fault schedule.
     #[command(after_help = exit::ALL)]
     Soak(cmd::soak::SoakArgs),
+    /// Every backend side by side: the same cases, fault scenarios and benchmark, one report.
+    ///
+    /// For each backend (--spawn starts throwaway servers with the test kit and stops them
+    /// afterwards, also on Ctrl-C; --url adds existing stores): its capability sheet, every
+    /// conformance case, every fault scenario with its verdict (safe; documented unsafe and
+    /// observed as documented; violation), and the benchmark (uncontended pairs against the
+    /// raw floor, 8 contending clients). Writes report.json, report.md and report.html (charts
+    /// inline, opens from disk) to --out and prints the summary table. Exit code 1 when a case
+    /// fails or a scenario shows a violation; 69 when a backend could not be started or
+    /// reached (the others still run).
+    #[command(after_help = exit::ALL)]
+    Compare(cmd::compare::CompareArgs),
 }
 
 /// Logs on stderr. Colour only when stderr is a terminal and `NO_COLOR` is unset or empty.
@@ -114,6 +126,10 @@ fn command() -> clap::Command {
 const CLEANUP_LIMIT: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
+    // `dlock compare`'s holder_process_killed scenario runs this binary again as the holder.
+    if let Some(code) = dlock::compare::holder_child() {
+        return code;
+    }
     let matches = match command().try_get_matches() {
         Ok(m) => m,
         Err(e) => {
@@ -135,7 +151,10 @@ fn main() -> ExitCode {
     };
     init_tracing(
         cli.verbose,
-        matches!(cli.command, Command::Check(_) | Command::Soak(_)),
+        matches!(
+            cli.command,
+            Command::Check(_) | Command::Soak(_) | Command::Compare(_)
+        ),
     );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -154,6 +173,7 @@ fn main() -> ExitCode {
             Command::Bench(args) => cmd::bench::main(args).await,
             Command::Check(args) if args.list => cmd::check::list(),
             Command::Soak(args) => cmd::soak::main(args).await,
+            Command::Compare(args) => cmd::compare::main(args).await,
             Command::Check(mut args) => {
                 args.verbose = cli.verbose;
                 cmd::check::main(args).await

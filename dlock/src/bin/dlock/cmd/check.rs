@@ -65,6 +65,7 @@ pub async fn main(args: CheckArgs) -> u8 {
     let options = CheckOptions {
         cases,
         case_timeout: args.case_timeout,
+        jobs: 1,
     };
     let total = check::selected(&options).len();
     if total == 0 {

@@ -2,6 +2,7 @@
 
 pub(crate) mod bench;
 pub(crate) mod check;
+pub(crate) mod compare;
 pub(crate) mod migrate;
 pub(crate) mod run;
 pub(crate) mod soak;

@@ -1,0 +1,330 @@
+//! How each backend the kit can start fares in every fault scenario, and how a scenario starts
+//! a private server of it: declared once here, read by the backend crates'
+//! `tests/conformance.rs` and by `dlock compare --spawn`, so that the report a user reads and
+//! the project's own tests hold the same declarations.
+//!
+//! [`declare`] adds both to a [`Target`] of the backend [`SpawnName`] names; the target's label,
+//! its store and how it connects stay the caller's.
+
+use crate::kit::{
+    KitError, KitErrorKind, MariaDb, Postgres, Redis, RedisSet, ZkAndRedis, ZooKeeper,
+};
+use crate::spawn::SpawnName;
+use crate::{Expect, Persistence, Spawned, Target};
+
+/// Redis started with every write fsynced to its AOF before it is acknowledged.
+const DURABLE_REDIS: &[&str] = &["--appendonly", "yes", "--appendfsync", "always"];
+
+const SQL_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
+    "committed rows survive a crash on every SQL server (the kit's servers too: `fsync=off` \
+     loses nothing a kill -9 can take); there is no setting without persistence to test",
+);
+
+const ZK_TTL_SCENARIO: Expect = Expect::NotApplicable(
+    "ZooKeeper locks end with the session (Expiry::Session), not at a server-side ttl; the \
+     session-expiry versions of this scenario are in backend-zk/tests/faults.rs",
+);
+
+const ZK_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
+    "ZooKeeper logs every write before acknowledging it and recovers znodes and sessions from \
+     its data dir; there is no setting without persistence to test",
+);
+
+const ZK_NO_SERVER_KILL: Expect = Expect::NotApplicable(
+    "ZooKeeper cannot end client connections from the server side; links are cut with the \
+     kit's proxy in backend-zk/tests/faults.rs instead",
+);
+
+const ZK_NO_SINGLE_SERVER: Expect = Expect::NotApplicable(
+    "an ensemble survives one member's kill -9 without a restart; the leader kill -9 scenario \
+     is ensemble_leader_killed_no_two_holders in backend-zk/tests/faults.rs",
+);
+
+const REDLOCK_MINORITY_PROXY: Expect = Expect::NotApplicable(
+    "the proxy sits in front of one node, a minority: the holder keeps its majority; \
+     Redlock's node blackhole tests are in backend-redlock/tests/faults.rs",
+);
+
+const DUAL_SESSION: Expect = Expect::NotApplicable(
+    "the first store is ZooKeeper, whose locks end with the session (Expiry::Session), not at a \
+     server-side ttl; dual's own one-side faults are in backend-dual/tests/faults.rs",
+);
+
+/// The declarations of a backend on one server of its own (PostgreSQL, MariaDB, Redis, Tair),
+/// safe in every scenario but, perhaps, a restart without persistence.
+fn one_server(without_persistence: Expect) -> Vec<(&'static str, Expect)> {
+    vec![
+        ("server_killed_and_restarted", Expect::Safe),
+        (
+            "server_killed_and_restarted_without_persistence",
+            without_persistence,
+        ),
+        ("server_paused_past_ttl", Expect::Safe),
+        ("holder_replies_blackholed_past_ttl", Expect::Safe),
+        ("holder_requests_blackholed_past_ttl", Expect::Safe),
+        ("store_connections_killed", Expect::Safe),
+        ("holder_process_killed", Expect::Safe),
+        ("client_paused_past_ttl", Expect::Safe),
+        // Permits are kept like locks: the AOF holds each grant with its absolute expiry and
+        // the semaphore's counter, and a permit's expiry runs on the server's clock.
+        ("sem_server_killed_and_restarted", Expect::Safe),
+        ("sem_holder_blackholed_past_ttl", Expect::Safe),
+        ("sem_client_paused_past_ttl", Expect::Safe),
+        ("rw_reader_paused_past_ttl", Expect::Safe),
+        ("rw_reader_server_killed_and_restarted", Expect::Safe),
+        ("rw_reader_blackholed_past_ttl", Expect::Safe),
+    ]
+}
+
+/// The declarations of a standalone ZooKeeper server (every layout).
+fn zookeeper() -> Vec<(&'static str, Expect)> {
+    vec![
+        ("server_killed_and_restarted", Expect::Safe),
+        (
+            "server_killed_and_restarted_without_persistence",
+            ZK_ALWAYS_DURABLE,
+        ),
+        ("server_paused_past_ttl", ZK_TTL_SCENARIO),
+        ("holder_replies_blackholed_past_ttl", ZK_TTL_SCENARIO),
+        ("holder_requests_blackholed_past_ttl", ZK_TTL_SCENARIO),
+        ("store_connections_killed", ZK_NO_SERVER_KILL),
+        ("holder_process_killed", ZK_TTL_SCENARIO),
+        ("client_paused_past_ttl", ZK_TTL_SCENARIO),
+        // Permits are ephemeral nodes; their tokens (czxids) survive the restart with the data.
+        ("sem_server_killed_and_restarted", Expect::Safe),
+        ("sem_holder_blackholed_past_ttl", ZK_TTL_SCENARIO),
+        ("rw_reader_server_killed_and_restarted", Expect::Safe),
+    ]
+}
+
+/// How `name` fares in each fault scenario, as its tests and `dlock compare` declare it.
+/// Scenarios missing here are covered by [`without_server`] where the backend has no server
+/// of its own to break.
+fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
+    match name {
+        SpawnName::Sqlite => vec![
+            ("client_paused_past_ttl", Expect::Safe),
+            ("sem_client_paused_past_ttl", Expect::Safe),
+            ("rw_reader_paused_past_ttl", Expect::Safe),
+            ("holder_process_killed", Expect::Safe),
+        ],
+        SpawnName::Postgres | SpawnName::Mariadb => one_server(SQL_ALWAYS_DURABLE),
+        SpawnName::Redis => one_server(Expect::DocumentedUnsafe(
+            "the fence counter lives in the server's memory: restarted without AOF, it starts \
+             again at 1, so the next holder's token is below the old holder's (the client \
+             declares Fencing::Conditional unless the server runs appendfsync always)",
+        )),
+        SpawnName::Tair => one_server(Expect::DocumentedUnsafe(
+            "the version (the fencing token) lives in the server's memory: restarted without \
+             AOF, it starts again at 1 (capabilities say Conditional unless the server runs \
+             appendfsync always)",
+        )),
+        SpawnName::RedisCluster => vec![
+            ("holder_process_killed", Expect::Safe),
+            ("client_paused_past_ttl", Expect::Safe),
+            ("sem_client_paused_past_ttl", Expect::Safe),
+            ("rw_reader_paused_past_ttl", Expect::Safe),
+        ],
+        SpawnName::Redlock3 | SpawnName::Redlock5 => vec![
+            ("server_killed_and_restarted", Expect::Safe),
+            (
+                "server_killed_and_restarted_without_persistence",
+                Expect::DocumentedUnsafe(
+                    "every node keeps its fence counter in memory only: when all of them \
+                     restart empty, the counters start again at 1 and the next token is below \
+                     the old holder's (capabilities say Conditional unless every node runs \
+                     appendfsync always)",
+                ),
+            ),
+            ("server_paused_past_ttl", Expect::Safe),
+            ("holder_replies_blackholed_past_ttl", REDLOCK_MINORITY_PROXY),
+            (
+                "holder_requests_blackholed_past_ttl",
+                REDLOCK_MINORITY_PROXY,
+            ),
+            ("store_connections_killed", Expect::Safe),
+            ("holder_process_killed", Expect::Safe),
+            ("client_paused_past_ttl", Expect::Safe),
+        ],
+        SpawnName::Zk => zookeeper(),
+        SpawnName::ZkEnsemble => {
+            let mut out = zookeeper();
+            for (_, expect) in &mut out {
+                if *expect == Expect::Safe {
+                    *expect = ZK_NO_SINGLE_SERVER;
+                }
+            }
+            out
+        }
+        SpawnName::Dual => vec![
+            ("server_killed_and_restarted", Expect::Safe),
+            // Redis restarts empty, its counter back at 0, but a dual token is at least the
+            // first store's czxid, which ZooKeeper keeps: the next token is still above the old
+            // holder's.
+            (
+                "server_killed_and_restarted_without_persistence",
+                Expect::Safe,
+            ),
+            ("server_paused_past_ttl", DUAL_SESSION),
+            ("holder_replies_blackholed_past_ttl", DUAL_SESSION),
+            ("holder_requests_blackholed_past_ttl", DUAL_SESSION),
+            ("holder_process_killed", DUAL_SESSION),
+            ("client_paused_past_ttl", DUAL_SESSION),
+            // Both stores have semaphores: a permit is held on both, its token at least
+            // ZooKeeper's czxid, which survives the restart.
+            ("sem_server_killed_and_restarted", Expect::Safe),
+            ("rw_reader_server_killed_and_restarted", Expect::Safe),
+            ("sem_holder_blackholed_past_ttl", DUAL_SESSION),
+            (
+                "store_connections_killed",
+                Expect::NotApplicable(
+                    "ZooKeeper cannot end client connections from the server side; dual's lost \
+                     connections are cut with the kit's proxy in backend-dual/tests/faults.rs",
+                ),
+            ),
+        ],
+    }
+}
+
+/// Why the server scenarios cannot run on `name`, where it has no server a scenario may
+/// start and break.
+fn without_server(name: SpawnName) -> Option<&'static str> {
+    match name {
+        SpawnName::Sqlite => Some("embedded store: there is no server to kill, pause or cut off"),
+        SpawnName::RedisCluster => Some(
+            "a cluster's node faults are their own scenario: \
+             cluster_master_kill9_resets_the_fence in backend-redis/tests/faults.rs",
+        ),
+        _ => None,
+    }
+}
+
+/// Adds to `target` (a store of the backend `name`) how that backend fares in every fault
+/// scenario, and the way a scenario starts a private server of it.
+pub fn declare(name: SpawnName, target: Target) -> Target {
+    declare_with_options(name, target, "")
+}
+
+/// As [`declare`], with URL query options (`layout=curator`) added to the URL of every server a
+/// scenario starts, so that a scenario runs the same variant of the backend as the cases.
+pub fn declare_with_options(name: SpawnName, target: Target, options: &'static str) -> Target {
+    let mut target = match name {
+        SpawnName::Postgres => target.spawn_with(|persistence| async move {
+            durable_only(persistence, "SQL servers always persist committed rows")?;
+            let pg = Postgres::start().await?;
+            let url = pg.fresh_database("faults").await?;
+            Ok(Spawned {
+                server: Box::new(pg),
+                url,
+                keep: None,
+            })
+        }),
+        SpawnName::Mariadb => target.spawn_with(|persistence| async move {
+            durable_only(persistence, "SQL servers always persist committed rows")?;
+            let db = MariaDb::start().await?;
+            let url = db.fresh_database("faults").await?;
+            Ok(Spawned {
+                server: Box::new(db),
+                url,
+                keep: None,
+            })
+        }),
+        SpawnName::Redis | SpawnName::Tair => target.spawn_with(move |persistence| async move {
+            let redis = Redis::start_with(redis_args(persistence)).await?;
+            let url = if name == SpawnName::Tair {
+                redis.url().replacen("redis://", "tair://", 1)
+            } else {
+                redis.url()
+            };
+            Ok(Spawned {
+                url,
+                server: Box::new(redis),
+                keep: None,
+            })
+        }),
+        SpawnName::Redlock3 | SpawnName::Redlock5 => {
+            let n = if name == SpawnName::Redlock3 { 3 } else { 5 };
+            // A scenario breaks every node at once (the kit's `RedisSet` control); faults of
+            // single nodes are Redlock's own, in backend-redlock/tests/faults.rs.
+            target.spawn_with(move |persistence| async move {
+                let set = RedisSet::start(n, redis_args(persistence)).await?;
+                Ok(Spawned {
+                    url: set.redlock_url(),
+                    server: Box::new(set),
+                    keep: None,
+                })
+            })
+        }
+        SpawnName::Zk => target.spawn_with(move |persistence| async move {
+            durable_only(persistence, "ZooKeeper always persists acknowledged writes")?;
+            let zk = ZooKeeper::start().await?;
+            Ok(Spawned {
+                url: format!(
+                    "{}/faults?session_timeout=4s{}{options}",
+                    zk.url(),
+                    if options.is_empty() { "" } else { "&" }
+                ),
+                server: Box::new(zk),
+                keep: None,
+            })
+        }),
+        SpawnName::Dual => target.spawn_with(|persistence| async move {
+            let zk = ZooKeeper::start().await?;
+            let redis = Redis::start_with(redis_args(persistence)).await?;
+            Ok(Spawned {
+                url: crate::spawn::dual_url(
+                    &format!("{}/faults?session_timeout=4s", zk.url()),
+                    &redis.url(),
+                ),
+                server: Box::new(ZkAndRedis { zk, redis }),
+                keep: None,
+            })
+        }),
+        SpawnName::Sqlite | SpawnName::RedisCluster | SpawnName::ZkEnsemble => target,
+    };
+    for (scenario, expect) in declarations(name) {
+        target = target.fault(scenario, expect);
+    }
+    match without_server(name) {
+        Some(reason) => target.without_server(reason),
+        None => target,
+    }
+}
+
+fn redis_args(persistence: Persistence) -> &'static [&'static str] {
+    match persistence {
+        Persistence::Durable => DURABLE_REDIS,
+        Persistence::None => &[],
+    }
+}
+
+fn durable_only(persistence: Persistence, why: &'static str) -> Result<(), KitError> {
+    match persistence {
+        Persistence::Durable => Ok(()),
+        Persistence::None => Err(KitError::new(KitErrorKind::InvalidArgument, why)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{Kind, registry};
+
+    /// A scenario declared twice would keep only its last declaration, silently; one the
+    /// registry lacks would panic in `Target::fault` only when a target is built.
+    #[test]
+    fn declarations_name_each_registry_scenario_at_most_once() {
+        for name in SpawnName::ALL {
+            let mut seen = std::collections::BTreeSet::new();
+            for (scenario, _) in declarations(*name) {
+                assert!(seen.insert(scenario), "{name}: {scenario} twice");
+                assert!(
+                    registry()
+                        .iter()
+                        .any(|c| c.kind == Kind::Fault && c.name == scenario),
+                    "{name}: {scenario} is no fault scenario"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! `dlock compare`: the same conformance cases, fault scenarios and benchmark against several
+//! backends, one after another, for a report that sets them side by side.
+//!
+//! A backend comes from one of three [`Source`]s: a `--spawn` name (servers the test kit starts
+//! as children of this process and stops when the backend is done, so fault scenarios can
+//! break private servers of its kind), a `--url` (a store that exists; the scenarios that need
+//! server control are then reported as [`Verdict::NeedsSpawn`]), or a [`Target`] a program
+//! builds itself (for example a deliberately broken backend from `conformance_tests::mutants`).
+//!
+//! For each backend, in one run: its capability sheet, every case of
+//! `conformance_tests::registry` (passed, failed with the message, or not applicable with the
+//! reason), every fault scenario with its verdict against what the backend declares in
+//! `conformance_tests::catalog`, and `dlock bench` (uncontended pairs beside the backend's raw
+//! floor; contended clients on one name). [`CompareReport`] holds it all; [`render`] draws
+//! `report.md`, `report.html` (charts inline) and the terminal table from it.
+
+mod chart;
+mod html;
+mod model;
+pub mod render;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use conformance_tests::catalog;
+use conformance_tests::spawn::{SpawnName, Stack};
+use conformance_tests::{Kind, Target};
+use lockcore::DistributedLock;
+
+pub use model::{BackendReport, Bench, CompareReport, Scenario, Sheet, Verdict};
+
+use crate::bench::{self, BenchOptions};
+use crate::check::{self, CheckOptions};
+use crate::redact;
+
+/// Where one backend of the comparison comes from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// Servers the test kit starts (and stops when this backend is done).
+    Spawn(SpawnName),
+    /// An existing store; its fault scenarios are reported as needing `--spawn`.
+    Url(String),
+    /// A target a program built: cases and fault scenarios as the target declares them; no
+    /// benchmark (it connects by URL).
+    Target(Target),
+}
+
+impl Source {
+    /// The name the report gives it before anything is connected.
+    fn label(&self) -> String {
+        match self {
+            Source::Spawn(name) => name.to_string(),
+            Source::Url(url) => crate::scheme_of(url).unwrap_or_else(|_| "url".to_owned()),
+            Source::Target(target) => target.label().to_owned(),
+        }
+    }
+
+    fn shown(&self) -> String {
+        match self {
+            Source::Spawn(_) => "spawned".to_owned(),
+            Source::Url(url) => redact(url),
+            Source::Target(_) => "library target".to_owned(),
+        }
+    }
+}
+
+/// What to compare and how long to measure.
+#[derive(Clone, Debug)]
+pub struct CompareOptions {
+    /// The backends, in the order the report lists them.
+    pub sources: Vec<Source>,
+    /// Shorter benchmark phases (1 s instead of 3 s) and more cases at once.
+    pub quick: bool,
+    /// How long one case or scenario may run before it fails.
+    pub case_timeout: Duration,
+}
+
+impl CompareOptions {
+    /// The given backends, full length.
+    pub fn new(sources: Vec<Source>) -> Self {
+        CompareOptions {
+            sources,
+            quick: false,
+            case_timeout: Duration::from_secs(120),
+        }
+    }
+
+    /// How many cases or scenarios of one backend run at once.
+    fn jobs(&self) -> usize {
+        if self.quick { 4 } else { 2 }
+    }
+
+    /// The benchmark for the store at `url`: one phase's measured time, its warm-up, 8 clients
+    /// holding 1 ms each (the contended figures `dlock bench` prints by default).
+    fn bench(&self, url: &str) -> BenchOptions {
+        let (measure, warmup) = if self.quick {
+            (Duration::from_secs(1), Duration::from_millis(200))
+        } else {
+            (Duration::from_secs(3), Duration::from_millis(500))
+        };
+        BenchOptions::new(url)
+            .duration(measure)
+            .warmup(warmup)
+            .clients(8)
+            .hold(Duration::from_millis(1))
+            .name(format!("dlock-compare/{:08x}", rand::random::<u32>()))
+    }
+
+    /// The benchmark's expected length, for the time-left estimate: three phases, each with
+    /// its warm-up.
+    fn bench_seconds(&self) -> f64 {
+        let b = self.bench("");
+        3.0 * (b.duration + b.warmup).as_secs_f64()
+    }
+}
+
+/// Receives the run's [`Status`] as it changes (often: draw it, do not log every call).
+pub type Progress = Arc<dyn Fn(&Status) + Send + Sync>;
+
+/// Where a run is, for a progress line.
+#[derive(Clone, Debug)]
+pub struct Status {
+    /// The backend being measured.
+    pub backend: String,
+    /// Its position (1-based) among `of`.
+    pub index: usize,
+    /// How many backends.
+    pub of: usize,
+    /// What it is doing: `starting servers`, `case 12/58 lock_many_…`, `bench contended`.
+    pub phase: String,
+    /// An estimate of the time left for the whole run.
+    pub left: Duration,
+}
+
+/// Registry entries per backend: every case and scenario.
+fn entries() -> usize {
+    conformance_tests::registry().len()
+}
+
+/// Estimates the time left: the mean time per entry so far (or 0.5 s before the first) for
+/// the entries left, plus a benchmark per backend left.
+struct Clock {
+    entries_done: usize,
+    entry_seconds: f64,
+    entries_total: usize,
+    benches_left: usize,
+    bench_seconds: f64,
+}
+
+impl Clock {
+    fn left(&self, bench_elapsed: f64) -> Duration {
+        let per_entry = if self.entries_done == 0 {
+            0.5
+        } else {
+            self.entry_seconds / self.entries_done as f64
+        };
+        let entries = (self.entries_total - self.entries_done) as f64 * per_entry;
+        let benches = (self.benches_left as f64 * self.bench_seconds - bench_elapsed).max(0.0);
+        Duration::from_secs_f64(entries + benches)
+    }
+}
+
+/// Runs the comparison, calling `progress` as it goes.
+///
+/// # Cancel safety
+/// Dropping the future stops the running case or benchmark (their cleanup guards release what
+/// they held) and kills every server it started.
+pub async fn run(options: &CompareOptions, progress: Progress) -> CompareReport {
+    let started = Instant::now();
+    let when = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    let of = options.sources.len();
+    let mut clock = Clock {
+        entries_done: 0,
+        entry_seconds: 0.0,
+        entries_total: of * entries(),
+        benches_left: of,
+        bench_seconds: options.bench_seconds(),
+    };
+    let mut backends = Vec::with_capacity(of);
+    for (i, source) in options.sources.iter().enumerate() {
+        let report = backend(options, source, i + 1, of, &mut clock, &progress).await;
+        backends.push(report);
+    }
+    CompareReport {
+        dlock_version: env!("CARGO_PKG_VERSION").to_owned(),
+        started: when,
+        machine: machine(),
+        quick: options.quick,
+        seconds: started.elapsed().as_secs_f64(),
+        backends,
+    }
+}
+
+/// `2 cores, linux x86_64`.
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!(
+        "{cores} core{}, {} {}",
+        if cores == 1 { "" } else { "s" },
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}
+
+/// In a process a fault scenario started to hold a lock from another process (the scenario
+/// runs this same program again): holds it as told and returns the exit code once killed.
+/// `None` in every other process. Call it first thing in `main`.
+pub fn holder_child() -> Option<std::process::ExitCode> {
+    let label = conformance_tests::faults::child_label()?;
+    conformance_tests::faults::child_main(&[url_target(&label, "")])
+}
+
+/// Connects `dlock::connect`'s way.
+fn url_target(label: &str, url: &str) -> Target {
+    Target::new(label, url, |url| async move { crate::connect(&url).await })
+}
+
+/// Measures one backend.
+async fn backend(
+    options: &CompareOptions,
+    source: &Source,
+    index: usize,
+    of: usize,
+    clock: &mut Clock,
+    progress: &Progress,
+) -> BackendReport {
+    let started = Instant::now();
+    let label = source.label();
+    let say = |clock: &Clock, phase: String| {
+        progress(&Status {
+            backend: label.clone(),
+            index,
+            of,
+            phase,
+            left: clock.left(0.0),
+        })
+    };
+    let unavailable = |clock: &mut Clock, why: String| {
+        clock.entries_total -= entries();
+        clock.benches_left -= 1;
+        BackendReport::unavailable(&label, &source.shown(), why)
+    };
+    // The stack lives until this backend is done: its servers are stopped then.
+    let mut _stack = None;
+    let (target, url) = match source {
+        Source::Spawn(name) => {
+            say(clock, "starting servers".to_owned());
+            let stack = match Stack::start(*name, 0).await {
+                Ok(stack) => stack,
+                Err(e) => return unavailable(clock, format!("cannot start {name}: {e}")),
+            };
+            let url = stack.direct_url.clone();
+            _stack = Some(stack);
+            let target = catalog::declare(*name, url_target(name.as_str(), &url));
+            (target, Some(url))
+        }
+        Source::Url(url) => (
+            check::target_for_url(url, &label),
+            Some(url.clone()).filter(|u| !u.is_empty()),
+        ),
+        Source::Target(target) => (target.clone(), None),
+    };
+    let spawned = target.can_spawn() || target.runs_faults();
+    let client: Arc<dyn DistributedLock> = match target.connect(&target.url().await).await {
+        Ok(client) => client,
+        Err(e) => return unavailable(clock, format!("cannot connect: {e}")),
+    };
+    let caps = client.capabilities();
+    let check_options = CheckOptions {
+        cases: None,
+        case_timeout: options.case_timeout,
+        jobs: options.jobs(),
+    };
+    let entry_start = Instant::now();
+    let mut last = 0.0;
+    let run = check::run(&target, &client, &check_options, |done, total, report| {
+        let now = entry_start.elapsed().as_secs_f64();
+        clock.entries_done += 1;
+        clock.entry_seconds += now - last;
+        last = now;
+        say(clock, format!("case {done}/{total} {}", report.case));
+    })
+    .await;
+    let mut cases = Vec::new();
+    let mut scenarios = Vec::new();
+    for report in run.cases {
+        let entry = conformance_tests::registry::find(&report.case);
+        if entry.is_some_and(|e| e.kind == Kind::Fault) {
+            scenarios.push(scenario(&target, report, spawned));
+        } else {
+            cases.push(report);
+        }
+    }
+    let bench = match url {
+        Some(url) => {
+            let watcher = Arc::new(BenchProgress {
+                progress: progress.clone(),
+                backend: label.clone(),
+                index,
+                of,
+                left_before: clock.left(0.0).as_secs_f64(),
+                per_phase: options.bench_seconds() / 3.0,
+            });
+            match bench::run_with_progress(&options.bench(&url), watcher).await {
+                Ok(report) => Bench {
+                    uncontended: report.uncontended,
+                    contended: report.contended,
+                    error: None,
+                },
+                Err(e) => Bench {
+                    error: Some(format!("the benchmark could not run: {e}")),
+                    ..Bench::default()
+                },
+            }
+        }
+        None => Bench {
+            error: Some("not run: the benchmark connects by URL, and this target has none".into()),
+            ..Bench::default()
+        },
+    };
+    clock.benches_left -= 1;
+    BackendReport {
+        name: label.clone(),
+        source: source.shown(),
+        unavailable: None,
+        sheet: Some(Sheet::of(&caps)),
+        cases,
+        scenarios,
+        bench,
+        left_held: run.left_held,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// A scenario's report with its verdict and what the backend declares for it.
+fn scenario(target: &Target, report: conformance_tests::Report, spawned: bool) -> Scenario {
+    let declared = target.expectation(&report.case);
+    let verdict = Verdict::of(&report.outcome, declared, spawned);
+    let message = match &report.outcome {
+        conformance_tests::Outcome::Passed => None,
+        conformance_tests::Outcome::Failed { message } => Some(message.clone()),
+        conformance_tests::Outcome::NotApplicable { reason } => Some(reason.clone()),
+    };
+    Scenario {
+        scenario: report.case,
+        verdict,
+        declared: declared.and_then(|d| match d {
+            conformance_tests::Expect::Safe => None,
+            conformance_tests::Expect::DocumentedUnsafe(why)
+            | conformance_tests::Expect::NotApplicable(why) => Some(why.to_owned()),
+        }),
+        message,
+        seconds: report.seconds,
+    }
+}
+
+/// Forwards the benchmark's progress as a status line.
+struct BenchProgress {
+    progress: Progress,
+    backend: String,
+    index: usize,
+    of: usize,
+    /// The run's time left when the benchmark started.
+    left_before: f64,
+    /// One phase's expected length, warm-up included.
+    per_phase: f64,
+}
+
+impl bench::Progress for BenchProgress {
+    fn update(&self, phase: bench::Phase, elapsed: Duration, _total: Duration) {
+        let before = match phase {
+            bench::Phase::Uncontended => 0.0,
+            bench::Phase::Floor => 1.0,
+            _ => 2.0,
+        };
+        let spent = before * self.per_phase + elapsed.as_secs_f64();
+        (self.progress)(&Status {
+            backend: self.backend.clone(),
+            index: self.index,
+            of: self.of,
+            phase: format!("bench {phase}"),
+            left: Duration::from_secs_f64((self.left_before - spent).max(0.0)),
+        });
+    }
+}
