@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use super::model::BackendReport;
+use super::model::{BackendReport, floor_of};
 
 const WIDTH: f64 = 760.0;
 const LABEL: f64 = 130.0;
@@ -159,68 +159,27 @@ fn missing(out: &mut String, b: &BackendReport, i: usize, attrs: &[&str]) {
 }
 
 /// Uncontended acquire+release pairs per second, each beside its raw floor (the backend's own
-/// commands with the same guarantees, measured in the same run).
+/// commands with the same guarantees, measured in the same run), drawn as a grey bar behind.
 pub(crate) fn throughput(rows: &[&BackendReport]) -> String {
     let figures: Vec<Option<(f64, Option<f64>)>> = rows
         .iter()
         .map(|b| {
-            b.bench.uncontended.as_ref().map(|u| {
-                let floor = u.fenced_floor.as_ref().or(u.floor.as_ref());
-                (u.pairs_per_sec, floor.map(|f| f.pairs_per_sec))
-            })
+            let u = b.bench.uncontended.as_ref()?;
+            Some((u.pairs_per_sec, floor_of(u).map(|f| f.pairs_per_sec)))
         })
         .collect();
-    let max = figures
-        .iter()
-        .flatten()
-        .map(|(v, f)| v.max(f.unwrap_or(0.0)))
-        .fold(0.0, f64::max);
-    let axis = Axis::linear(max);
-    let mut out = String::new();
-    frame(
-        "Uncontended throughput against the raw floor",
-        "acquire+release pairs/s (grey: the floor)",
-        &axis,
+    against(
         rows,
-        &mut out,
-    );
-    for (i, (b, fig)) in rows.iter().zip(&figures).enumerate() {
-        let Some((value, floor)) = fig else {
-            missing(&mut out, b, i, &["value", "floor"]);
-            continue;
-        };
-        let y = TOP + ROW * i as f64;
-        let _ = write!(
-            out,
-            r#"<g class="mark" data-backend="{}" data-value="{}" data-floor="{}">"#,
-            escape(&b.name),
-            data(Some(*value)),
-            data(*floor)
-        );
-        if let Some(f) = floor {
-            let _ = write!(
-                out,
-                r##"<rect x="{LABEL}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#ccc"/>"##,
-                y + 3.0,
-                axis.x(*f) - LABEL,
-                ROW - 6.0
-            );
-        }
-        let ratio = floor.map_or_else(String::new, |f| format!(" ({:.2} × floor)", value / f));
-        let _ = write!(
-            out,
-            r##"<rect x="{LABEL}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#3b6ea8"/><text x="{:.1}" y="{:.1}">{}{}</text></g>"##,
-            y + 8.0,
-            axis.x(*value) - LABEL,
-            ROW - 16.0,
-            axis.x(value.max(floor.unwrap_or(0.0))) + 4.0,
-            y + ROW / 2.0 + 4.0,
-            short(*value),
-            escape(&ratio)
-        );
-    }
-    out.push_str("</svg>");
-    out
+        &figures,
+        Against {
+            title: "Uncontended throughput against the raw floor",
+            unit: "acquire+release pairs/s (grey: the floor)",
+            reference: "floor",
+            colour: "#3b6ea8",
+            as_bar: true,
+            share: |v, floor| format!(" ({:.2} × floor)", v / floor),
+        },
+    )
 }
 
 /// The latency of one uncontended acquire+release pair: a bar from p50 to p99, a thin line on
@@ -278,66 +237,104 @@ pub(crate) fn latency(rows: &[&BackendReport]) -> String {
 }
 
 /// Contended acquisitions per second against the limit the hold time sets (clients of one
-/// name can do no better than one hold after another).
+/// name can do no better than one hold after another), drawn as a tick.
 pub(crate) fn contended(rows: &[&BackendReport]) -> String {
     let figures: Vec<Option<(f64, Option<f64>)>> = rows
         .iter()
         .map(|b| {
-            b.bench
-                .contended
-                .as_ref()
-                .map(|c| (c.acquisitions_per_sec, c.limit_per_sec))
+            let c = b.bench.contended.as_ref()?;
+            Some((c.acquisitions_per_sec, c.limit_per_sec))
         })
         .collect();
+    against(
+        rows,
+        &figures,
+        Against {
+            title: "Contended: 8 clients on one name, 1 ms holds",
+            unit: "acquisitions/s (tick: the limit)",
+            reference: "limit",
+            colour: "#5a9e6f",
+            as_bar: false,
+            share: |v, limit| format!(" ({:.0}% of limit)", 100.0 * v / limit),
+        },
+    )
+}
+
+/// How a chart of values against a reference per backend looks.
+struct Against {
+    title: &'static str,
+    unit: &'static str,
+    /// The reference's `data-*` name.
+    reference: &'static str,
+    colour: &'static str,
+    /// The reference as a grey bar behind the value (else a tick across it).
+    as_bar: bool,
+    /// The label's text after the value, from value and reference.
+    share: fn(f64, f64) -> String,
+}
+
+/// A bar per backend for its value (`data-value`), with its reference (`data-<reference>`).
+fn against(
+    rows: &[&BackendReport],
+    figures: &[Option<(f64, Option<f64>)>],
+    how: Against,
+) -> String {
     let max = figures
         .iter()
         .flatten()
-        .map(|(v, l)| v.max(l.unwrap_or(0.0)))
+        .map(|(v, r)| v.max(r.unwrap_or(0.0)))
         .fold(0.0, f64::max);
     let axis = Axis::linear(max);
     let mut out = String::new();
-    frame(
-        "Contended: 8 clients on one name, 1 ms holds",
-        "acquisitions/s (tick: the limit)",
-        &axis,
-        rows,
-        &mut out,
-    );
-    for (i, (b, fig)) in rows.iter().zip(&figures).enumerate() {
-        let Some((value, limit)) = fig else {
-            missing(&mut out, b, i, &["value", "limit"]);
+    frame(how.title, how.unit, &axis, rows, &mut out);
+    for (i, (b, fig)) in rows.iter().zip(figures).enumerate() {
+        let Some((value, reference)) = fig else {
+            missing(&mut out, b, i, &["value", how.reference]);
             continue;
         };
         let y = TOP + ROW * i as f64;
         let _ = write!(
             out,
-            r##"<g class="mark" data-backend="{}" data-value="{}" data-limit="{}"><rect x="{LABEL}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#5a9e6f"/>"##,
+            r#"<g class="mark" data-backend="{}" data-value="{}" data-{}="{}">"#,
             escape(&b.name),
             data(Some(*value)),
-            data(*limit),
-            y + 6.0,
-            axis.x(*value) - LABEL,
-            ROW - 12.0,
+            how.reference,
+            data(*reference)
         );
-        if let Some(l) = limit {
-            let x = axis.x(*l);
+        let bar = |out: &mut String, v: f64, inset: f64, fill: &str| {
             let _ = write!(
                 out,
-                r##"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="#222" stroke-width="2"/>"##,
-                y + 2.0,
-                y + ROW - 2.0
+                r#"<rect x="{LABEL}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{fill}"/>"#,
+                y + inset,
+                axis.x(v) - LABEL,
+                ROW - 2.0 * inset
             );
+        };
+        match reference {
+            Some(r) if how.as_bar => {
+                bar(&mut out, *r, 3.0, "#ccc");
+                bar(&mut out, *value, 8.0, how.colour);
+            }
+            Some(r) => {
+                bar(&mut out, *value, 6.0, how.colour);
+                let x = axis.x(*r);
+                let _ = write!(
+                    out,
+                    r##"<line x1="{x:.1}" y1="{:.1}" x2="{x:.1}" y2="{:.1}" stroke="#222" stroke-width="2"/>"##,
+                    y + 2.0,
+                    y + ROW - 2.0
+                );
+            }
+            None => bar(&mut out, *value, 6.0, how.colour),
         }
-        let of = limit.map_or_else(String::new, |l| {
-            format!(" ({:.0}% of limit)", 100.0 * value / l)
-        });
+        let share = reference.map_or_else(String::new, |r| (how.share)(*value, r));
         let _ = write!(
             out,
             r#"<text x="{:.1}" y="{:.1}">{}{}</text></g>"#,
-            axis.x(value.max(limit.unwrap_or(0.0))) + 4.0,
+            axis.x(value.max(reference.unwrap_or(0.0))) + 4.0,
             y + ROW / 2.0 + 4.0,
             short(*value),
-            escape(&of)
+            escape(&share)
         );
     }
     out.push_str("</svg>");

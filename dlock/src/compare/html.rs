@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use conformance_tests::{Outcome, registry};
 
 use super::chart::{self, escape};
-use super::model::{BackendReport, CompareReport, Verdict};
+use super::model::{BackendReport, CompareReport, Verdict, floor_of};
 use super::render;
 
 /// A capability sheet row: its label and how a backend's cell reads.
@@ -131,13 +131,28 @@ fn rows(
         .collect()
 }
 
+/// The benchmark table's column heads after the backend's name, one per [`bench_cells`] cell.
+pub(super) const BENCH_HEADS: [&str; 11] = [
+    "pairs/s",
+    "floor pairs/s",
+    "× floor",
+    "p50 µs",
+    "p99 µs",
+    "contended/s",
+    "limit/s",
+    "handoff p50 µs",
+    "handoff p99 µs",
+    "wait p99 µs",
+    "per client min/max",
+];
+
 /// A backend's benchmark cells: pairs/s, floor pairs/s, × floor, p50, p99, contended/s,
 /// limit/s, handoff p50, handoff p99, wait p99, per-client min/max.
 pub(super) fn bench_cells(b: &BackendReport) -> Vec<String> {
     let dash = || "-".to_owned();
     let n = |v: f64| format!("{v:.0}");
     let u = b.bench.uncontended.as_ref();
-    let floor = u.and_then(|u| u.fenced_floor.as_ref().or(u.floor.as_ref()));
+    let floor = u.and_then(floor_of);
     let c = b.bench.contended.as_ref();
     vec![
         u.map_or_else(dash, |u| n(u.pairs_per_sec)),
@@ -226,19 +241,7 @@ pub(super) fn page(report: &CompareReport) -> String {
     );
     grid(&mut out, report, scenario_rows(report));
     out.push_str("<h2>Benchmark</h2><table><tr><th>backend</th>");
-    for h in [
-        "pairs/s",
-        "floor pairs/s",
-        "× floor",
-        "p50 µs",
-        "p99 µs",
-        "contended/s",
-        "limit/s",
-        "handoff p50 µs",
-        "handoff p99 µs",
-        "wait p99 µs",
-        "per client min/max",
-    ] {
+    for h in BENCH_HEADS {
         let _ = write!(out, "<th>{h}</th>");
     }
     out.push_str("</tr>");

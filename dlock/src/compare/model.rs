@@ -5,7 +5,13 @@ use conformance_tests::{Expect, Outcome, Report};
 use lockcore::{Capabilities, Expiry, Fairness, Fencing, WaitMechanism};
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{ContendedReport, UncontendedReport};
+use crate::bench::{ContendedReport, FloorReport, UncontendedReport};
+
+/// The floor a backend's uncontended figures are judged against: the fenced floor where the
+/// bench measures one (the minimal script that also hands out a token), else the raw one.
+pub fn floor_of(u: &UncontendedReport) -> Option<&FloorReport> {
+    u.fenced_floor.as_ref().or(u.floor.as_ref())
+}
 
 /// A whole run over every backend asked for.
 #[derive(Clone, Debug, Serialize)]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use conformance_tests::Outcome;
 
 use super::html;
-use super::model::{BackendReport, CompareReport, Verdict};
+use super::model::{BackendReport, CompareReport, Verdict, floor_of};
 
 /// One row per backend: what its cases, scenarios and benchmark came to.
 pub fn table(report: &CompareReport) -> String {
@@ -85,7 +85,7 @@ fn summary(b: &BackendReport) -> Vec<String> {
     };
     let u = b.bench.uncontended.as_ref();
     let c = b.bench.contended.as_ref();
-    let floor = u.and_then(|u| u.fenced_floor.as_ref().or(u.floor.as_ref()));
+    let floor = u.and_then(floor_of);
     vec![
         b.name.clone(),
         sheet.fencing.clone(),
@@ -190,21 +190,7 @@ pub fn markdown(report: &CompareReport) -> String {
     let _ = writeln!(out, "\n## Benchmark\n");
     md_row(
         &mut out,
-        [
-            "backend",
-            "pairs/s",
-            "floor pairs/s",
-            "× floor",
-            "p50 µs",
-            "p99 µs",
-            "contended/s",
-            "limit/s",
-            "handoff p50 µs",
-            "handoff p99 µs",
-            "wait p99 µs",
-            "per client min/max",
-        ]
-        .into_iter(),
+        std::iter::once("backend").chain(html::BENCH_HEADS),
     );
     md_row(&mut out, (0..12).map(|_| "---"));
     for b in &report.backends {
@@ -270,4 +256,49 @@ pub fn write(report: &CompareReport, dir: &Path) -> std::io::Result<Vec<PathBuf>
 pub fn main_chart(report: &CompareReport) -> String {
     let rows: Vec<&BackendReport> = report.backends.iter().collect();
     super::chart::throughput(&rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(backends: Vec<BackendReport>) -> CompareReport {
+        CompareReport {
+            dlock_version: "0.1.0".into(),
+            started: "2026-11-26T00:00:00Z".into(),
+            machine: "2 cores, linux x86_64".into(),
+            quick: true,
+            seconds: 1.0,
+            backends,
+        }
+    }
+
+    #[test]
+    fn a_backend_that_could_not_start_is_one_line_and_the_others_keep_their_rows() {
+        let missing = BackendReport::unavailable(
+            "zk",
+            "spawned",
+            "cannot start zk: zookeeper.jar not found: install it with `apt-get install \
+             zookeeper` or run scripts/install-deps"
+                .into(),
+        );
+        let mut ran = BackendReport::unavailable("sqlite", "spawned", String::new());
+        ran.unavailable = None;
+        let report = report(vec![ran, missing]);
+        assert!(!report.ok(), "an unmeasured backend is not a clean run");
+        let table = table(&report);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[1].starts_with("sqlite"), "{table}");
+        assert!(lines[2].starts_with("zk") && lines[2].contains("unavailable"));
+        let why: Vec<&&str> = lines
+            .iter()
+            .filter(|l| l.contains("not measured"))
+            .collect();
+        assert_eq!(why.len(), 1, "{table}");
+        assert!(why[0].contains("apt-get install zookeeper"), "{table}");
+        let md = markdown(&report);
+        assert!(md.contains("- zk: not measured: cannot start zk"), "{md}");
+        // Its grid cells say why rather than vanish.
+        assert!(md.contains("| basic_exclusivity | - | - |"), "{md}");
+    }
 }
