@@ -3,13 +3,18 @@
 //! alone; a broken backend run through the library shows as failed.
 
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use conformance_tests::mutants::{Defect, target};
 use conformance_tests::{Kind, registry};
 use dlock::compare::{self, CompareOptions, Source, render};
 use serde_json::Value;
+
+mod common;
+
+use common::{HANG, dlock, eventually};
 
 fn names(kind: Kind) -> Vec<&'static str> {
     registry()
@@ -95,7 +100,7 @@ fn same(drawn: &str, json: &Value, what: &str) {
 #[test]
 fn compare_two_spawned_backends_writes_a_complete_consistent_report() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+    let out = dlock()
         .args(["compare", "--spawn", "sqlite,redis", "--quick", "--out"])
         .arg(dir.path())
         .output()
@@ -343,4 +348,90 @@ fn a_broken_backend_run_through_the_library_fails_the_report() {
     render::write(&report, dir.path()).unwrap();
     let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
     assert!(html.contains("problems found"), "the page's verdict");
+}
+
+/// The processes whose parent is `pid`, with their command names, from /proc.
+fn children(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`: the name may hold spaces, so split after its `)`.
+        let Some((head, tail)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let ppid = tail.split(' ').nth(1).and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            let comm = head.split_once(" (").map_or("", |(_, c)| c).to_owned();
+            out.push((child, comm));
+        }
+    }
+    out
+}
+
+#[test]
+fn ctrl_c_stops_the_servers_it_started_and_writes_no_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = dlock()
+        .args(["compare", "--spawn", "redis", "--out"])
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("dlock compare starts");
+    let pid = child.id();
+    let servers: Vec<u32> = eventually("the spawned redis-server", || {
+        let found: Vec<u32> = children(pid)
+            .into_iter()
+            .filter(|(_, comm)| comm == "redis-server")
+            .map(|(p, _)| p)
+            .collect();
+        if found.is_empty() {
+            Err(format!("children {:?}", children(pid)))
+        } else {
+            Ok(found)
+        }
+    });
+    let sent = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < HANG,
+            "dlock compare did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(130));
+    for server in servers {
+        eventually(&format!("redis-server {server} to be gone"), || {
+            match std::fs::read_to_string(format!("/proc/{server}/stat")) {
+                Err(_) => Ok(()),
+                // A zombie waits only for init to reap it: it no longer runs.
+                Ok(stat)
+                    if stat
+                        .rsplit_once(") ")
+                        .is_some_and(|(_, t)| t.starts_with('Z')) =>
+                {
+                    Ok(())
+                }
+                Ok(stat) => Err(stat),
+            }
+        });
+    }
+    assert!(
+        !dir.path().join("report.json").exists(),
+        "an interrupted run wrote a report"
+    );
 }

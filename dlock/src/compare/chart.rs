@@ -80,7 +80,12 @@ impl Axis {
             }
             out
         } else {
-            (0..=4).map(|i| self.hi * f64::from(i) / 4.0).collect()
+            // `hi` is 1, 2 or 5 times a power of ten: steps of a fifth, a quarter, a fifth.
+            let lead = self.hi / 10f64.powf(self.hi.log10().floor());
+            let steps = if (lead - 2.0).abs() < 1e-9 { 4 } else { 5 };
+            (0..=steps)
+                .map(|i| self.hi * f64::from(i) / f64::from(steps))
+                .collect()
         }
     }
 }
@@ -103,7 +108,7 @@ fn short(v: f64) -> String {
         format!("{:.0}k", v / 1000.0)
     } else if v >= 1000.0 {
         format!("{:.1}k", v / 1000.0)
-    } else if v >= 10.0 {
+    } else if v >= 10.0 || v == 0.0 {
         format!("{v:.0}")
     } else {
         format!("{v:.2}")
@@ -415,7 +420,21 @@ mod tests {
         // The latency chart of a report whose backends have no benchmark: no minimum.
         let axis = Axis::log(f64::INFINITY, 0.0);
         assert_eq!(axis.ticks().len(), 4);
-        assert_eq!(Axis::linear(0.0).ticks().len(), 5);
+        assert_eq!(Axis::linear(0.0).ticks().len(), 6);
+    }
+
+    #[test]
+    fn linear_ticks_fall_on_round_numbers() {
+        assert_eq!(
+            Axis::linear(4400.0).ticks(),
+            vec![0.0, 1000.0, 2000.0, 3000.0, 4000.0, 5000.0]
+        );
+        assert_eq!(
+            Axis::linear(1500.0).ticks(),
+            vec![0.0, 500.0, 1000.0, 1500.0, 2000.0]
+        );
+        assert_eq!(short(0.0), "0");
+        assert_eq!(short(1500.0), "1.5k");
     }
 
     #[test]

@@ -253,6 +253,14 @@ pub(super) fn page(report: &CompareReport) -> String {
         out.push_str("</tr>");
     }
     out.push_str("</table>");
+    let skipped = render::not_applicable(report);
+    if !skipped.is_empty() {
+        out.push_str("<h2>Not applicable, and why</h2><ul>");
+        for line in skipped {
+            let _ = write!(out, "<li>{}</li>", escape(&line));
+        }
+        out.push_str("</ul>");
+    }
     let problems = render::problems(report);
     if !problems.is_empty() {
         out.push_str("<h2>Problems</h2><ul>");

@@ -178,7 +178,15 @@ pub async fn run(options: &CompareOptions, progress: Progress) -> CompareReport 
     };
     let mut backends = Vec::with_capacity(of);
     for (i, source) in options.sources.iter().enumerate() {
-        let report = backend(options, source, i + 1, of, &mut clock, &progress).await;
+        // Two sources of one kind (a spawned redis and a redis URL) get `redis` and `redis-2`.
+        let base = source.label();
+        let mut label = base.clone();
+        let mut n = 1;
+        while backends.iter().any(|b: &BackendReport| b.name == label) {
+            n += 1;
+            label = format!("{base}-{n}");
+        }
+        let report = backend(options, source, label, i + 1, of, &mut clock, &progress).await;
         backends.push(report);
     }
     CompareReport {
@@ -219,13 +227,13 @@ fn url_target(label: &str, url: &str) -> Target {
 async fn backend(
     options: &CompareOptions,
     source: &Source,
+    label: String,
     index: usize,
     of: usize,
     clock: &mut Clock,
     progress: &Progress,
 ) -> BackendReport {
     let started = Instant::now();
-    let label = source.label();
     let say = |clock: &Clock, phase: String| {
         progress(&Status {
             backend: label.clone(),

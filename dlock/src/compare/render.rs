@@ -134,6 +134,40 @@ pub(super) fn failures(b: &BackendReport) -> Vec<String> {
     out
 }
 
+/// Why entries did not run, one line per backend and reason, naming the entries:
+/// `zk: needs ttl expiry: ttl_expiry_frees_lock, lost_fires_expired`.
+pub(super) fn not_applicable(report: &CompareReport) -> Vec<String> {
+    let mut out = Vec::new();
+    for b in &report.backends {
+        // Reasons in the order they first appear, each with its entries.
+        let mut reasons: Vec<(String, Vec<&str>)> = Vec::new();
+        let skipped = b
+            .cases
+            .iter()
+            .filter_map(|c| match &c.outcome {
+                Outcome::NotApplicable { reason } => Some((c.case.as_str(), reason.as_str())),
+                _ => None,
+            })
+            .chain(b.scenarios.iter().filter_map(|s| match s.verdict {
+                Verdict::NotApplicable | Verdict::NeedsSpawn => Some((
+                    s.scenario.as_str(),
+                    s.message.as_deref().or(s.declared.as_deref()).unwrap_or(""),
+                )),
+                _ => None,
+            }));
+        for (entry, reason) in skipped {
+            match reasons.iter_mut().find(|(r, _)| r == reason) {
+                Some((_, entries)) => entries.push(entry),
+                None => reasons.push((reason.to_owned(), vec![entry])),
+            }
+        }
+        for (reason, entries) in reasons {
+            out.push(format!("{}: {reason}: {}", b.name, entries.join(", ")));
+        }
+    }
+    out
+}
+
 /// Every problem of the run, one line each, naming its backend.
 pub(super) fn problems(report: &CompareReport) -> Vec<String> {
     report
@@ -199,6 +233,13 @@ pub fn markdown(report: &CompareReport) -> String {
             &mut out,
             std::iter::once(b.name.as_str()).chain(cells.iter().map(String::as_str)),
         );
+    }
+    let skipped = not_applicable(report);
+    if !skipped.is_empty() {
+        let _ = writeln!(out, "\n## Not applicable, and why\n");
+        for line in skipped {
+            let _ = writeln!(out, "- {line}");
+        }
     }
     let notes: Vec<String> = problems(report)
         .into_iter()
