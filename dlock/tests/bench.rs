@@ -40,6 +40,32 @@ async fn uncontended_reports_pairs_and_the_floor() {
     assert!((floor.ratio - expected).abs() < 1e-9);
 }
 
+/// A dual lock is judged against both stores' floors one after the other (its pairs make the
+/// same round trips), so it reports a floor ratio and a contended limit like every backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_reports_both_stores_floors_and_a_limit() {
+    let url = "dual://?first=memory%3A%2F%2Fbench-d1&second=memory%3A%2F%2Fbench-d2";
+    let report = bench::run(&short(url, Mode::All)).await.unwrap();
+    assert_eq!(report.backend, "dual");
+    let u = report.uncontended.expect("uncontended phase ran");
+    for floor in [
+        u.floor.expect("a raw floor"),
+        u.fenced_floor.expect("a fenced floor"),
+    ] {
+        assert!(floor.pairs > 0 && floor.ratio > 0.0, "{floor:?}");
+        assert!(
+            floor.description.starts_with("first store: ")
+                && floor.description.contains("; then second store: "),
+            "{}",
+            floor.description
+        );
+    }
+    let c = report.contended.expect("contended phase ran");
+    assert_eq!(c.violations, 0);
+    assert!(c.floor_pair_p50_us.is_some_and(|p| p > 0.0));
+    assert!(c.of_limit.is_some_and(|f| f > 0.0), "{c:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contended_clients_take_turns_without_overlap() {
     let report = bench::run(&short("memory://bench-c", Mode::Contended))
