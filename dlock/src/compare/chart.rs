@@ -177,8 +177,8 @@ pub(crate) fn throughput(rows: &[&BackendReport]) -> String {
         rows,
         &figures,
         Against {
-            title: "Uncontended throughput against the raw floor",
-            unit: "acquire+release pairs/s (grey: the floor)",
+            title: "Uncontended throughput against each backend's floor",
+            unit: "acquire+release pairs/s (grey: the floor, fenced where there is one)",
             reference: "floor",
             colour: "#3b6ea8",
             as_bar: true,

@@ -3,173 +3,9 @@
 
 use std::fmt::Write as _;
 
-use conformance_tests::{Outcome, registry};
-
 use super::chart::{self, escape};
-use super::model::{BackendReport, CompareReport, Verdict, floor_of};
-use super::render;
-
-/// A capability sheet row: its label and how a backend's cell reads.
-type SheetRow = (&'static str, fn(&BackendReport) -> String);
-
-/// The capability sheet's rows, shared by the HTML and Markdown views.
-pub(super) const SHEET_ROWS: &[SheetRow] = &[
-    ("source", |b| b.source.clone()),
-    ("fencing", |b| {
-        sheet(b, |s| match &s.fencing_assumption {
-            Some(a) => format!("{} ({a})", s.fencing),
-            None => s.fencing.clone(),
-        })
-    }),
-    ("expiry", |b| {
-        sheet(b, |s| match s.session_timeout_ms {
-            Some(ms) => format!("{} (timeout {ms} ms)", s.expiry),
-            None => s.expiry.clone(),
-        })
-    }),
-    ("fairness", |b| sheet(b, |s| s.fairness.clone())),
-    ("wake-up", |b| sheet(b, |s| s.wake_up.clone())),
-    ("read-write locks", |b| sheet(b, |s| yes(s.read_write))),
-    ("semaphores", |b| sheet(b, |s| yes(s.semaphore))),
-    ("shared across processes", |b| {
-        sheet(b, |s| yes(s.shared_across_processes))
-    }),
-];
-
-fn sheet(b: &BackendReport, f: impl Fn(&super::Sheet) -> String) -> String {
-    b.sheet.as_ref().map_or_else(|| "-".to_owned(), f)
-}
-
-fn yes(v: bool) -> String {
-    if v { "yes" } else { "no" }.to_owned()
-}
-
-/// One cell of a verdict grid.
-pub(super) struct Cell {
-    /// The short word shown.
-    pub label: &'static str,
-    /// Its CSS class (its colour).
-    pub class: &'static str,
-    /// The detail a hover shows: the message or reason.
-    pub title: String,
-}
-
-/// The case grid: one row per registry case, one cell per backend.
-pub(super) fn case_rows(report: &CompareReport) -> Vec<(String, Vec<Cell>)> {
-    rows(report, conformance_tests::Kind::Case, |b, name| {
-        let Some(r) = b.cases.iter().find(|c| c.case == name) else {
-            return missing(b);
-        };
-        match &r.outcome {
-            Outcome::Passed => Cell {
-                label: "pass",
-                class: "ok",
-                title: format!("{:.2} s", r.seconds),
-            },
-            Outcome::Failed { message } => Cell {
-                label: "FAIL",
-                class: "bad",
-                title: message.clone(),
-            },
-            Outcome::NotApplicable { reason } => Cell {
-                label: "n/a",
-                class: "na",
-                title: reason.clone(),
-            },
-        }
-    })
-}
-
-/// The scenario grid: one row per registry fault scenario, one cell per backend.
-pub(super) fn scenario_rows(report: &CompareReport) -> Vec<(String, Vec<Cell>)> {
-    rows(report, conformance_tests::Kind::Fault, |b, name| {
-        let Some(s) = b.scenarios.iter().find(|s| s.scenario == name) else {
-            return missing(b);
-        };
-        let class = match s.verdict {
-            Verdict::Safe => "ok",
-            Verdict::DocumentedUnsafe => "doc",
-            Verdict::Violation => "bad",
-            Verdict::NotApplicable | Verdict::NeedsSpawn => "na",
-        };
-        let title = [s.declared.as_deref(), s.message.as_deref()]
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>()
-            .join(" — ");
-        Cell {
-            label: s.verdict.label(),
-            class,
-            title,
-        }
-    })
-}
-
-fn missing(b: &BackendReport) -> Cell {
-    Cell {
-        label: "-",
-        class: "na",
-        title: b
-            .unavailable
-            .clone()
-            .unwrap_or_else(|| "not run".to_owned()),
-    }
-}
-
-fn rows(
-    report: &CompareReport,
-    kind: conformance_tests::Kind,
-    cell: impl Fn(&BackendReport, &str) -> Cell,
-) -> Vec<(String, Vec<Cell>)> {
-    registry()
-        .iter()
-        .filter(|c| c.kind == kind)
-        .map(|c| {
-            let cells = report.backends.iter().map(|b| cell(b, c.name)).collect();
-            (c.name.to_owned(), cells)
-        })
-        .collect()
-}
-
-/// The benchmark table's column heads after the backend's name, one per [`bench_cells`] cell.
-pub(super) const BENCH_HEADS: [&str; 11] = [
-    "pairs/s",
-    "floor pairs/s",
-    "× floor",
-    "p50 µs",
-    "p99 µs",
-    "contended/s",
-    "limit/s",
-    "handoff p50 µs",
-    "handoff p99 µs",
-    "wait p99 µs",
-    "per client min/max",
-];
-
-/// A backend's benchmark cells: pairs/s, floor pairs/s, × floor, p50, p99, contended/s,
-/// limit/s, handoff p50, handoff p99, wait p99, per-client min/max.
-pub(super) fn bench_cells(b: &BackendReport) -> Vec<String> {
-    let dash = || "-".to_owned();
-    let n = |v: f64| format!("{v:.0}");
-    let u = b.bench.uncontended.as_ref();
-    let floor = u.and_then(floor_of);
-    let c = b.bench.contended.as_ref();
-    vec![
-        u.map_or_else(dash, |u| n(u.pairs_per_sec)),
-        floor.map_or_else(dash, |f| n(f.pairs_per_sec)),
-        floor.map_or_else(dash, |f| format!("{:.2}", f.ratio)),
-        u.map_or_else(dash, |u| n(u.latency.p50_us)),
-        u.map_or_else(dash, |u| n(u.latency.p99_us)),
-        c.map_or_else(dash, |c| n(c.acquisitions_per_sec)),
-        c.and_then(|c| c.limit_per_sec).map_or_else(dash, n),
-        c.map_or_else(dash, |c| n(c.handoff.p50_us)),
-        c.map_or_else(dash, |c| n(c.handoff.p99_us)),
-        c.map_or_else(dash, |c| n(c.wait.p99_us)),
-        c.map_or_else(dash, |c| {
-            format!("{}/{}", c.per_client_min, c.per_client_max)
-        }),
-    ]
-}
+use super::model::{BackendReport, CompareReport};
+use super::view::{self, BENCH_HEADS, Cell, SHEET_ROWS, bench_cells, case_rows, scenario_rows};
 
 const STYLE: &str = "body{font-family:sans-serif;margin:24px;max-width:1200px;color:#222}\
 table{border-collapse:collapse;margin:8px 0 20px}\
@@ -208,7 +44,7 @@ pub(super) fn page(report: &CompareReport) -> String {
     let _ = write!(
         out,
         "<h2>Summary</h2><pre>{}</pre>",
-        escape(&render::table(report))
+        escape(&view::table(report))
     );
     out.push_str("<h2>Charts</h2>");
     for svg in [
@@ -253,15 +89,16 @@ pub(super) fn page(report: &CompareReport) -> String {
         out.push_str("</tr>");
     }
     out.push_str("</table>");
-    let skipped = render::not_applicable(report);
+    let skipped = view::not_applicable(report);
     if !skipped.is_empty() {
         out.push_str("<h2>Not applicable, and why</h2><ul>");
         for line in skipped {
-            let _ = write!(out, "<li>{}</li>", escape(&line));
+            let (backend, why) = line.split_once(": ").unwrap_or(("", &line));
+            let _ = write!(out, "<li><b>{}</b>: {}</li>", escape(backend), escape(why));
         }
         out.push_str("</ul>");
     }
-    let problems = render::problems(report);
+    let problems = view::problems(report);
     if !problems.is_empty() {
         out.push_str("<h2>Problems</h2><ul>");
         for p in problems {

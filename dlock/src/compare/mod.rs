@@ -18,6 +18,7 @@ mod chart;
 mod html;
 mod model;
 pub mod render;
+mod view;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};

@@ -1,194 +1,14 @@
-//! The report's views: the table printed at the end of a run, `report.md`, and the files of
+//! The report's outputs: the table printed at the end of a run, `report.md`, and the files of
 //! `--out` (`report.json`, `report.md`, `report.html`), all drawn from one [`CompareReport`].
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use conformance_tests::Outcome;
-
 use super::html;
-use super::model::{BackendReport, CompareReport, Verdict, floor_of};
+use super::model::{BackendReport, CompareReport};
+use super::view::{self, BENCH_HEADS, Cell, SHEET_ROWS, bench_cells, case_rows, scenario_rows};
 
-/// One row per backend: what its cases, scenarios and benchmark came to.
-pub fn table(report: &CompareReport) -> String {
-    let header = [
-        "backend",
-        "fencing",
-        "expiry",
-        "fair",
-        "wake-up",
-        "cases",
-        "scenarios",
-        "pairs/s",
-        "×floor",
-        "p99 µs",
-        "contended/s",
-        "of limit",
-        "min/max",
-    ];
-    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
-    for b in &report.backends {
-        rows.push(summary(b));
-    }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for row in &rows {
-        let cells: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    for b in &report.backends {
-        if let Some(why) = &b.unavailable {
-            let _ = writeln!(out, "{}: not measured: {why}", b.name);
-        }
-        for failed in failures(b) {
-            let _ = writeln!(out, "{}: {failed}", b.name);
-        }
-    }
-    out
-}
-
-/// The cells of one backend's summary row.
-fn summary(b: &BackendReport) -> Vec<String> {
-    let dash = || "-".to_owned();
-    let Some(sheet) = &b.sheet else {
-        let mut row = vec![b.name.clone(), "unavailable".to_owned()];
-        row.resize(13, dash());
-        return row;
-    };
-    let (passed, failed, na) = b.case_counts();
-    let cases = if failed > 0 {
-        format!("{passed} ok {failed} FAIL {na} n/a")
-    } else {
-        format!("{passed} ok {na} n/a")
-    };
-    let scenarios = {
-        let mut parts = vec![format!("{} safe", b.scenario_count(Verdict::Safe))];
-        for (v, word) in [
-            (Verdict::DocumentedUnsafe, "documented"),
-            (Verdict::Violation, "VIOLATION"),
-            (Verdict::NotApplicable, "n/a"),
-            (Verdict::NeedsSpawn, "need spawn"),
-        ] {
-            let n = b.scenario_count(v);
-            if n > 0 {
-                parts.push(format!("{n} {word}"));
-            }
-        }
-        parts.join(" ")
-    };
-    let u = b.bench.uncontended.as_ref();
-    let c = b.bench.contended.as_ref();
-    let floor = u.and_then(floor_of);
-    vec![
-        b.name.clone(),
-        sheet.fencing.clone(),
-        sheet.expiry.clone(),
-        sheet.fairness.clone(),
-        sheet.wake_up.clone(),
-        cases,
-        scenarios,
-        u.map_or_else(dash, |u| format!("{:.0}", u.pairs_per_sec)),
-        floor.map_or_else(dash, |f| format!("{:.2}", f.ratio)),
-        u.map_or_else(dash, |u| format!("{:.0}", u.latency.p99_us)),
-        c.map_or_else(dash, |c| format!("{:.0}", c.acquisitions_per_sec)),
-        c.and_then(|c| c.of_limit)
-            .map_or_else(dash, |f| format!("{f:.2}")),
-        c.map_or_else(dash, |c| format!("{:.2}", c.fairness)),
-    ]
-}
-
-/// What went wrong on a backend: failed cases and violated scenarios, one line each.
-pub(super) fn failures(b: &BackendReport) -> Vec<String> {
-    let mut out = Vec::new();
-    for case in &b.cases {
-        if let Outcome::Failed { message } = &case.outcome {
-            out.push(format!(
-                "case {} FAILED: {}",
-                case.case,
-                first_line(message)
-            ));
-        }
-    }
-    for s in &b.scenarios {
-        if s.verdict == Verdict::Violation {
-            out.push(format!(
-                "scenario {} VIOLATION: {}",
-                s.scenario,
-                first_line(s.message.as_deref().unwrap_or(""))
-            ));
-        }
-    }
-    if !b.left_held.is_empty() {
-        out.push(format!("left held: {}", b.left_held.join(", ")));
-    }
-    if let Some(e) = &b.bench.error {
-        out.push(format!("bench: {e}"));
-    }
-    out
-}
-
-/// Why entries did not run, one line per backend and reason, naming the entries:
-/// `zk: needs ttl expiry: ttl_expiry_frees_lock, lost_fires_expired`.
-pub(super) fn not_applicable(report: &CompareReport) -> Vec<String> {
-    let mut out = Vec::new();
-    for b in &report.backends {
-        // Reasons in the order they first appear, each with its entries.
-        let mut reasons: Vec<(String, Vec<&str>)> = Vec::new();
-        let skipped = b
-            .cases
-            .iter()
-            .filter_map(|c| match &c.outcome {
-                Outcome::NotApplicable { reason } => Some((c.case.as_str(), reason.as_str())),
-                _ => None,
-            })
-            .chain(b.scenarios.iter().filter_map(|s| match s.verdict {
-                Verdict::NotApplicable | Verdict::NeedsSpawn => Some((
-                    s.scenario.as_str(),
-                    s.message.as_deref().or(s.declared.as_deref()).unwrap_or(""),
-                )),
-                _ => None,
-            }));
-        for (entry, reason) in skipped {
-            match reasons.iter_mut().find(|(r, _)| r == reason) {
-                Some((_, entries)) => entries.push(entry),
-                None => reasons.push((reason.to_owned(), vec![entry])),
-            }
-        }
-        for (reason, entries) in reasons {
-            out.push(format!("{}: {reason}: {}", b.name, entries.join(", ")));
-        }
-    }
-    out
-}
-
-/// Every problem of the run, one line each, naming its backend.
-pub(super) fn problems(report: &CompareReport) -> Vec<String> {
-    report
-        .backends
-        .iter()
-        .flat_map(|b| {
-            let mut lines: Vec<String> = failures(b)
-                .into_iter()
-                .map(|f| format!("{}: {f}", b.name))
-                .collect();
-            if let Some(why) = &b.unavailable {
-                lines.push(format!("{}: not measured: {why}", b.name));
-            }
-            lines
-        })
-        .collect()
-}
-
-fn first_line(s: &str) -> &str {
-    s.lines().next().unwrap_or("")
-}
+pub use super::view::table;
 
 /// `report.md`: the run's facts, the summary table, the capability sheets, the case and
 /// scenario grids, and the benchmark figures.
@@ -210,7 +30,7 @@ pub fn markdown(report: &CompareReport) -> String {
     let _ = writeln!(out, "## Capabilities\n");
     md_row(&mut out, std::iter::once("").chain(names.iter().copied()));
     md_row(&mut out, (0..=names.len()).map(|_| "---"));
-    for (label, cell) in html::SHEET_ROWS {
+    for (label, cell) in SHEET_ROWS {
         let cells: Vec<String> = report.backends.iter().map(cell).collect();
         md_row(
             &mut out,
@@ -218,30 +38,27 @@ pub fn markdown(report: &CompareReport) -> String {
         );
     }
     let _ = writeln!(out, "\n## Conformance cases\n");
-    grid(&mut out, report, html::case_rows(report));
+    grid(&mut out, report, case_rows(report));
     let _ = writeln!(out, "\n## Fault scenarios\n");
-    grid(&mut out, report, html::scenario_rows(report));
+    grid(&mut out, report, scenario_rows(report));
     let _ = writeln!(out, "\n## Benchmark\n");
-    md_row(
-        &mut out,
-        std::iter::once("backend").chain(html::BENCH_HEADS),
-    );
+    md_row(&mut out, std::iter::once("backend").chain(BENCH_HEADS));
     md_row(&mut out, (0..12).map(|_| "---"));
     for b in &report.backends {
-        let cells = html::bench_cells(b);
+        let cells = bench_cells(b);
         md_row(
             &mut out,
             std::iter::once(b.name.as_str()).chain(cells.iter().map(String::as_str)),
         );
     }
-    let skipped = not_applicable(report);
+    let skipped = view::not_applicable(report);
     if !skipped.is_empty() {
         let _ = writeln!(out, "\n## Not applicable, and why\n");
         for line in skipped {
             let _ = writeln!(out, "- {line}");
         }
     }
-    let notes: Vec<String> = problems(report)
+    let notes: Vec<String> = view::problems(report)
         .into_iter()
         .map(|p| format!("- {p}"))
         .collect();
@@ -252,7 +69,7 @@ pub fn markdown(report: &CompareReport) -> String {
 }
 
 /// A grid of verdict labels: one row per entry, one column per backend.
-fn grid(out: &mut String, report: &CompareReport, rows: Vec<(String, Vec<html::Cell>)>) {
+fn grid(out: &mut String, report: &CompareReport, rows: Vec<(String, Vec<Cell>)>) {
     md_row(
         out,
         std::iter::once("").chain(report.backends.iter().map(|b| b.name.as_str())),
