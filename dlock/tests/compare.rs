@@ -323,6 +323,8 @@ fn a_broken_backend_run_through_the_library_fails_the_report() {
     options.case_timeout = std::time::Duration::from_secs(60);
     let report = rt.block_on(compare::run(&options, Arc::new(|_: &compare::Status| {})));
     assert!(!report.ok(), "a backend with one constant token passed");
+    // The outcome `dlock compare` turns into exit code 1.
+    assert_eq!(report.outcome(), compare::RunOutcome::Problems);
     let b = &report.backends[0];
     let failed: Vec<&str> = b
         .cases

@@ -28,7 +28,9 @@ use conformance_tests::spawn::{SpawnName, Stack};
 use conformance_tests::{Kind, Target};
 use lockcore::DistributedLock;
 
-pub use model::{BackendReport, Bench, CompareReport, Scenario, Sheet, Verdict, floor_of};
+pub use model::{
+    BackendReport, Bench, CompareReport, RunOutcome, Scenario, Sheet, Verdict, floor_of,
+};
 
 use crate::bench::{self, BenchOptions};
 use crate::check::{self, CheckOptions};

@@ -35,6 +35,34 @@ impl CompareReport {
     pub fn ok(&self) -> bool {
         self.backends.iter().all(BackendReport::ok)
     }
+
+    /// What the run came to, for an exit code: a problem on a measured backend outweighs a
+    /// backend that could not be measured.
+    pub fn outcome(&self) -> RunOutcome {
+        if self
+            .backends
+            .iter()
+            .any(|b| b.unavailable.is_none() && !b.ok())
+        {
+            RunOutcome::Problems
+        } else if self.backends.iter().any(|b| b.unavailable.is_some()) {
+            RunOutcome::Unmeasured
+        } else {
+            RunOutcome::Clean
+        }
+    }
+}
+
+/// What a comparison came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// Every backend ran; every case passed; no scenario showed a violation.
+    Clean,
+    /// A case failed, a scenario showed a violation, a name was left held, or the benchmark
+    /// could not run, on a backend that was measured.
+    Problems,
+    /// Nothing went wrong where measured, but a backend could not be started or reached.
+    Unmeasured,
 }
 
 /// Everything measured on one backend.

@@ -144,6 +144,7 @@ mod tests {
         ran.unavailable = None;
         let report = report(vec![ran, missing]);
         assert!(!report.ok(), "an unmeasured backend is not a clean run");
+        assert_eq!(report.outcome(), crate::compare::RunOutcome::Unmeasured);
         let table = table(&report);
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[1].starts_with("sqlite"), "{table}");

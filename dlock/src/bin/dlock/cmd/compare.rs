@@ -128,16 +128,10 @@ pub async fn main(args: CompareArgs) -> u8 {
     for path in paths {
         println!("report: {}", path.display());
     }
-    if report
-        .backends
-        .iter()
-        .any(|b| b.unavailable.is_none() && !b.ok())
-    {
-        exit::VIOLATION
-    } else if report.backends.iter().any(|b| b.unavailable.is_some()) {
-        exit::UNAVAILABLE
-    } else {
-        exit::OK
+    match report.outcome() {
+        compare::RunOutcome::Clean => exit::OK,
+        compare::RunOutcome::Problems => exit::VIOLATION,
+        compare::RunOutcome::Unmeasured => exit::UNAVAILABLE,
     }
 }
 
