@@ -330,6 +330,9 @@ async fn backend(
         },
     };
     clock.benches_left -= 1;
+    if matches!(source, Source::Url(_)) {
+        forget_bench_names(&client, &bench).await;
+    }
     BackendReport {
         name: label.clone(),
         source: source.shown(),
@@ -340,6 +343,21 @@ async fn backend(
         bench,
         left_held: run.left_held,
         seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// Removes the benchmark's lock names from a store the user gave (fence counters included: the
+/// names are the run's own, `dlock-compare/<random>/...`), as the cases' names are. A name that
+/// cannot be forgotten stays: it is harmless, under a prefix no one else uses.
+async fn forget_bench_names(client: &Arc<dyn DistributedLock>, bench: &Bench) {
+    let names = [
+        bench.uncontended.as_ref().map(|u| u.name.as_str()),
+        bench.contended.as_ref().map(|c| c.name.as_str()),
+    ];
+    for name in names.into_iter().flatten() {
+        if let Ok(name) = lockcore::LockName::new(name) {
+            let _ = client.forget(&name).await;
+        }
     }
 }
 
