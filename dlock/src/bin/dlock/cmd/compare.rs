@@ -9,6 +9,7 @@ use clap::Args;
 use conformance_tests::spawn::SpawnName;
 use dlock::compare::{self, CompareOptions, Source, Status, render};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio::signal::unix::SignalKind;
 
 use crate::args::parse_duration;
 use crate::exit;
@@ -99,12 +100,21 @@ pub async fn main(args: CompareArgs) -> u8 {
     let watcher = progress.clone();
     // A failing case panics in its own task, and its message is in the report: keep the
     // default hook's output off the terminal.
+    // Listening before anything starts: a Ctrl-C that comes while the first server starts is
+    // not lost (`ctrl_c()` would listen only once first polled).
+    let mut interrupt = match tokio::signal::unix::signal(SignalKind::interrupt()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("dlock: cannot listen for Ctrl-C: {e}");
+            return exit::SOFTWARE;
+        }
+    };
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let run = compare::run(&options, Arc::new(move |s: &Status| watcher.show(s)));
     let report = tokio::select! {
         report = run => report,
-        _ = tokio::signal::ctrl_c() => {
+        _ = interrupt.recv() => {
             std::panic::set_hook(previous);
             bar.finish_and_clear();
             // The run's future is dropped here: its cases stop and the kit's servers are killed.
