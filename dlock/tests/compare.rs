@@ -437,3 +437,24 @@ fn ctrl_c_stops_the_servers_it_started_and_writes_no_report() {
         "an interrupted run wrote a report"
     );
 }
+
+#[test]
+fn a_bad_url_or_backend_name_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    for (args, code) in [
+        (vec!["--url", "nope://host"], 78),
+        (vec!["--url", ""], 64),
+        (vec!["--spawn", "redis,bogus"], 64),
+    ] {
+        let o = dlock()
+            .arg("compare")
+            .args(&args)
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {o:?}");
+        assert!(!out.exists(), "{args:?} created the report directory");
+    }
+}

@@ -202,13 +202,21 @@ pub async fn run(options: &CompareOptions, progress: Progress) -> CompareReport 
     }
 }
 
-/// `2 cores, linux x86_64`.
+/// `2 cores, Debian GNU/Linux 12 (bookworm), x86_64` (the OS's own name from
+/// `/etc/os-release` where it has one, else `linux`).
 fn machine() -> String {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let os = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_owned())
+        })
+        .unwrap_or_else(|| std::env::consts::OS.to_owned());
     format!(
-        "{cores} core{}, {} {}",
+        "{cores} core{}, {os}, {}",
         if cores == 1 { "" } else { "s" },
-        std::env::consts::OS,
         std::env::consts::ARCH
     )
 }

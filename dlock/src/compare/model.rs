@@ -20,7 +20,7 @@ pub struct CompareReport {
     pub dlock_version: String,
     /// When it started (RFC 3339, UTC).
     pub started: String,
-    /// What it ran on: `2 cores, Linux x86_64`.
+    /// What it ran on: `2 cores, Debian GNU/Linux 12 (bookworm), x86_64`.
     pub machine: String,
     /// Whether it was a `--quick` run (shorter benchmarks, fewer repeats).
     pub quick: bool,

@@ -60,9 +60,10 @@ pub async fn main(args: CompareArgs) -> u8 {
             eprintln!("dlock: --url is empty");
             return exit::USAGE;
         }
-        if let Err(e) = dlock::scheme_of(url) {
+        // A malformed URL or an unknown scheme is refused here, before any file or server.
+        if let Err(e) = dlock::native_primitives(url) {
             eprintln!("dlock: --url {}: {e}", dlock::redact(url));
-            return exit::USAGE;
+            return exit::for_error(&e);
         }
         sources.push(Source::Url(url.clone()));
     }
