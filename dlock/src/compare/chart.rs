@@ -120,7 +120,7 @@ fn frame(title: &str, unit: &str, axis: &Axis, rows: &[&BackendReport], out: &mu
     let height = TOP + ROW * rows.len() as f64 + BOTTOM;
     let _ = write!(
         out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" role="img" aria-label="{t}" font-family="sans-serif" font-size="12"><title>{t}</title><text x="8" y="18" font-weight="bold" font-size="14">{t}</text>"#,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" role="img" aria-label="{t}" font-family="sans-serif" font-size="12"><title>{t}</title><rect width="100%" height="100%" fill="white"/><text x="8" y="18" font-weight="bold" font-size="14">{t}</text>"#,
         t = escape(title)
     );
     let bottom = TOP + ROW * rows.len() as f64;

@@ -27,7 +27,7 @@ pub(crate) struct CompareArgs {
     #[arg(long, value_name = "URL")]
     pub(crate) url: Vec<String>,
 
-    /// Shorter benchmarks (1 s a phase instead of 3 s) and more cases at once: about a
+    /// Shorter benchmarks (1 s a phase instead of 5 s) and more cases at once: about a
     /// minute for sqlite, redis and zk.
     #[arg(long)]
     pub(crate) quick: bool,
