@@ -446,6 +446,7 @@ fn a_bad_url_or_backend_name_is_refused_before_anything_is_written() {
         (vec!["--url", "nope://host"], 78),
         (vec!["--url", ""], 64),
         (vec!["--spawn", "redis,bogus"], 64),
+        (vec!["--spawn", "sqlite", "--jobs", "0"], 64),
     ] {
         let o = dlock()
             .arg("compare")

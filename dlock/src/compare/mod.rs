@@ -76,6 +76,9 @@ pub struct CompareOptions {
     pub quick: bool,
     /// How long one case or scenario may run before it fails.
     pub case_timeout: Duration,
+    /// How many cases or scenarios of one backend run at once; `None`: 2, or 4 when `quick`.
+    /// 1 gives the timing-sensitive cases the machine to themselves, for a loaded machine.
+    pub jobs: Option<usize>,
 }
 
 impl CompareOptions {
@@ -85,12 +88,13 @@ impl CompareOptions {
             sources,
             quick: false,
             case_timeout: Duration::from_secs(120),
+            jobs: None,
         }
     }
 
     /// How many cases or scenarios of one backend run at once.
     fn jobs(&self) -> usize {
-        if self.quick { 4 } else { 2 }
+        self.jobs.unwrap_or(if self.quick { 4 } else { 2 }).max(1)
     }
 
     /// The benchmark for the store at `url`: one phase's measured time, its warm-up, 8 clients

@@ -36,6 +36,11 @@ pub(crate) struct CompareArgs {
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub(crate) out: PathBuf,
 
+    /// How many cases or fault scenarios of one backend run at once [default: 2; 4 with
+    /// --quick]. 1 is slowest and gives the timing-sensitive cases the machine to themselves.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub(crate) jobs: Option<u64>,
+
     /// How long one case or fault scenario may run before it counts as failed.
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
     pub(crate) case_timeout: Duration,
@@ -77,6 +82,7 @@ pub async fn main(args: CompareArgs) -> u8 {
     let mut options = CompareOptions::new(sources);
     options.quick = args.quick;
     options.case_timeout = args.case_timeout;
+    options.jobs = args.jobs.map(|n| n as usize);
     eprintln!(
         "dlock compare: {} backend(s){}; reports go to {}",
         options.sources.len(),
