@@ -185,6 +185,12 @@ fn compare_two_spawned_backends_writes_a_complete_consistent_report() {
         for key in ["handoff", "wait"] {
             assert!(num(&c[key]["p99_us"]) > 0.0, "{name}: {key}");
         }
+        // Both have semaphores: how full a busy one of 4 permits stays.
+        let s = &b["bench"]["semaphore"];
+        assert_eq!(s["permits"], 4, "{name}: {s}");
+        let holders = num(&s["mean_holders"]);
+        assert!(holders > 0.0 && holders <= 4.0, "{name}: {holders}");
+        assert_eq!(s["violations"], 0, "{name}: more than 4 holders at once");
     }
 
     // The page stands alone and nests; its charts are inline, one mark per backend, drawing
@@ -305,6 +311,8 @@ fn compare_two_spawned_backends_writes_a_complete_consistent_report() {
             cells[11],
             format!("{}/{}", c["per_client_min"], c["per_client_max"])
         );
+        let s = &b["bench"]["semaphore"];
+        assert_eq!(cells[12], format!("{:.2}", num(&s["mean_holders"])));
     }
     // The terminal table names both and says where the files went.
     for file in ["report.json", "report.md", "report.html"] {

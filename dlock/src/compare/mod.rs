@@ -114,11 +114,22 @@ impl CompareOptions {
             .name(format!("dlock-compare/{:08x}", rand::random::<u32>()))
     }
 
-    /// The benchmark's expected length, for the time-left estimate: three phases, each with
-    /// its warm-up.
+    /// The semaphore benchmark for the store at `url`: 8 clients holding 10 ms each on 4
+    /// permits, as long as one phase of [`CompareOptions::bench`].
+    fn semaphore_bench(&self, url: &str) -> BenchOptions {
+        let b = self.bench(url);
+        let name = format!("{}-semaphore", b.name.clone().unwrap_or_default());
+        b.mode(bench::Mode::Contended)
+            .hold(Duration::from_millis(10))
+            .permits(4)
+            .name(name)
+    }
+
+    /// The benchmark's expected length, for the time-left estimate: four phases (uncontended,
+    /// floor, contended, semaphore), each with its warm-up.
     fn bench_seconds(&self) -> f64 {
         let b = self.bench("");
-        3.0 * (b.duration + b.warmup).as_secs_f64()
+        4.0 * (b.duration + b.warmup).as_secs_f64()
     }
 }
 
@@ -317,25 +328,39 @@ async fn backend(
     }
     let bench = match url {
         Some(url) => {
-            let watcher = Arc::new(BenchProgress {
-                progress: progress.clone(),
-                backend: label.clone(),
-                index,
-                of,
-                left_before: clock.left(0.0).as_secs_f64(),
-                per_phase: options.bench_seconds() / 3.0,
-            });
-            match bench::run_with_progress(&options.bench(&url), watcher).await {
-                Ok(report) => Bench {
-                    uncontended: report.uncontended,
-                    contended: report.contended,
-                    error: None,
-                },
-                Err(e) => Bench {
-                    error: Some(format!("the benchmark could not run: {e}")),
-                    ..Bench::default()
-                },
+            let watcher = |semaphore| {
+                Arc::new(BenchProgress {
+                    progress: progress.clone(),
+                    backend: label.clone(),
+                    index,
+                    of,
+                    left_before: clock.left(0.0).as_secs_f64(),
+                    per_phase: options.bench_seconds() / 4.0,
+                    semaphore,
+                })
+            };
+            let mut bench =
+                match bench::run_with_progress(&options.bench(&url), watcher(false)).await {
+                    Ok(report) => Bench {
+                        uncontended: report.uncontended,
+                        contended: report.contended,
+                        ..Bench::default()
+                    },
+                    Err(e) => Bench {
+                        error: Some(format!("the benchmark could not run: {e}")),
+                        ..Bench::default()
+                    },
+                };
+            if caps.native.semaphore && bench.error.is_none() {
+                let sem = options.semaphore_bench(&url);
+                match bench::run_with_progress(&sem, watcher(true)).await {
+                    Ok(report) => bench.semaphore = report.contended,
+                    Err(e) => {
+                        bench.error = Some(format!("the semaphore benchmark could not run: {e}"))
+                    }
+                }
             }
+            bench
         }
         None => Bench {
             error: Some("not run: the benchmark connects by URL, and this target has none".into()),
@@ -366,6 +391,7 @@ async fn forget_bench_names(client: &Arc<dyn DistributedLock>, bench: &Bench) {
     let names = [
         bench.uncontended.as_ref().map(|u| u.name.as_str()),
         bench.contended.as_ref().map(|c| c.name.as_str()),
+        bench.semaphore.as_ref().map(|c| c.name.as_str()),
     ];
     for name in names.into_iter().flatten() {
         if let Ok(name) = lockcore::LockName::new(name) {
@@ -406,11 +432,14 @@ struct BenchProgress {
     left_before: f64,
     /// One phase's expected length, warm-up included.
     per_phase: f64,
+    /// Whether this is the semaphore's run (the fourth phase), not the lock's three.
+    semaphore: bool,
 }
 
 impl bench::Progress for BenchProgress {
     fn update(&self, phase: bench::Phase, elapsed: Duration, _total: Duration) {
         let before = match phase {
+            _ if self.semaphore => 3.0,
             bench::Phase::Uncontended => 0.0,
             bench::Phase::Floor => 1.0,
             _ => 2.0,
@@ -420,7 +449,11 @@ impl bench::Progress for BenchProgress {
             backend: self.backend.clone(),
             index: self.index,
             of: self.of,
-            phase: format!("bench {phase}"),
+            phase: if self.semaphore {
+                "bench semaphore".to_owned()
+            } else {
+                format!("bench {phase}")
+            },
             left: Duration::from_secs_f64((self.left_before - spent).max(0.0)),
         });
     }

@@ -25,6 +25,7 @@ pub fn table(report: &CompareReport) -> String {
         "contended/s",
         "of limit",
         "min/max",
+        "sem 4",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| (*h).to_owned()).collect()];
     for b in &report.backends {
@@ -59,7 +60,7 @@ fn summary(b: &BackendReport) -> Vec<String> {
     let dash = || "-".to_owned();
     let Some(sheet) = &b.sheet else {
         let mut row = vec![b.name.clone(), "unavailable".to_owned()];
-        row.resize(13, dash());
+        row.resize(14, dash());
         return row;
     };
     let (passed, failed, na) = b.case_counts();
@@ -101,6 +102,10 @@ fn summary(b: &BackendReport) -> Vec<String> {
         c.and_then(|c| c.of_limit)
             .map_or_else(dash, |f| format!("{f:.2}")),
         c.map_or_else(dash, |c| format!("{:.2}", c.fairness)),
+        b.bench
+            .semaphore
+            .as_ref()
+            .map_or_else(dash, |s| format!("{:.2}", s.mean_holders)),
     ]
 }
 
@@ -313,7 +318,7 @@ fn rows(
 }
 
 /// The benchmark table's column heads after the backend's name, one per [`bench_cells`] cell.
-pub(super) const BENCH_HEADS: [&str; 11] = [
+pub(super) const BENCH_HEADS: [&str; 13] = [
     "pairs/s",
     "floor pairs/s",
     "× floor",
@@ -325,16 +330,20 @@ pub(super) const BENCH_HEADS: [&str; 11] = [
     "handoff p99 µs",
     "wait p99 µs",
     "per client min/max",
+    "semaphore: holders of 4",
+    "semaphore: wait p99 µs",
 ];
 
 /// A backend's benchmark cells: pairs/s, floor pairs/s, × floor, p50, p99, contended/s,
-/// limit/s, handoff p50, handoff p99, wait p99, per-client min/max.
+/// limit/s, handoff p50, handoff p99, wait p99, per-client min/max, and the semaphore's mean
+/// holders of 4 and waiter wait p99.
 pub(super) fn bench_cells(b: &BackendReport) -> Vec<String> {
     let dash = || "-".to_owned();
     let n = |v: f64| format!("{v:.0}");
     let u = b.bench.uncontended.as_ref();
     let floor = u.and_then(floor_of);
     let c = b.bench.contended.as_ref();
+    let sem = b.bench.semaphore.as_ref();
     vec![
         u.map_or_else(dash, |u| n(u.pairs_per_sec)),
         floor.map_or_else(dash, |f| n(f.pairs_per_sec)),
@@ -349,5 +358,7 @@ pub(super) fn bench_cells(b: &BackendReport) -> Vec<String> {
         c.map_or_else(dash, |c| {
             format!("{}/{}", c.per_client_min, c.per_client_max)
         }),
+        sem.map_or_else(dash, |s| format!("{:.2}", s.mean_holders)),
+        sem.map_or_else(dash, |s| n(s.wait.p99_us)),
     ]
 }
