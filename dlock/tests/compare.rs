@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use conformance_tests::mutants::{Defect, target};
 use conformance_tests::{Kind, registry};
@@ -14,7 +13,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{HANG, dlock, eventually};
+use common::{dlock, eventually};
 
 fn names(kind: Kind) -> Vec<&'static str> {
     registry()
@@ -412,17 +411,12 @@ fn ctrl_c_stops_the_servers_it_started_and_writes_no_report() {
         .status()
         .expect("kill runs");
     assert!(sent.success());
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < HANG,
-            "dlock compare did not stop on SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = eventually("dlock compare to stop on SIGINT", || {
+        child
+            .try_wait()
+            .unwrap()
+            .ok_or_else(|| "running".to_owned())
+    });
     assert_eq!(status.code(), Some(130));
     for server in servers {
         eventually(&format!("redis-server {server} to be gone"), || {
