@@ -10,11 +10,10 @@ mod common;
 
 use std::time::Instant;
 
+use conformance_tests::faults::hold_of;
 use conformance_tests::kit::{Fault, Proxy, RedisSet};
-use conformance_tests::{FencedResource, History, Hold};
-use lockcore::{
-    AcquireOptions, Error, Fencing, KeepAlive, LockExt, LockGuard, LockName, Released, Wait,
-};
+use conformance_tests::{FencedResource, History};
+use lockcore::{AcquireOptions, Error, Fencing, KeepAlive, LockExt, LockName, Released, Wait};
 
 use common::*;
 
@@ -138,18 +137,6 @@ async fn replies_slower_than_the_lease_fail_the_acquire_and_leave_nothing() {
     g.release().await.expect("release");
 }
 
-fn hold(client: usize, guard: &LockGuard, acquired: Instant) -> Hold {
-    let lease = guard.lease();
-    Hold {
-        client,
-        name: lease.name().as_str().to_owned(),
-        token: lease.token().0,
-        acquired,
-        valid_until: lease.valid_until(),
-        ended: None,
-    }
-}
-
 /// The schedule of the Redlock debate: the holder has A, B, C (D and E are taken by someone
 /// else); C crashes and restarts; a second client then gets C, D, E. With C back at once and
 /// empty (no persistence), both clients hold the lock at the same time: that is the documented
@@ -175,7 +162,7 @@ async fn restart_schedule(keep_out: bool) -> (History, FencedResource, u64, u64)
     let t1 = g1.fencing_token().0;
     assert!(t1 > earlier);
     let history = History::new();
-    history.push(hold(1, &g1, Instant::now()));
+    history.push(hold_of(1, &g1, Instant::now(), None));
     let fenced = FencedResource::new();
     fenced
         .write(g1.fencing_token(), 1)
@@ -210,7 +197,7 @@ async fn restart_schedule(keep_out: bool) -> (History, FencedResource, u64, u64)
         .expect("second acquires")
         .expect("C, D, E grant");
     let t2 = g2.fencing_token().0;
-    history.push(hold(2, &g2, Instant::now()));
+    history.push(hold_of(2, &g2, Instant::now(), None));
     fenced
         .write(g2.fencing_token(), 2)
         .expect("the second holder's write is accepted");
