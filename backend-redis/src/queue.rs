@@ -124,7 +124,7 @@ pub(crate) async fn acquire_wait(
     let owner = opts.owner_or_random();
     let waiter = owner.to_string();
     // Registered before the first request, so a wake-up that names us is never dropped.
-    let (registration, mut subscribed) = node.register(&waiter);
+    let (registration, mut subscribed) = node.register(&waiter, name);
     let attempt = (node.clone(), name.clone(), owner, hold);
     let guard = CleanupGuard::arm(BACKEND, name, attempt, leave);
     loop {
@@ -140,7 +140,7 @@ pub(crate) async fn acquire_wait(
         if !subscribed {
             // Subscribe, then check again at once: a release between the attempt above and
             // the subscription is caught by that second attempt.
-            match node.ensure_subscribed().await {
+            match node.ensure_subscribed(name).await {
                 Ok(()) => {
                     subscribed = true;
                     continue;
@@ -172,6 +172,6 @@ pub(crate) async fn acquire_wait(
             _ = registration.notified() => {}
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
-        subscribed = node.is_subscribed();
+        subscribed = node.is_subscribed(name);
     }
 }

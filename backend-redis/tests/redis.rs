@@ -616,8 +616,32 @@ async fn scripts_reload_after_flush() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_only_the_head_waiters_client() {
     let redis = shared().await;
+    wakes_only_the_head(&redis.url(), &[redis], None).await;
+}
+
+/// In a Redis 7 Cluster the same, on shard channels: each waiter's client subscribes a channel
+/// in the lock's own slot on the node serving it (`SSUBSCRIBE`), and no node holds a plain
+/// wake-up subscription, so a release's message never crosses the cluster bus (whose
+/// outgoing links Redis 7.0 opens without `TCP_NODELAY`, delaying messages up to 40 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_wakes_the_head_on_a_shard_channel_of_the_locks_node() {
+    let cluster = RedisCluster::shared().await.expect("kit cluster");
+    let nodes: Vec<&Redis> = cluster.nodes().iter().collect();
+    wakes_only_the_head(&cluster.url(), &nodes, Some(cluster)).await;
+}
+
+/// How many channels `PUBSUB <what> <pattern>` lists on `node`.
+async fn pubsub_count(node: &Redis, what: &str, pattern: &str) -> usize {
+    match node.command(&["PUBSUB", what, pattern]).await {
+        Ok(RedisReply::Array(Some(items))) => items.len(),
+        other => panic!("PUBSUB {what}: {other:?}"),
+    }
+}
+
+/// The wake-head case on `url` (served by `nodes`; `cluster` when it is one).
+async fn wakes_only_the_head(url: &str, nodes: &[&Redis], cluster: Option<&RedisCluster>) {
     let prefix = format!("wake{:08x}", rand::random::<u32>());
-    let url = format!("{}?prefix={prefix}", redis.url());
+    let url = format!("{url}?prefix={prefix}");
     let config = RedisConfig::parse(&url).unwrap();
     let mut clients = Vec::new();
     for _ in 0..3 {
@@ -627,6 +651,29 @@ async fn a_release_wakes_only_the_head_waiters_client() {
     let dyn_of = |l: &Arc<RedisLock>| -> Arc<dyn DistributedLock> { l.clone() };
     let name = unique("wake-head");
     let lock_name = LockName::new(&name).unwrap();
+    // Where the waiters' channels must be: the plain `<prefix>:wake:<client>` on a single
+    // server; in a Cluster the shard channels `{<prefix>:<name>}:wake:<client>` on the node
+    // serving the lock's slot.
+    let tag = format!("{{{prefix}:{}}}", lock_name.escaped());
+    let (owner, plain_pattern, shard_pattern) = match cluster {
+        None => (nodes[0], format!("{prefix}:wake:*"), None),
+        Some(cluster) => {
+            let slot = match nodes[0]
+                .command(&["CLUSTER", "KEYSLOT", &format!("{tag}:lock")])
+                .await
+                .expect("keyslot")
+            {
+                RedisReply::Integer(s) => u16::try_from(s).expect("slot"),
+                other => panic!("CLUSTER KEYSLOT: {other:?}"),
+            };
+            let owner = nodes[cluster.node_for_slot(slot)];
+            (
+                owner,
+                format!("{prefix}:wake:*"),
+                Some(format!("{tag}:wake:*")),
+            )
+        }
+    };
     let ga = dyn_of(a)
         .lock(&name, &opts(30 * SEC))
         .await
@@ -640,14 +687,15 @@ async fn a_release_wakes_only_the_head_waiters_client() {
     };
     // Queued and subscribed, in this order, before anything is released.
     let queued = |n: usize, channels: usize| {
-        let (a, lock_name, pattern) = (a.clone(), lock_name.clone(), format!("{prefix}:wake:*"));
+        let (a, lock_name) = (a.clone(), lock_name.clone());
+        let (plain, shard) = (plain_pattern.clone(), shard_pattern.clone());
         async move {
             within(30 * SEC, "waiters queued and subscribed", async {
                 loop {
                     let waiters = a.inspect(&lock_name).await.unwrap().and_then(|i| i.waiters);
-                    let subscribed = match redis.command(&["PUBSUB", "CHANNELS", &pattern]).await {
-                        Ok(RedisReply::Array(Some(items))) => items.len(),
-                        other => panic!("PUBSUB CHANNELS: {other:?}"),
+                    let subscribed = match &shard {
+                        None => pubsub_count(owner, "CHANNELS", &plain).await,
+                        Some(shard) => pubsub_count(owner, "SHARDCHANNELS", shard).await,
                     };
                     if waiters == Some(n) && subscribed == channels {
                         break;
@@ -662,6 +710,16 @@ async fn a_release_wakes_only_the_head_waiters_client() {
     queued(1, 1).await;
     let c_task = wait(c);
     queued(2, 2).await;
+    if cluster.is_some() {
+        for node in nodes {
+            assert_eq!(
+                pubsub_count(node, "CHANNELS", &plain_pattern).await,
+                0,
+                "a plain wake-up channel is subscribed on {}",
+                node.port()
+            );
+        }
+    }
 
     ga.release().await.expect("a releases");
     let gb = within(30 * SEC, "b takes over", b_task)

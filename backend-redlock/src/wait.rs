@@ -81,7 +81,7 @@ pub(crate) async fn acquire_wait(
     let (registrations, subscribed): (Vec<_>, Vec<bool>) = masters
         .nodes
         .iter()
-        .map(|n| n.node.register(&waiter))
+        .map(|n| n.node.register(&waiter, name))
         .unzip();
     // Already subscribed everywhere (a client that waited before): every wake-up published
     // from now on reaches this waiter, so the first lost vote needs no second look.
@@ -106,7 +106,7 @@ pub(crate) async fn acquire_wait(
             // attempt above and the subscription is caught by that second attempt. A node
             // that cannot subscribe is covered by the re-check timer.
             join_all(masters.nodes.iter().map(|n| async move {
-                let subscribed = tokio::time::timeout(limit, n.node.ensure_subscribed()).await;
+                let subscribed = tokio::time::timeout(limit, n.node.ensure_subscribed(name)).await;
                 if let Err(e) = subscribed
                     .map_err(|_| format!("no answer within {limit:?}"))
                     .and_then(|r| r.map_err(|e| e.to_string()))
@@ -149,6 +149,6 @@ pub(crate) async fn acquire_wait(
         } else {
             tokio::time::sleep_until(wake.into()).await;
         }
-        subscribed = masters.nodes.iter().all(|n| n.node.is_subscribed());
+        subscribed = masters.nodes.iter().all(|n| n.node.is_subscribed(name));
     }
 }

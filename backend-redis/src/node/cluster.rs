@@ -161,6 +161,39 @@ impl Cluster {
         Err(last.unwrap_or_else(|| timeout_error("connecting the subscriber", self.timeout)))
     }
 
+    /// A new cluster connection for shard-channel subscriptions (RESP3), passing every push
+    /// (messages, subscription changes, lost node connections) to `push`. redis-rs sends each
+    /// `SSUBSCRIBE` to the node serving the channel's slot and subscribes again after it
+    /// reconnects.
+    pub(crate) async fn subscriber(
+        &self,
+        push: impl redis::aio::AsyncPushSender,
+    ) -> RedisResult<ClusterConnection> {
+        let client = ClusterClient::builder(self.nodes.clone())
+            .connection_timeout(self.timeout)
+            .response_timeout(self.timeout)
+            .retries(3)
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(push)
+            .build()?;
+        match tokio::time::timeout(self.timeout * 2, client.get_async_connection()).await {
+            Ok(r) => r,
+            Err(_) => Err(timeout_error("connecting the subscriber", self.timeout * 2)),
+        }
+    }
+
+    /// Whether the cluster knows shard channels (`SPUBLISH`, Redis 7.0 and later).
+    pub(crate) async fn has_shard_channels(&self) -> RedisResult<bool> {
+        let reply: Value = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg("SPUBLISH")
+            .query_async(&mut self.connection())
+            .await?;
+        Ok(
+            matches!(reply, Value::Array(entries) if entries.first().is_some_and(|e| *e != Value::Nil)),
+        )
+    }
+
     /// The seed nodes' addresses (for messages).
     pub(crate) fn describe(&self) -> String {
         self.nodes

@@ -26,7 +26,8 @@
 //!   [`acquire_shared`](Node::acquire_shared), [`cancel_shared`](Node::cancel_shared); while
 //!   `release`, `extend` and `extend_many` take a permit's or a reader's lease by its handle
 //!   ([`PERMIT`], [`READER`]);
-//! * **the wake-up hub**: one subscriber connection listening on the client's own channel
+//! * **the wake-up hub**: one subscriber connection listening on the client's own channel, or
+//!   in a Redis 7 Cluster on shard channels in each waited-on lock's own slot
 //!   ([`register`](Node::register), [`ensure_subscribed`](Node::ensure_subscribed)).
 //!
 //! What a node does not decide is left to its caller: the single-server backend
@@ -41,6 +42,7 @@ mod single;
 mod store;
 mod waiters;
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,7 +55,7 @@ use crate::config::RedisConfig;
 use cluster::{Cluster, NodeAddr, slot};
 use scripts::{Call, Key, Keys, PermitAnswer, SEM_KEYS};
 use store::Store;
-use waiters::Hub;
+use waiters::{Hub, Route};
 
 pub use connect::{ASSUMPTION_NO_PERSISTENCE, ASSUMPTION_UNKNOWN};
 use connect::{connect_error, connection_info, open_single};
@@ -167,6 +169,7 @@ impl Node {
             config,
             Store::Single(Box::new(single)),
             shown.into(),
+            Route::Client,
         ))
     }
 
@@ -181,24 +184,32 @@ impl Node {
         let cluster = Cluster::connect(infos, config.defaults.timeout)
             .await
             .map_err(|e| connect_error(shown, e))?;
-        tracing::debug!(nodes = %cluster.describe(), "redis: connected to the cluster");
+        // Wake-ups on shard channels where the cluster has them (see `waiters`); a cluster that
+        // cannot say is treated as an older one.
+        let route = match cluster.has_shard_channels().await {
+            Ok(true) => Route::Sharded,
+            Ok(false) => Route::Client,
+            Err(e) => {
+                tracing::debug!(error = %e, "redis cluster: COMMAND INFO SPUBLISH failed; waking by PUBLISH");
+                Route::Client
+            }
+        };
+        tracing::debug!(nodes = %cluster.describe(), ?route, "redis: connected to the cluster");
         Ok(Self::over(
             config,
             Store::Cluster(cluster),
             shown.to_owned(),
+            route,
         ))
     }
 
-    fn over(config: &RedisConfig, store: Store, shown: String) -> Node {
+    fn over(config: &RedisConfig, store: Store, shown: String, route: Route) -> Node {
         let client = format!("{:016x}", rand::random::<u64>());
         let wakes = format!("{}:wake:", config.prefix);
         Node {
             shared: Arc::new(Shared {
                 store,
-                hub: Arc::new(Hub::new(
-                    format!("{wakes}{client}"),
-                    config.defaults.timeout,
-                )),
+                hub: Arc::new(Hub::new(route, config.defaults.timeout)),
                 prefix: config.prefix.clone(),
                 client,
                 wakes,
@@ -224,6 +235,21 @@ impl Node {
 
     fn keys(&self, name: &LockName) -> Keys {
         Keys::new(&self.shared.prefix, name)
+    }
+
+    /// The prefix of the wake-up channels the scripts publish on for `name` (`ARGV` wakes): the
+    /// client channels' `<prefix>:wake:`, or on shard channels `{<prefix>:<name>}:wake:`, whose
+    /// leading brace tells the scripts to `SPUBLISH` (a prefix never holds a brace).
+    fn wakes_of(&self, name: &LockName) -> Cow<'_, str> {
+        match self.shared.hub.route() {
+            Route::Client => Cow::Borrowed(&self.shared.wakes),
+            Route::Sharded => Cow::Owned(self.keys(name).wakes()),
+        }
+    }
+
+    /// The channel on which this client hears wake-ups for `name`.
+    fn channel_of(&self, name: &LockName) -> String {
+        format!("{}{}", self.wakes_of(name), self.shared.client)
     }
 
     /// Runs one script call for `operation` on `name` (the Tair emulation's calls, too); a
@@ -362,7 +388,7 @@ impl Node {
             .arg(mode.arg())
             .arg(millis(ALIVE))
             .arg(s.client.as_str())
-            .arg(s.wakes.as_str())
+            .arg(&*self.wakes_of(name))
             .arg(floor)
             .arg(u8::from(read));
         let value = self.run("acquire", name, &call).await?;
@@ -450,7 +476,7 @@ impl Node {
             )
             .owner_arg(owner)
             .arg(s.client.as_str())
-            .arg(s.wakes.as_str())
+            .arg(&*self.wakes_of(name))
             .arg(u8::from(keep_place))
             .arg(spare.map_or(0, |t| t.0))
             .arg(u8::from(read))
@@ -515,7 +541,7 @@ impl Node {
             .arg(if mode == Mode::Try { "try" } else { "wait" })
             .arg(millis(ALIVE))
             .arg(s.client.as_str())
-            .arg(s.wakes.as_str())
+            .arg(&*self.wakes_of(name))
             .arg(floor)
             .arg(permits);
         let value = self.run("acquire permit", name, &call).await?;
@@ -548,7 +574,7 @@ impl Node {
             )
             .owner_arg(owner)
             .arg(s.client.as_str())
-            .arg(s.wakes.as_str());
+            .arg(&*self.wakes_of(name));
         let value = self.run("cancel permit acquire", name, &call).await?;
         scripts::parse_flag(&value)
             .map_err(|e| protocol_error("cancel permit acquire", Some(name), e))
@@ -575,7 +601,7 @@ impl Node {
                 &[Key::SemHolders, Key::SemQueue, Key::SemAlive],
             )
             .arg(scripts::permit_member(lease.owner(), lease.token().0))
-            .arg(s.wakes.as_str())
+            .arg(&*self.wakes_of(lease.name()))
             .arg(0)
         } else if is_reader(lease) {
             // The semaphore's release on the lock's readers: only the last reader's release
@@ -585,7 +611,7 @@ impl Node {
                 &[Key::Readers, Key::Queue, Key::Alive],
             )
             .arg(scripts::permit_member(lease.owner(), lease.token().0))
-            .arg(s.wakes.as_str())
+            .arg(&*self.wakes_of(lease.name()))
             .arg(1)
         } else {
             keys.call(
@@ -594,7 +620,7 @@ impl Node {
             )
             .owner_arg(lease.owner())
             .arg(lease.token().0)
-            .arg(s.wakes.as_str())
+            .arg(&*self.wakes_of(lease.name()))
             .arg(s.client.as_str())
         };
         let (node, name) = (self.clone(), lease.name().clone());
@@ -841,8 +867,8 @@ impl Node {
     /// registration and whether the client's channel is already confirmed subscribed on a live
     /// subscriber connection: if so, any wake-up published after this call reaches the waiter.
     /// Register before the first request, so a wake-up that names the waiter is never dropped.
-    pub fn register(&self, waiter: &str) -> (Registration, bool) {
-        self.shared.hub.register(waiter)
+    pub fn register(&self, waiter: &str, name: &LockName) -> (Registration, bool) {
+        self.shared.hub.register(waiter, &self.channel_of(name))
     }
 
     /// Makes sure the client's wake-up channel is subscribed on a live subscriber connection
@@ -853,17 +879,18 @@ impl Node {
     ///
     /// # Errors
     /// [`Error::Backend`] when the subscriber cannot connect or subscribe.
-    pub async fn ensure_subscribed(&self) -> Result<()> {
+    pub async fn ensure_subscribed(&self, name: &LockName) -> Result<()> {
         let s = &self.shared;
         s.hub
-            .ensure_subscribed(&s.store)
+            .ensure_subscribed(&s.store, &self.channel_of(name))
             .await
-            .map_err(|e| backend_error("subscribe", None, e))
+            .map_err(|e| backend_error("subscribe", Some(name), e))
     }
 
-    /// Whether the client's wake-up channel is confirmed subscribed on a live connection.
-    pub fn is_subscribed(&self) -> bool {
-        self.shared.hub.is_subscribed()
+    /// Whether the channel of this client's wake-ups for `name` is confirmed subscribed on a
+    /// live connection.
+    pub fn is_subscribed(&self, name: &LockName) -> bool {
+        self.shared.hub.is_subscribed(&self.channel_of(name))
     }
 
     /// Wake-up messages this client received on this node.

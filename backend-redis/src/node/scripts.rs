@@ -2,8 +2,9 @@
 //!
 //! Every script runs atomically on the server that owns the lock's hash slot. The same scripts
 //! run unchanged on a single server and in a Cluster: all keys of one lock carry the hash tag
-//! `{<prefix>:<escaped name>}`, so they live in one slot. Wake-ups go to the channel of the
-//! head waiter's client (the node's wake-up hub); channels are not keys and belong to no slot.
+//! `{<prefix>:<escaped name>}`, so they live in one slot. Wake-ups go to a channel of the
+//! head waiter's client (the node's wake-up hub): its own plain channel, which belongs to no
+//! slot, or in a Redis 7 Cluster a shard channel under the lock's hash tag, in the lock's slot.
 //! The shared helpers of `lua/common.lua` are pasted at each script's `--@common` line.
 
 use std::sync::LazyLock;
@@ -252,6 +253,12 @@ impl Keys {
         name.escape_into(&mut base);
         base.push('}');
         Keys { base }
+    }
+
+    /// The prefix of this lock's shard channels, `{<prefix>:<name>}:wake:` (same slot as its
+    /// keys).
+    pub(crate) fn wakes(&self) -> String {
+        format!("{}:wake:", self.base)
     }
 
     /// One key as a string.

@@ -1,43 +1,107 @@
-//! One subscriber connection per client, listening on the client's own wake-up channel.
+//! The wake-up hub: how a waiting acquire hears that its turn may have come.
 //!
 //! Each waiting acquire registers its owner id with the hub and gets its own [`Notify`]. Queue
 //! entries in Redis carry the waiter's client id, and a release (or a departure) publishes the
-//! head waiter's owner id on that client's channel only: one message per hand-over, to the one
-//! client that can use it, however many clients wait on the name. A background task reads the
-//! subscriber connection and wakes the waiter the payload names. `Notify::notify_one` stores a
-//! permit, so a message that arrives while the waiter is busy re-checking is not lost.
+//! head waiter's owner id on a channel of that client only: one message per hand-over, to the
+//! one client that can use it, however many clients wait on the name. The hub wakes the waiter
+//! the payload names. `Notify::notify_one` stores a permit, so a message that arrives while the
+//! waiter is busy re-checking is not lost.
 //!
-//! The channel is subscribed once per subscriber connection, on the first wait; the connection
-//! stays for the client's life. When it breaks, every local waiter is woken to re-check (and the
-//! next wait subscribes on a new connection); waiters also re-check on a bounded fallback timer,
-//! so a lost message costs a short delay, not a hang. A connection can also die without breaking
-//! (a firewall or NAT drops it while idle): the dispatcher sends `PING` on it every [`CHECK`]
-//! and treats a ping unanswered within the client's `timeout` as a broken connection. The pings
-//! also keep an idle subscriber from looking idle to such middleboxes.
+//! Two routes ([`Route`]):
+//! * **One channel per client** (a single server, and a Cluster older than Redis 7): the
+//!   client's own channel, `<prefix>:wake:<client>`, on one plain subscriber connection; the
+//!   scripts `PUBLISH` to it. In a Cluster a `PUBLISH` reaches the subscribers of every node
+//!   over the cluster bus.
+//! * **Shard channels** (Redis Cluster 7 and later): one channel per lock name and client,
+//!   `{<prefix>:<name>}:wake:<client>`, in the lock's own hash slot; the scripts `SPUBLISH` to
+//!   it and the hub subscribes it (`SSUBSCRIBE`) on the node serving that slot, through a
+//!   cluster connection of its own that follows the slot map and subscribes again after a
+//!   reconnect. The message then never crosses the cluster bus. That matters: Redis 7.0 opens
+//!   its outgoing cluster-bus links without `TCP_NODELAY`, so a `PUBLISH` that follows another
+//!   within a delayed-ACK interval waits up to 40 ms there (measured: a busy semaphore on a
+//!   node other than the subscriber's stayed at 0.67 holders of 4). A shard channel nobody
+//!   waited on for [`IDLE`] is unsubscribed.
+//!
+//! A channel is subscribed on the first wait that needs it. When the subscriber connection
+//! breaks, every local waiter is woken to re-check (and the next wait subscribes on a new
+//! connection); waiters also re-check on a bounded fallback timer, so a lost message costs a
+//! short delay, not a hang. A connection can also die without breaking (a firewall or NAT
+//! drops it while idle): the hub pings it every [`CHECK`] and treats a ping unanswered within
+//! the client's `timeout` as a broken connection. The pings also keep an idle subscriber from
+//! looking idle to such middleboxes.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use redis::RedisResult;
 use redis::aio::{PubSubSink, PubSubStream};
+use redis::cluster_async::ClusterConnection;
+use redis::{PushInfo, PushKind, RedisResult, Value};
 use tokio::sync::Notify;
 
 use super::store::Store;
 
-/// How often the dispatcher pings the subscriber connection.
+/// How often the hub pings its subscriber connection.
 pub(crate) const CHECK: Duration = Duration::from_secs(5);
+
+/// How long a shard channel stays subscribed after its last waiter left.
+pub(crate) const IDLE: Duration = Duration::from_secs(60);
+
+/// How wake-ups reach this client (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// One channel of the client's own, `PUBLISH`ed to.
+    Client,
+    /// A shard channel per lock name, `SPUBLISH`ed to on the lock's own node.
+    Sharded,
+}
+
+/// A live subscriber connection.
+#[derive(Clone)]
+enum Sink {
+    /// A plain subscriber connection (the [`Route::Client`] route).
+    Plain(PubSubSink),
+    /// A cluster connection with a push sender (the [`Route::Sharded`] route).
+    Sharded(ClusterConnection),
+}
+
+/// A channel some waiter needed.
+struct Channel {
+    /// The subscriber generation it is confirmed subscribed on.
+    confirmed: Option<u64>,
+    /// Registered waiters that need it.
+    users: usize,
+    /// When a waiter last registered or left.
+    last_used: Instant,
+}
 
 #[derive(Default)]
 struct State {
-    sink: Option<(u64, PubSubSink)>,
+    sink: Option<(u64, Sink)>,
     generation: u64,
-    /// The subscriber generation the channel is confirmed subscribed on.
-    subscribed: Option<u64>,
+    /// Channels by name.
+    channels: HashMap<String, Channel>,
     /// Waiting acquires by owner id.
     waiters: HashMap<String, Arc<Notify>>,
+}
+
+impl State {
+    fn live(&self) -> Option<u64> {
+        self.sink.as_ref().map(|(g, _)| *g)
+    }
+
+    fn live_and_subscribed(&self, channel: &str) -> bool {
+        let live = self.live();
+        live.is_some() && self.channels.get(channel).and_then(|c| c.confirmed) == live
+    }
+
+    fn wake_all(&self) {
+        for n in self.waiters.values() {
+            n.notify_one();
+        }
+    }
 }
 
 /// The client's subscriber and its dispatch table.
@@ -47,8 +111,7 @@ pub(crate) struct Hub {
     ops: tokio::sync::Mutex<()>,
     /// How long a ping of the subscriber connection may take (the client's `timeout`).
     ping_timeout: Duration,
-    /// This client's wake-up channel.
-    channel: String,
+    route: Route,
     /// Wake-ups received.
     received: AtomicU64,
 }
@@ -58,6 +121,7 @@ pub(crate) struct Hub {
 pub struct Registration {
     hub: Arc<Hub>,
     waiter: String,
+    channel: String,
     notify: Arc<Notify>,
 }
 
@@ -77,19 +141,24 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.hub.state().waiters.remove(&self.waiter);
+        let mut state = self.hub.state();
+        state.waiters.remove(&self.waiter);
+        if let Some(c) = state.channels.get_mut(&self.channel) {
+            c.users = c.users.saturating_sub(1);
+            c.last_used = Instant::now();
+        }
     }
 }
 
 impl Hub {
-    /// An empty hub for wake-ups on `channel`, whose subscriber pings must be answered within
+    /// An empty hub delivering by `route`, whose subscriber pings must be answered within
     /// `ping_timeout`.
-    pub(crate) fn new(channel: String, ping_timeout: Duration) -> Self {
+    pub(crate) fn new(route: Route, ping_timeout: Duration) -> Self {
         Hub {
             state: Mutex::default(),
             ops: tokio::sync::Mutex::default(),
             ping_timeout,
-            channel,
+            route,
             received: AtomicU64::new(0),
         }
     }
@@ -98,54 +167,72 @@ impl Hub {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How wake-ups reach this client.
+    pub(crate) fn route(&self) -> Route {
+        self.route
+    }
+
     /// Wake-up messages this client received.
     pub(crate) fn received(&self) -> u64 {
         self.received.load(Ordering::Relaxed)
     }
 
-    /// Adds `waiter` (no I/O). Returns the registration and whether the channel is already
-    /// confirmed subscribed on the live subscriber connection: if so, any wake-up published
-    /// after this call reaches the waiter.
-    pub(crate) fn register(self: &Arc<Self>, waiter: &str) -> (Registration, bool) {
+    /// Adds `waiter`, woken by messages on `channel` (no I/O). Returns the registration and
+    /// whether the channel is already confirmed subscribed on the live subscriber connection:
+    /// if so, any wake-up published on it after this call reaches the waiter.
+    pub(crate) fn register(self: &Arc<Self>, waiter: &str, channel: &str) -> (Registration, bool) {
         let notify = Arc::new(Notify::new());
         let mut state = self.state();
         state.waiters.insert(waiter.to_owned(), notify.clone());
-        let subscribed = Self::live_and_subscribed(&state);
+        let entry = state.channels.entry(channel.to_owned()).or_insert(Channel {
+            confirmed: None,
+            users: 0,
+            last_used: Instant::now(),
+        });
+        entry.users += 1;
+        entry.last_used = Instant::now();
+        let subscribed = state.live_and_subscribed(channel);
         (
             Registration {
                 hub: self.clone(),
                 waiter: waiter.to_owned(),
+                channel: channel.to_owned(),
                 notify,
             },
             subscribed,
         )
     }
 
-    fn live_and_subscribed(state: &State) -> bool {
-        let live = state.sink.as_ref().map(|(g, _)| *g);
-        live.is_some() && state.subscribed == live
-    }
-
-    /// Makes sure the channel is subscribed on a live subscriber connection (connecting one if
+    /// Makes sure `channel` is subscribed on a live subscriber connection (connecting one if
     /// needed) and returns once the server confirmed it.
-    pub(crate) async fn ensure_subscribed(self: &Arc<Self>, store: &Store) -> RedisResult<()> {
-        if self.is_subscribed() {
+    pub(crate) async fn ensure_subscribed(
+        self: &Arc<Self>,
+        store: &Store,
+        channel: &str,
+    ) -> RedisResult<()> {
+        if self.is_subscribed(channel) {
             return Ok(());
         }
         let _ops = self.ops.lock().await;
-        if self.is_subscribed() {
+        if self.is_subscribed(channel) {
             return Ok(());
         }
         let live = self.state().sink.clone();
-        let (generation, mut sink) = match live {
+        let (generation, sink) = match live {
             Some(s) => s,
             None => self.connect(store).await?,
         };
-        match sink.subscribe(self.channel.as_str()).await {
+        let subscribed = match sink {
+            Sink::Plain(mut sink) => sink.subscribe(channel).await,
+            Sink::Sharded(mut con) => con.ssubscribe(channel).await,
+        };
+        match subscribed {
             Ok(()) => {
                 let mut state = self.state();
-                if state.sink.as_ref().is_some_and(|(g, _)| *g == generation) {
-                    state.subscribed = Some(generation);
+                if state.live() == Some(generation)
+                    && let Some(c) = state.channels.get_mut(channel)
+                {
+                    c.confirmed = Some(generation);
                 }
                 Ok(())
             }
@@ -156,21 +243,38 @@ impl Hub {
         }
     }
 
-    pub(crate) fn is_subscribed(&self) -> bool {
-        Self::live_and_subscribed(&self.state())
+    /// Whether `channel` is confirmed subscribed on a live subscriber connection.
+    pub(crate) fn is_subscribed(&self, channel: &str) -> bool {
+        self.state().live_and_subscribed(channel)
     }
 
-    /// Opens a subscriber connection and starts its dispatcher. Called under `ops`.
-    async fn connect(self: &Arc<Self>, store: &Store) -> RedisResult<(u64, PubSubSink)> {
-        let (sink, stream) = store.pubsub().await?.split();
-        let generation = {
-            let mut state = self.state();
-            state.generation += 1;
-            let generation = state.generation;
-            state.sink = Some((generation, sink.clone()));
-            state.subscribed = None;
-            generation
+    /// Opens a subscriber connection and starts what reads and pings it. Called under `ops`.
+    async fn connect(self: &Arc<Self>, store: &Store) -> RedisResult<(u64, Sink)> {
+        let generation = self.state().generation + 1;
+        let (sink, stream) = match (self.route, store) {
+            (Route::Sharded, Store::Cluster(cluster)) => {
+                let hub = Arc::downgrade(self);
+                let push = move |info: PushInfo| {
+                    if let Some(hub) = hub.upgrade() {
+                        hub.pushed(generation, info);
+                    }
+                    Ok::<(), std::convert::Infallible>(())
+                };
+                (Sink::Sharded(cluster.subscriber(push).await?), None)
+            }
+            _ => {
+                let (sink, stream) = store.pubsub().await?.split();
+                (Sink::Plain(sink), Some(stream))
+            }
         };
+        {
+            let mut state = self.state();
+            state.generation = generation;
+            state.sink = Some((generation, sink.clone()));
+            for c in state.channels.values_mut() {
+                c.confirmed = None;
+            }
+        }
         tokio::spawn(dispatch(Arc::downgrade(self), generation, stream));
         Ok((generation, sink))
     }
@@ -187,30 +291,80 @@ impl Hub {
         }
     }
 
+    /// A push from the shard subscriber of `generation`: a message wakes its waiter; a lost
+    /// node connection (redis-rs subscribes again when it reconnects) or a channel the server
+    /// unsubscribed (its slot moved) makes every waiter re-check and subscribe again.
+    fn pushed(&self, generation: u64, info: PushInfo) {
+        match info.kind {
+            PushKind::SMessage | PushKind::Message => {
+                if let Some(Value::BulkString(payload)) = info.data.get(1) {
+                    self.deliver(payload);
+                }
+            }
+            PushKind::Disconnection => {
+                let mut state = self.state();
+                for c in state.channels.values_mut() {
+                    if c.confirmed == Some(generation) {
+                        c.confirmed = None;
+                    }
+                }
+                state.wake_all();
+            }
+            PushKind::SUnsubscribe => {
+                let mut state = self.state();
+                if let Some(Value::BulkString(name)) = info.data.first()
+                    && let Ok(name) = std::str::from_utf8(name)
+                    && let Some(c) = state.channels.get_mut(name)
+                {
+                    c.confirmed = None;
+                }
+                state.wake_all();
+            }
+            _ => {}
+        }
+    }
+
     /// The subscriber connection `generation` is gone: forget it and wake every waiter so each
     /// re-checks and subscribes again.
     fn lost(&self, generation: u64) {
         let mut state = self.state();
-        if state.sink.as_ref().is_some_and(|(g, _)| *g == generation) {
+        if state.live() == Some(generation) {
             state.sink = None;
-            state.subscribed = None;
-            for n in state.waiters.values() {
-                n.notify_one();
+            for c in state.channels.values_mut() {
+                c.confirmed = None;
             }
+            state.wake_all();
         }
     }
 
-    /// Pings subscriber connection `generation`; an error or no answer within the client's
-    /// `timeout` means it is gone (see [`Hub::lost`]). Returns whether it answered.
+    /// The live sink if it is `generation`'s.
+    fn sink_of(&self, generation: u64) -> Option<Sink> {
+        match &self.state().sink {
+            Some((g, sink)) if *g == generation => Some(sink.clone()),
+            _ => None,
+        }
+    }
+
+    /// Pings subscriber connection `generation` (every master's, for shard channels); an error
+    /// or no answer within the client's `timeout` means it is gone (see [`Hub::lost`]).
+    /// Returns whether it answered.
     async fn ping(&self, generation: u64) -> bool {
-        let sink = match &self.state().sink {
-            Some((g, sink)) if *g == generation => sink.clone(),
-            _ => return false,
+        let Some(sink) = self.sink_of(generation) else {
+            return false;
         };
-        let mut sink = sink;
-        let answered = tokio::time::timeout(self.ping_timeout, sink.ping::<redis::Value>()).await;
+        let answered = tokio::time::timeout(self.ping_timeout, async {
+            match sink {
+                Sink::Plain(mut sink) => sink.ping::<Value>().await.map(drop),
+                Sink::Sharded(mut con) => {
+                    use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+                    let every = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                    con.route_command(redis::cmd("PING"), every).await.map(drop)
+                }
+            }
+        })
+        .await;
         match answered {
-            Ok(Ok(_)) => true,
+            Ok(Ok(())) => true,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "redis subscriber: ping failed; reconnecting");
                 self.lost(generation);
@@ -220,6 +374,33 @@ impl Hub {
                 tracing::debug!(timeout = ?self.ping_timeout, "redis subscriber: ping unanswered; reconnecting");
                 self.lost(generation);
                 false
+            }
+        }
+    }
+
+    /// Unsubscribes the shard channels no waiter needed for [`IDLE`] (no-op on the client's
+    /// own channel).
+    async fn sweep(&self, generation: u64) {
+        let Some(Sink::Sharded(mut con)) = self.sink_of(generation) else {
+            return;
+        };
+        let idle: Vec<String> = {
+            let mut state = self.state();
+            let now = Instant::now();
+            let idle: Vec<String> = state
+                .channels
+                .iter()
+                .filter(|(_, c)| c.users == 0 && now.duration_since(c.last_used) >= IDLE)
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in &idle {
+                state.channels.remove(name);
+            }
+            idle
+        };
+        for name in idle {
+            if let Err(e) = con.sunsubscribe(&name).await {
+                tracing::debug!(channel = %name, error = %e, "redis subscriber: unsubscribing an idle channel failed");
             }
         }
     }
@@ -237,14 +418,22 @@ impl Drop for LostOnDrop {
     }
 }
 
-/// Reads one subscriber connection until it ends or the hub is dropped.
-async fn dispatch(hub: Weak<Hub>, generation: u64, mut stream: PubSubStream) {
+/// Reads one plain subscriber connection (`stream`; shard subscribers deliver through their
+/// push sender instead) and pings the connection, until it ends or the hub is dropped.
+async fn dispatch(hub: Weak<Hub>, generation: u64, stream: Option<PubSubStream>) {
     let _lost = LostOnDrop(hub.clone(), generation);
+    let mut stream = stream;
     let mut tick = tokio::time::interval(CHECK);
     tick.tick().await;
     loop {
+        let message = async {
+            match stream.as_mut() {
+                Some(s) => s.next().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            msg = stream.next() => {
+            msg = message => {
                 let Some(hub) = hub.upgrade() else { return };
                 match msg {
                     Some(msg) => hub.deliver(msg.get_payload_bytes()),
@@ -256,7 +445,7 @@ async fn dispatch(hub: Weak<Hub>, generation: u64, mut stream: PubSubStream) {
             }
             _ = tick.tick() => {
                 let Some(hub) = hub.upgrade() else { return };
-                if hub.state().sink.as_ref().is_none_or(|(g, _)| *g != generation) {
+                if hub.state().live() != Some(generation) {
                     return;
                 }
                 // Replies to the ping come through the connection's own driver, not this
@@ -265,6 +454,7 @@ async fn dispatch(hub: Weak<Hub>, generation: u64, mut stream: PubSubStream) {
                 if !hub.ping(generation).await {
                     return;
                 }
+                hub.sweep(generation).await;
             }
         }
     }

@@ -35,14 +35,21 @@ end
 
 -- Queue entries (the members of queue and alive) are the waiter's owner id (32 hex digits)
 -- followed by the id of its client (16 hex digits), and `r` for a reader of a read-write lock.
--- Each client listens on its own channel, `wakes` followed by its id, so a wake-up reaches the
--- head waiter's client only.
+-- Each client listens on a channel of its own, `wakes` followed by its id, so a wake-up reaches
+-- the head waiter's client only. A `wakes` that starts with a brace is the lock's hash tag
+-- (`{<prefix>:<name>}:wake:`, a Redis 7 Cluster): the channel is a shard channel in this
+-- script's slot, published with SPUBLISH, so the message stays on this node instead of crossing
+-- the cluster bus. Prefixes never hold a brace, so a plain `wakes` never starts with one.
 --
 -- If someone waits, tells the head waiter to re-check (the payload is its owner id).
 local function wake_first(queue, wakes)
   local head = redis.call('ZRANGE', queue, 0, 0)[1]
   if head then
-    redis.call('PUBLISH', wakes .. string.sub(head, 33, 48), string.sub(head, 1, 32))
+    local publish = 'PUBLISH'
+    if string.byte(wakes, 1) == 123 then
+      publish = 'SPUBLISH'
+    end
+    redis.call(publish, wakes .. string.sub(head, 33, 48), string.sub(head, 1, 32))
   end
 end
 
