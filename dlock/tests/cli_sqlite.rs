@@ -271,3 +271,60 @@ fn bench_json_on_sqlite_parses() {
     assert!(v["uncontended"]["pairs"].as_u64().unwrap() > 0);
     assert!(v["contended"]["acquisitions"].as_u64().unwrap() > 0);
 }
+
+/// `--processes`: every contended client is a `dlock` process of its own on one SQLite file.
+/// The parent merges their holds: none overlap, every client acquired, and hand-overs between
+/// different processes are measured. memory:// lives inside one process and is refused.
+#[test]
+fn bench_clients_as_processes_take_turns_on_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = dlock()
+        .args([
+            "bench",
+            "--url",
+            &url(dir.path()),
+            "--mode",
+            "contended",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--clients",
+            "3",
+            "--hold",
+            "2ms",
+            "--processes",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let c = &v["contended"];
+    assert_eq!(c["processes"], true, "{c}");
+    assert_eq!(c["clients"], 3, "{c}");
+    assert_eq!(c["violations"], 0, "{c}");
+    assert_eq!(c["errors"], 0, "{c}");
+    let per_client: Vec<u64> = c["per_client"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert!(per_client.iter().all(|&n| n > 0), "{per_client:?}");
+    assert_eq!(
+        c["acquisitions"].as_u64().unwrap(),
+        per_client.iter().sum::<u64>()
+    );
+    assert_eq!(c["wait"]["count"], c["acquisitions"], "{c}");
+    assert!(c["handoff"]["count"].as_u64().unwrap() > 0, "{c}");
+    let holders = c["mean_holders"].as_f64().unwrap();
+    assert!(holders > 0.0 && holders <= 1.0, "{holders}");
+
+    let o = dlock()
+        .args(["bench", "--url", "memory://", "--processes"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
+    assert!(stderr(&o).contains("processes"), "{}", stderr(&o));
+}

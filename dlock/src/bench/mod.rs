@@ -19,6 +19,10 @@ use crate::{
     Released, Result, Wait, connect, redact,
 };
 
+mod processes;
+
+pub use processes::{CLIENT_ENV, client_child};
+
 /// Which measurements to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -86,6 +90,9 @@ pub struct BenchOptions {
     pub name: Option<String>,
     /// Measure a semaphore of this many permits instead of the lock.
     pub permits: Option<u32>,
+    /// Run each contended client as a process of its own (this program run again; see
+    /// [`client_child`]) instead of a task of this one.
+    pub processes: bool,
 }
 
 impl fmt::Debug for BenchOptions {
@@ -99,6 +106,7 @@ impl fmt::Debug for BenchOptions {
             .field("hold", &self.hold)
             .field("name", &self.name)
             .field("permits", &self.permits)
+            .field("processes", &self.processes)
             .finish()
     }
 }
@@ -115,6 +123,7 @@ impl BenchOptions {
             hold: Duration::from_millis(1),
             name: None,
             permits: None,
+            processes: false,
         }
     }
 
@@ -153,6 +162,12 @@ impl BenchOptions {
         self.permits = Some(permits);
         self
     }
+    /// Runs each contended client as a process of its own: the program must call
+    /// [`client_child`] first thing in its `main`, as `dlock` does.
+    pub fn processes(mut self, on: bool) -> Self {
+        self.processes = on;
+        self
+    }
 
     /// How many may hold at once: the permits, or 1 for the lock.
     fn holders(&self) -> usize {
@@ -179,6 +194,12 @@ impl BenchOptions {
         }
         if let Some(p) = self.permits {
             lockcore::check_permits(p)?;
+        }
+        if self.processes && self.url.starts_with("memory:") {
+            return Err(Error::invalid_argument(
+                "processes",
+                "memory:// lives inside one process, so its clients cannot be processes",
+            ));
         }
         Ok(())
     }
@@ -309,6 +330,8 @@ pub struct ContendedReport {
     pub mean_holders: f64,
     /// Clients.
     pub clients: usize,
+    /// Whether each client ran as a process of its own (`--processes`).
+    pub processes: bool,
     /// Hold time per acquisition, milliseconds.
     pub hold_ms: f64,
     /// Lease ttl used, milliseconds.
@@ -841,6 +864,16 @@ struct ClientStats {
 }
 
 impl ClientStats {
+    fn new() -> Self {
+        ClientStats {
+            acquisitions: 0,
+            wait: new_histogram(),
+            handoff: new_histogram(),
+            errors: 0,
+            first_error: None,
+        }
+    }
+
     fn error(&mut self, e: impl fmt::Display) {
         self.errors += 1;
         if self.first_error.is_none() {
@@ -878,6 +911,91 @@ async fn contended(
 ) -> Result<ContendedReport> {
     let name = format!("{prefix}/contended");
     let ttl = opts.contended_ttl();
+    let tally = if opts.processes {
+        processes::contend(opts, &name, ttl, progress.clone()).await?
+    } else {
+        in_process(opts, &name, ttl, progress.clone()).await?
+    };
+    let total = opts.warmup + opts.duration;
+    progress.update(Phase::Contended, total, total);
+
+    let Tally {
+        per_client,
+        wait,
+        handoff,
+        errors,
+        first_error,
+        violations,
+        mean_holders,
+    } = tally;
+    let acquisitions: u64 = per_client.iter().sum();
+    let per_client_min = per_client.iter().copied().min().unwrap_or(0);
+    let per_client_max = per_client.iter().copied().max().unwrap_or(0);
+    let limit =
+        floor_p50_us.map(|f| opts.holders() as f64 * 1e6 / (opts.hold.as_secs_f64() * 1e6 + f));
+    Ok(ContendedReport {
+        name,
+        permits: opts.permits,
+        mean_holders,
+        clients: per_client.len(),
+        processes: opts.processes,
+        hold_ms: opts.hold.as_secs_f64() * 1000.0,
+        ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        acquisitions,
+        acquisitions_per_sec: per_sec(acquisitions, opts.duration),
+        handoff: LatencySummary::of(&handoff),
+        wait: LatencySummary::of(&wait),
+        clients_that_acquired: per_client.iter().filter(|&&n| n > 0).count(),
+        fairness: if per_client_max > 0 {
+            per_client_min as f64 / per_client_max as f64
+        } else {
+            0.0
+        },
+        per_client,
+        per_client_min,
+        per_client_max,
+        violations,
+        errors,
+        first_error,
+        floor_pair_p50_us: floor_p50_us,
+        limit_per_sec: limit,
+        of_limit: limit.map(|l| per_sec(acquisitions, opts.duration) / l),
+    })
+}
+
+/// What the contended clients measured, however they ran.
+struct Tally {
+    /// Acquisitions in the measured window, by client.
+    per_client: Vec<u64>,
+    wait: Histogram<u64>,
+    handoff: Histogram<u64>,
+    errors: u64,
+    first_error: Option<String>,
+    violations: u64,
+    mean_holders: f64,
+}
+
+impl Tally {
+    fn new(clients: usize) -> Self {
+        Tally {
+            per_client: vec![0; clients],
+            wait: new_histogram(),
+            handoff: new_histogram(),
+            errors: 0,
+            first_error: None,
+            violations: 0,
+            mean_holders: 0.0,
+        }
+    }
+}
+
+/// The contended clients as tasks of this process, each with its own connection.
+async fn in_process(
+    opts: &BenchOptions,
+    name: &str,
+    ttl: Duration,
+    progress: Arc<dyn Progress>,
+) -> Result<Tally> {
     let lock_opts = AcquireOptions::new()
         .ttl(ttl)
         .wait(Wait::Forever)
@@ -905,7 +1023,7 @@ async fn contended(
     let mut tasks = Vec::with_capacity(clients.len());
     for (id, client) in clients.into_iter().enumerate() {
         let shared = shared.clone();
-        let name = name.clone();
+        let name = name.to_owned();
         let lock_opts = lock_opts.clone();
         let (hold, permits) = (opts.hold, opts.permits);
         tasks.push(Spawned(tokio::spawn(async move {
@@ -914,71 +1032,36 @@ async fn contended(
     }
 
     let total = opts.warmup + opts.duration;
-    let ticker = {
-        let progress = progress.clone();
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(100));
-            loop {
-                every.tick().await;
-                let elapsed = start.elapsed().min(total);
-                progress.update(Phase::Contended, elapsed, total);
-                if elapsed >= total {
-                    break;
-                }
+    let ticker = tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            every.tick().await;
+            let elapsed = start.elapsed().min(total);
+            progress.update(Phase::Contended, elapsed, total);
+            if elapsed >= total {
+                break;
             }
-        })
-    };
+        }
+    });
 
-    let mut per_client = Vec::with_capacity(tasks.len());
-    let mut wait = new_histogram();
-    let mut handoff = new_histogram();
-    let mut errors = 0;
-    let mut first_error = None;
+    let mut tally = Tally::new(0);
     for task in tasks {
         let stats = task.join("contended client").await?;
-        per_client.push(stats.acquisitions);
-        wait.add(&stats.wait).expect("same histogram bounds");
-        handoff.add(&stats.handoff).expect("same histogram bounds");
-        errors += stats.errors;
-        if first_error.is_none() {
-            first_error = stats.first_error;
+        tally.per_client.push(stats.acquisitions);
+        tally.wait.add(&stats.wait).expect("same histogram bounds");
+        tally
+            .handoff
+            .add(&stats.handoff)
+            .expect("same histogram bounds");
+        tally.errors += stats.errors;
+        if tally.first_error.is_none() {
+            tally.first_error = stats.first_error;
         }
     }
     ticker.abort();
-    progress.update(Phase::Contended, total, total);
-
-    let acquisitions: u64 = per_client.iter().sum();
-    let per_client_min = per_client.iter().copied().min().unwrap_or(0);
-    let per_client_max = per_client.iter().copied().max().unwrap_or(0);
-    let limit =
-        floor_p50_us.map(|f| opts.holders() as f64 * 1e6 / (opts.hold.as_secs_f64() * 1e6 + f));
-    Ok(ContendedReport {
-        name,
-        permits: opts.permits,
-        mean_holders: shared.mean_holders(),
-        clients: per_client.len(),
-        hold_ms: opts.hold.as_secs_f64() * 1000.0,
-        ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
-        acquisitions,
-        acquisitions_per_sec: per_sec(acquisitions, opts.duration),
-        handoff: LatencySummary::of(&handoff),
-        wait: LatencySummary::of(&wait),
-        clients_that_acquired: per_client.iter().filter(|&&n| n > 0).count(),
-        fairness: if per_client_max > 0 {
-            per_client_min as f64 / per_client_max as f64
-        } else {
-            0.0
-        },
-        per_client,
-        per_client_min,
-        per_client_max,
-        violations: shared.violations.load(Ordering::SeqCst),
-        errors,
-        first_error,
-        floor_pair_p50_us: floor_p50_us,
-        limit_per_sec: limit,
-        of_limit: limit.map(|l| per_sec(acquisitions, opts.duration) / l),
-    })
+    tally.violations = shared.violations.load(Ordering::SeqCst);
+    tally.mean_holders = shared.mean_holders();
+    Ok(tally)
 }
 
 /// One contending client: acquire (waiting), hold, release, until the end of the window.
@@ -991,13 +1074,7 @@ async fn contend(
     hold: Duration,
     shared: &Shared,
 ) -> ClientStats {
-    let mut stats = ClientStats {
-        acquisitions: 0,
-        wait: new_histogram(),
-        handoff: new_histogram(),
-        errors: 0,
-        first_error: None,
-    };
+    let mut stats = ClientStats::new();
     let end = shared.end;
     while Instant::now() < end {
         let t0 = Instant::now();

@@ -130,6 +130,10 @@ fn main() -> ExitCode {
     if let Some(code) = dlock::compare::holder_child() {
         return code;
     }
+    // `dlock bench --processes` runs this binary again as each contended client.
+    if let Some(code) = dlock::bench::client_child() {
+        return code;
+    }
     let matches = match command().try_get_matches() {
         Ok(m) => m,
         Err(e) => {

@@ -61,6 +61,11 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "N", value_parser = crate::args::parse_permits)]
     pub(crate) permits: Option<u32>,
 
+    /// Run each contended client as a process of its own (dlock run again), so no two
+    /// clients share a runtime or could take a shortcut within one process.
+    #[arg(long)]
+    pub(crate) processes: bool,
+
     /// Lock name prefix [default: dlock-bench/<random>].
     #[arg(long, value_name = "PREFIX")]
     pub(crate) name: Option<String>,
@@ -94,7 +99,8 @@ pub async fn main(args: BenchArgs) -> u8 {
         .duration(args.duration)
         .warmup(args.warmup)
         .clients(usize::from(args.clients))
-        .hold(args.hold);
+        .hold(args.hold)
+        .processes(args.processes);
     if let Some(prefix) = &args.name {
         opts = opts.name(prefix.clone());
     }
@@ -290,8 +296,13 @@ fn render(r: &BenchReport) -> String {
         };
         let _ = writeln!(
             out,
-            "\ncontended: {} clients (own connections) on {what}, hold {} (timer, then yielding to the exact deadline), ttl {}, Wait::Forever",
+            "\ncontended: {} clients ({}) on {what}, hold {} (timer, then yielding to the exact deadline), ttl {}, Wait::Forever",
             c.clients,
+            if c.processes {
+                "a process each"
+            } else {
+                "own connections"
+            },
             fmt_us(c.hold_ms * 1000.0),
             fmt_secs(c.ttl_ms as f64 / 1000.0)
         );
