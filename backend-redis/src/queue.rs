@@ -3,7 +3,8 @@
 //! take a lock, a read hold of the lock (its read-write form: readers queue in the lock's own
 //! queue, marked as readers), or a permit of the semaphore of the same name ([`Hold`]): the
 //! semaphore has a queue of its own with the same layout, its own scripts, and the same wake-up
-//! hub.
+//! hub. The waiting loop ([`wait`]) serves any layout that queues this way ([`Queued`]): the
+//! Tair emulation's hash queues its waiters in the same kind of queue.
 //!
 //! A waiting acquire joins a queue kept in Redis (a ZSET ordered by an arrival ticket) and
 //! refreshes a liveness deadline on every re-check; the acquire script drops waiters whose
@@ -14,6 +15,7 @@
 //!
 //! [`ALIVE`]: crate::node::ALIVE
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use lockcore::cleanup::{CleanupGuard, Undo};
@@ -73,6 +75,84 @@ impl Hold {
     }
 }
 
+/// One waiter-mode attempt's outcome, whatever the layout.
+pub(crate) enum Step {
+    /// Granted: the lease.
+    Granted(Lease),
+    /// Not granted.
+    Waiting {
+        /// How long the hold in the way lasts unless released, ms (negative: none).
+        pttl: i64,
+        /// The waiter's place in the queue (0: the head).
+        rank: i64,
+    },
+}
+
+/// A lock layout whose waiters queue in a node's FIFO queue (see `node/lua/common.lua`) and are
+/// woken through the node's hub: this crate's own holds ([`OnNode`]) and the Tair emulation.
+pub(crate) trait Queued: Clone + Send + Sync + 'static {
+    /// The backend name in errors.
+    const BACKEND: &'static str;
+
+    /// The node whose hub wakes the waiters.
+    fn node(&self) -> &Node;
+
+    /// One attempt for `owner` in `mode` (a grant's lease is valid from `started`).
+    fn attempt(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        mode: Mode,
+        floor: u64,
+        started: Instant,
+    ) -> impl Future<Output = Result<Step>> + Send;
+
+    /// Undoes what an attempt of `owner` may have left: its queue entry, a grant it never
+    /// returned. Builds the requests now and sends them when polled.
+    fn undo(self, name: LockName, owner: OwnerId) -> Undo;
+}
+
+/// A hold of this crate's layout on one node.
+#[derive(Clone)]
+pub(crate) struct OnNode {
+    node: Node,
+    hold: Hold,
+}
+
+impl Queued for OnNode {
+    const BACKEND: &'static str = BACKEND;
+
+    fn node(&self) -> &Node {
+        &self.node
+    }
+
+    async fn attempt(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        mode: Mode,
+        floor: u64,
+        started: Instant,
+    ) -> Result<Step> {
+        let reply = self
+            .hold
+            .attempt(&self.node, name, owner, opts, mode, floor)
+            .await?;
+        Ok(match reply {
+            AcquireReply::Granted(token) => {
+                Step::Granted(self.hold.lease(name, owner, token, started, opts))
+            }
+            AcquireReply::Waiting { pttl, rank, .. } => Step::Waiting { pttl, rank },
+        })
+    }
+
+    fn undo(self, name: LockName, owner: OwnerId) -> Undo {
+        leave((self.node, name, owner, self.hold))
+    }
+}
+
 /// What an acquire of `owner` on a node may have left there (the state of its clean-up guard).
 type Attempt = (Node, LockName, OwnerId, Hold);
 
@@ -120,22 +200,46 @@ pub(crate) async fn acquire_wait(
     deadline: Option<Instant>,
     hold: Hold,
 ) -> Result<Option<Lease>> {
-    let floor = node::floor_arg(BACKEND, opts)?;
+    let on = OnNode {
+        node: node.clone(),
+        hold,
+    };
+    wait(&on, name, opts, deadline).await
+}
+
+/// The clean-up of a waiting acquire on `Q`'s layout.
+fn undo_of<Q: Queued>((q, name, owner): (Q, LockName, OwnerId)) -> Undo {
+    q.undo(name, owner)
+}
+
+/// Queues on `q`'s layout and waits for the turn, until `deadline`.
+pub(crate) async fn wait<Q: Queued>(
+    q: &Q,
+    name: &LockName,
+    opts: &AcquireOptions,
+    deadline: Option<Instant>,
+) -> Result<Option<Lease>> {
+    let floor = node::floor_arg(Q::BACKEND, opts)?;
     let owner = opts.owner_or_random();
     let waiter = owner.to_string();
+    let node = q.node();
     // Registered before the first request, so a wake-up that names us is never dropped.
     let (registration, mut subscribed) = node.register(&waiter, name);
-    let attempt = (node.clone(), name.clone(), owner, hold);
-    let guard = CleanupGuard::arm(BACKEND, name, attempt, leave);
+    let guard = CleanupGuard::arm(
+        Q::BACKEND,
+        name,
+        (q.clone(), name.clone(), owner),
+        undo_of::<Q>,
+    );
     loop {
         let started = Instant::now();
-        let reply = hold.attempt(node, name, owner, opts, Mode::Wait, floor);
-        let (pttl, rank) = match reply.await? {
-            AcquireReply::Granted(token) => {
+        let step = q.attempt(name, owner, opts, Mode::Wait, floor, started);
+        let (pttl, rank) = match step.await? {
+            Step::Granted(lease) => {
                 let _ = guard.disarm();
-                return Ok(Some(hold.lease(name, owner, token, started, opts)));
+                return Ok(Some(lease));
             }
-            AcquireReply::Waiting { pttl, rank, .. } => (pttl, rank),
+            Step::Waiting { pttl, rank } => (pttl, rank),
         };
         if !subscribed {
             // Subscribe, then check again at once: a release between the attempt above and
@@ -146,14 +250,14 @@ pub(crate) async fn acquire_wait(
                     continue;
                 }
                 Err(e) => {
-                    tracing::debug!(lock = %name, error = %e, "redis: cannot subscribe; re-checking on the fallback timer")
+                    tracing::debug!(backend = Q::BACKEND, lock = %name, error = %e, "cannot subscribe; re-checking on the fallback timer")
                 }
             }
         }
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
             if let Err(e) = guard.run_now().await {
-                tracing::warn!(lock = %name, error = %e, "redis: leaving the wait queue failed; the entry expires on its own");
+                tracing::warn!(backend = Q::BACKEND, lock = %name, error = %e, "leaving the wait queue failed; the entry expires on its own");
             }
             return Ok(None);
         }

@@ -400,3 +400,80 @@ async fn concurrent_readers_and_writers_never_overlap() {
         ReadEnter::Writer { .. }
     ));
 }
+
+/// dlock's waiters queue (FIFO, woken by the release) beside the emulation's hash, while Tair's
+/// own `expireLock` keeps exclusion and only bypasses the queue: it is refused while anyone
+/// holds, and a free name nobody holds goes to it even with nobody queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlock_waiters_queue_while_tairs_own_commands_keep_exclusion() {
+    use lockcore::{LockExt, Wait};
+
+    let redis = Redis::start().await.expect("kit redis");
+    let t = tair(&redis).await;
+    let caps = t.capabilities();
+    assert_eq!(caps.fairness, lockcore::Fairness::Fifo);
+    assert_eq!(caps.waiting, lockcore::WaitMechanism::PubSub);
+    let n = "queued-beside-tair";
+    let opts = |wait| AcquireOptions::new().ttl(30 * SEC).wait(wait);
+    let client = |t: TairLock| -> std::sync::Arc<dyn DistributedLock> { std::sync::Arc::new(t) };
+    let holder = client(t.clone())
+        .lock(n, &opts(Wait::No))
+        .await
+        .expect("a holds");
+
+    // Two dlock waiters, queued in this order.
+    let mut waiters = Vec::new();
+    for i in 0..2 {
+        let t2 = client(tair(&redis).await);
+        waiters.push(tokio::spawn(async move {
+            t2.lock(n, &opts(Wait::For(60 * SEC))).await
+        }));
+        let queued = async {
+            loop {
+                let info = t.inspect(&name(n)).await.unwrap().expect("held");
+                if info.waiters == Some(i + 1) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(30 * SEC, queued)
+            .await
+            .expect("the waiter queued");
+    }
+    // Tair's own expireLock is refused while the lock is held, queue or not.
+    let outsider = OwnerId::random();
+    assert!(matches!(
+        t.expire_lock(&name(n), outsider, SEC, false).await.unwrap(),
+        ExpireLock::Held { .. }
+    ));
+    // A dlock `try` does not jump the queue.
+    let tried = client(t.clone()).try_lock(n, &opts(Wait::No)).await;
+    assert!(tried.unwrap().is_none());
+
+    // The release wakes the head: the first waiter gets it, then the second, in order.
+    let first_token = holder.fencing_token();
+    holder.release().await.unwrap();
+    let first = tokio::time::timeout(30 * SEC, waiters.remove(0))
+        .await
+        .expect("the head was woken")
+        .unwrap()
+        .expect("the head acquires");
+    assert!(first.fencing_token() > first_token);
+    assert!(
+        !waiters[0].is_finished(),
+        "the second waiter jumped the first"
+    );
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(30 * SEC, waiters.remove(0))
+        .await
+        .expect("the next head was woken")
+        .unwrap()
+        .expect("the next head acquires");
+    second.release().await.unwrap();
+
+    // Nobody holds or queues: Tair's own command takes it.
+    locked(t.expire_lock(&name(n), outsider, SEC, false).await.unwrap());
+    let info = t.inspect(&name(n)).await.unwrap().expect("held");
+    assert_eq!(info.waiters, Some(0));
+}

@@ -104,7 +104,8 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn arg(self) -> &'static str {
+    /// The mode as the scripts take it (`ARGV` mode).
+    pub(crate) fn arg(self) -> &'static str {
         match self {
             Mode::Try => "try",
             Mode::Wait => "wait",
@@ -245,6 +246,12 @@ impl Node {
             Route::Client => Cow::Borrowed(&self.shared.wakes),
             Route::Sharded => Cow::Owned(self.keys(name).wakes()),
         }
+    }
+
+    /// The `ARGV` pair a queueing script needs to wake waiters of `name`: this client's id
+    /// (for its own queue entries) and the wake-up channels' prefix (see `wakes_of`).
+    pub(crate) fn wake_args(&self, name: &LockName) -> (&str, Cow<'_, str>) {
+        (&self.shared.client, self.wakes_of(name))
     }
 
     /// The channel on which this client hears wake-ups for `name`.

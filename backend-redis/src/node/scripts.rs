@@ -18,11 +18,14 @@ pub(crate) struct Lua {
     pub(crate) sha: String,
 }
 
+/// The node's shared Lua helpers (`lua/common.lua`): the clock, the FIFO queue, the wake-up.
+pub(crate) const COMMON: &str = include_str!("lua/common.lua");
+
 impl Lua {
-    /// `body` with the node's shared helpers (`lua/common.lua`) inserted at its `--@common`
-    /// line, so a fast path above that line runs without defining them.
+    /// `body` with the node's shared helpers ([`COMMON`]) inserted at its `--@common` line, so
+    /// a fast path above that line runs without defining them.
     fn new(body: &str) -> Self {
-        Self::with_prelude(body, "--@common", include_str!("lua/common.lua"))
+        Self::with_prelude(body, "--@common", COMMON)
     }
 
     /// `body` with `prelude` inserted at its `marker` line (the Tair emulation's scripts share

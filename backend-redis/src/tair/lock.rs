@@ -1,6 +1,7 @@
 //! [`TairLock`] as a [`DistributedLock`]: the lease's token is the version and its handle the
-//! proof; waiting acquires poll with capped backoff and jitter (the emulation, like Tair, has
-//! no notification to wait for); every attempt arms a [`CleanupGuard`].
+//! proof. Waiting acquires, writers and readers, queue in dlock's FIFO queue beside the
+//! emulation's hash and are woken by this client's wake-up hub (the loop of `crate::queue`,
+//! the same as a `redis://` lock's); every attempt arms a [`CleanupGuard`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,28 +14,19 @@ use lockcore::{
 };
 
 use super::BACKEND;
-use super::primitives::{self, ExpireLock, ExpireUnlock, ReadEnter, TairLock, u64_at};
+use super::primitives::{
+    self, Answer, ExpireLock, ExpireUnlock, Queue, ReadEnter, TairLock, u64_at,
+};
 use crate::node::scripts;
-use crate::node::{floor_arg, is_permit, protocol_error};
+use crate::node::{Mode, Node, floor_arg, is_permit, protocol_error};
+use crate::queue::{self, Queued, Step};
 
+/// How long a waiting writer's mark keeps Tair's own readers (which bypass the queue) out
+/// without being refreshed: a writer that crashed while waiting holds them up for at most this.
 const WRITER_WAITING: Duration = Duration::from_secs(2);
 
 /// The lease handle of a reader (a writer's handle is its proof, a number).
 const READER: &str = "reader";
-
-/// Sleeps between attempts of a waiting acquire: capped exponential backoff with jitter
-/// (the emulation, like Tair, has no notification to wait for).
-async fn backoff(attempt: u32, deadline: Option<Instant>) {
-    let cap = Duration::from_millis(100);
-    let base = Duration::from_millis(2)
-        .saturating_mul(1 << attempt.min(6))
-        .min(cap);
-    let mut pause = base.mul_f64(0.5 + rand::random::<f64>() / 2.0);
-    if let Some(d) = deadline {
-        pause = pause.min(d.saturating_duration_since(Instant::now()));
-    }
-    tokio::time::sleep(pause).await;
-}
 
 fn lease_for(
     name: &LockName,
@@ -56,18 +48,26 @@ fn lease_for(
 }
 
 impl TairLock {
+    /// One attempt at the write lock that never jumps dlock's queue.
     async fn try_write(
         &self,
         name: &LockName,
         owner: OwnerId,
         opts: &AcquireOptions,
-        waiting: Option<Duration>,
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
         let floor = floor_arg(BACKEND, opts)?;
-        let guard = self.arm(name, owner, waiting.is_some());
+        let guard = self.arm(name, owner, false);
         let answer = self
-            .lock_as(name, owner, opts.ttl_value(), false, waiting, floor)
+            .lock_as(
+                name,
+                owner,
+                opts.ttl_value(),
+                false,
+                None,
+                floor,
+                Queue::Try,
+            )
             .await;
         let _ = guard.disarm();
         Ok(match answer? {
@@ -85,6 +85,7 @@ impl TairLock {
         })
     }
 
+    /// One attempt at a read hold that never jumps a writer queued in dlock's queue.
     async fn try_read(
         &self,
         name: &LockName,
@@ -95,7 +96,7 @@ impl TairLock {
         let floor = floor_arg(BACKEND, opts)?;
         let guard = self.arm(name, owner, false);
         let answer = self
-            .read_enter_as(name, owner, opts.ttl_value(), floor)
+            .read_enter_as(name, owner, opts.ttl_value(), floor, Queue::Try)
             .await;
         let _ = guard.disarm();
         Ok(match answer? {
@@ -111,57 +112,88 @@ impl TairLock {
         })
     }
 
-    /// Polls `attempt` with backoff until it grants or `deadline` passes. A writer's mark is
-    /// cleared when it gives up.
+    /// Waits in dlock's queue for the write lock (`writer`) or a read hold, until `deadline`.
     async fn wait_for(
         &self,
         name: &LockName,
-        owner: OwnerId,
         deadline: Option<Instant>,
         writer: bool,
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
-        let guard = self.arm(name, owner, writer);
-        let mut attempt = 0;
-        loop {
-            let got = if writer {
-                self.try_write(name, owner, opts, Some(WRITER_WAITING))
-                    .await?
-            } else {
-                self.try_read(name, owner, opts).await?
-            };
-            if got.is_some() {
-                let _ = guard.disarm();
-                return Ok(got);
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                let _ = guard.disarm();
-                if writer {
-                    self.read(name, owner, Duration::ZERO, "unwait", 0).await?;
-                }
-                return Ok(None);
-            }
-            backoff(attempt, deadline).await;
-            attempt += 1;
-        }
+        let hold = TairHold {
+            lock: self.clone(),
+            writer,
+        };
+        queue::wait(&hold, name, opts, deadline).await
     }
 }
 
-/// What an attempt of `owner` on a name may have left: a reader entry, a lock (its proof lost
-/// with the reply), and, for a waiting writer (`true`), its `writer waiting` mark (the state of
-/// its clean-up guard).
+/// A hold of the emulation's lock as dlock's queue waits for it: the write lock, or a read hold.
+#[derive(Clone)]
+struct TairHold {
+    lock: TairLock,
+    writer: bool,
+}
+
+impl Queued for TairHold {
+    const BACKEND: &'static str = BACKEND;
+
+    fn node(&self) -> &Node {
+        &self.lock.client.inner.node
+    }
+
+    async fn attempt(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        mode: Mode,
+        floor: u64,
+        started: Instant,
+    ) -> Result<Step> {
+        debug_assert_eq!(mode, Mode::Wait, "the queue's loop waits");
+        let waiting = self.writer.then_some(WRITER_WAITING);
+        let answer = self
+            .lock
+            .queued_attempt(name, owner, opts.ttl_value(), floor, waiting)
+            .await?;
+        Ok(match answer {
+            Answer::Granted { proof, version } => {
+                let handle = match self.writer {
+                    true => proof.to_string(),
+                    false => READER.to_owned(),
+                };
+                Step::Granted(lease_for(name, owner, version, started, opts, handle))
+            }
+            Answer::Refused { blocked, rank } => Step::Waiting {
+                pttl: blocked,
+                rank,
+            },
+        })
+    }
+
+    fn undo(self, name: LockName, owner: OwnerId) -> Undo {
+        leave((self.lock, name, owner, self.writer))
+    }
+}
+
+/// What an attempt of `owner` on a name may have left: a place in dlock's queue, a reader
+/// entry, a lock (its proof lost with the reply), and, for a waiting writer (`true`), its
+/// `writer waiting` mark (the state of its clean-up guard).
 type Attempt = (TairLock, LockName, OwnerId, bool);
 
-/// Frees whatever the attempt got, by owner: the reader of this owner, its lock, and its
-/// waiting mark.
+/// Frees whatever the attempt got, by owner: first its place in the queue (so no grant comes
+/// after), then the reader of this owner, its lock, and its waiting mark.
 fn leave((lock, name, owner, writer_waits): Attempt) -> Undo {
     Undo::Spawn(Box::pin(async move {
+        let queued = lock.leave_queue(&name, owner).await?;
         let read = lock.read_exit(&name, owner).await?;
         let locked = lock.expire_unlock_owner(&name, owner).await? != ExpireUnlock::NotCurrent;
         if writer_waits {
-            lock.read(&name, owner, Duration::ZERO, "unwait", 0).await?;
+            lock.read(&name, owner, Duration::ZERO, "unwait", 0, Queue::Bypass)
+                .await?;
         }
-        Ok(read || locked)
+        Ok(queued || read || locked)
     }))
 }
 
@@ -189,8 +221,8 @@ impl DistributedLock for TairLock {
             BACKEND,
             self.client.capabilities().fencing,
             Expiry::Ttl,
-            Fairness::Unordered,
-            WaitMechanism::Poll,
+            Fairness::Fifo,
+            WaitMechanism::PubSub,
         )
         .bounded_requests(true)
         .native(super::NATIVE)
@@ -203,8 +235,7 @@ impl DistributedLock for TairLock {
     }
 
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
-        self.try_write(name, opts.owner_or_random(), opts, None)
-            .await
+        self.try_write(name, opts.owner_or_random(), opts).await
     }
 
     async fn acquire_wait(
@@ -213,8 +244,7 @@ impl DistributedLock for TairLock {
         opts: &AcquireOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Lease>> {
-        self.wait_for(name, opts.owner_or_random(), deadline, true, opts)
-            .await
+        self.wait_for(name, deadline, true, opts).await
     }
 
     async fn try_acquire_shared(
@@ -231,8 +261,7 @@ impl DistributedLock for TairLock {
         opts: &AcquireOptions,
         deadline: Option<Instant>,
     ) -> Result<Option<Lease>> {
-        self.wait_for(name, opts.owner_or_random(), deadline, false, opts)
-            .await
+        self.wait_for(name, deadline, false, opts).await
     }
 
     // Semaphores: Tair has no semaphore command to emulate, so a permit is the single-server
@@ -329,7 +358,8 @@ impl DistributedLock for TairLock {
         let left = items.get(1).and_then(scripts::int).unwrap_or(-1);
         let version = u64_at(items, 2).unwrap_or(0);
         let readers = u64_at(items, 3).unwrap_or(0);
-        if holder.is_none() && version == 0 && readers == 0 {
+        let waiters = u64_at(items, 4).and_then(|w| usize::try_from(w).ok());
+        if holder.is_none() && version == 0 && readers == 0 && waiters.unwrap_or(0) == 0 {
             return Ok(None);
         }
         let mut info = LockInfo::new(
@@ -337,7 +367,7 @@ impl DistributedLock for TairLock {
             holder,
             (version > 0).then_some(FencingToken(version)),
             u64::try_from(left).ok().map(Duration::from_millis),
-            None,
+            waiters,
         );
         info = info.with_readers(usize::try_from(readers).unwrap_or(0), 0);
         Ok(Some(info))

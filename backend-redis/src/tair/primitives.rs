@@ -11,14 +11,63 @@ use redis::Value;
 use crate::config::RedisConfig;
 use crate::lock::RedisLock;
 use crate::node::scripts::{self, Call, Lua};
-use crate::node::{millis, protocol_error};
+use crate::node::{ALIVE, millis, protocol_error};
 
 /// The emulation's keys of one name: the lock's hash (flag, expiry, proof, owner, count,
-/// version) and the readers' ZSET (scored by expiry), under the name's hash tag.
-const KEYS: [&str; 2] = [":tair", ":readers"];
+/// version), the readers' ZSET (scored by expiry), and dlock's FIFO queue of waiters (entries,
+/// their liveness, the ticket counter), under the name's hash tag.
+const KEYS: [&str; 5] = [
+    ":tair",
+    ":readers",
+    ":tair:queue",
+    ":tair:alive",
+    ":tair:seq",
+];
 
+/// A script with the node's helpers (the queue's among them) and the emulation's own pasted at
+/// its `--@tair` line.
 fn tair_script(body: &str) -> Lua {
-    Lua::with_prelude(body, "--@tair", include_str!("lua/common.lua"))
+    let prelude = format!("{}\n{}", scripts::COMMON, include_str!("lua/common.lua"));
+    Lua::with_prelude(body, "--@tair", &prelude)
+}
+
+/// How an acquire treats dlock's queue (`ARGV` mode of `lock.lua` and `read.lua`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Queue {
+    /// Tair's own commands: the queue plays no part.
+    Bypass,
+    /// One attempt that never jumps a live queue.
+    Try,
+    /// The queue's head (or a newcomer to an empty queue) is granted; anyone else queues.
+    Wait,
+}
+
+impl Queue {
+    fn arg(self) -> &'static str {
+        match self {
+            Queue::Bypass => "plain",
+            Queue::Try => "try",
+            Queue::Wait => "wait",
+        }
+    }
+}
+
+/// An acquire's answer in full (a refusal says what is in the way and the place in the queue).
+pub(super) enum Answer {
+    /// Granted: the proof (a writer's; a reader's expiry) and the version.
+    Granted { proof: u64, version: u64 },
+    /// Refused: the hold in the way lasts `blocked` ms unless released (negative: only the
+    /// queue is ahead); `rank` is the place in the queue (-1: not queued).
+    Refused { blocked: i64, rank: i64 },
+}
+
+/// Decodes the refusal fields `{0, _, _, rank, ms_blocked}` of `lock.lua` and `read.lua`.
+fn refusal(items: &[Value]) -> Answer {
+    let at = |i: usize| items.get(i).and_then(scripts::int).unwrap_or(-1);
+    Answer::Refused {
+        blocked: at(4),
+        rank: at(3),
+    }
 }
 
 /// `expireLock` (`lua/lock.lua`).
@@ -160,12 +209,14 @@ impl TairLock {
         ttl: Duration,
         reentrant: bool,
     ) -> Result<ExpireLock> {
-        self.lock_as(name, owner, ttl, reentrant, None, 0).await
+        self.lock_as(name, owner, ttl, reentrant, None, 0, Queue::Bypass)
+            .await
     }
 
     /// `expire_lock` by a writer that will wait (`waiting` = how long its mark lasts without
     /// being refreshed): refused, it marks the name so that new readers stay out. A fresh
-    /// lock's version is at least `floor` (0 = none).
+    /// lock's version is at least `floor` (0 = none). `queue` says how dlock's queue counts.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn lock_as(
         &self,
         name: &LockName,
@@ -174,16 +225,11 @@ impl TairLock {
         reentrant: bool,
         waiting: Option<Duration>,
         floor: u64,
+        queue: Queue,
     ) -> Result<ExpireLock> {
-        lockcore::check_ttl(ttl)?;
-        let call = self
-            .call(&LOCK, name)
-            .owner_arg(owner)
-            .arg(millis(ttl))
-            .arg(if reentrant { "1" } else { "0" })
-            .arg(waiting.map_or(0, millis))
-            .arg(floor);
-        let value = self.eval("expireLock", name, &call).await?;
+        let value = self
+            .lock_call(name, owner, ttl, reentrant, waiting, floor, queue)
+            .await?;
         let items =
             scripts::array(&value).map_err(|e| protocol_error("expireLock", Some(name), e))?;
         match items.first().and_then(scripts::int) {
@@ -205,6 +251,77 @@ impl TairLock {
             },
             _ => Err(reply_error("expireLock", name, &value)),
         }
+    }
+
+    /// One run of `lock.lua`.
+    #[allow(clippy::too_many_arguments)]
+    async fn lock_call(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        ttl: Duration,
+        reentrant: bool,
+        waiting: Option<Duration>,
+        floor: u64,
+        queue: Queue,
+    ) -> Result<Value> {
+        lockcore::check_ttl(ttl)?;
+        let node = &self.client.inner.node;
+        let (client, wakes) = node.wake_args(name);
+        let call = self
+            .call(&LOCK, name)
+            .owner_arg(owner)
+            .arg(millis(ttl))
+            .arg(if reentrant { "1" } else { "0" })
+            .arg(waiting.map_or(0, millis))
+            .arg(floor)
+            .arg(queue.arg())
+            .arg(millis(ALIVE))
+            .arg(client)
+            .arg(&*wakes);
+        self.eval("expireLock", name, &call).await
+    }
+
+    /// A waiting writer's or reader's attempt in dlock's queue (`Queue::Wait`): a writer marks
+    /// the name while it waits (see [`lock_as`](Self::lock_as)).
+    pub(super) async fn queued_attempt(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        ttl: Duration,
+        floor: u64,
+        writer: Option<Duration>,
+    ) -> Result<Answer> {
+        let (value, operation) = match writer {
+            Some(waiting) => (
+                self.lock_call(name, owner, ttl, false, Some(waiting), floor, Queue::Wait)
+                    .await?,
+                "expireLock",
+            ),
+            None => {
+                lockcore::check_ttl(ttl)?;
+                let read = self.read(name, owner, ttl, "enter", floor, Queue::Wait);
+                (read.await?, "read enter")
+            }
+        };
+        let items = scripts::array(&value).map_err(|e| protocol_error(operation, Some(name), e))?;
+        match items.first().and_then(scripts::int) {
+            Some(1) => match (u64_at(items, 1), u64_at(items, 2)) {
+                (Some(proof), Some(version)) => Ok(Answer::Granted { proof, version }),
+                _ => Err(reply_error(operation, name, &value)),
+            },
+            Some(0) => Ok(refusal(items)),
+            _ => Err(reply_error(operation, name, &value)),
+        }
+    }
+
+    /// Takes `owner`'s entries out of dlock's queue of `name` and wakes the head if it may go
+    /// now; `true` when there was one.
+    pub(super) async fn leave_queue(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
+        let value = self
+            .read(name, owner, Duration::ZERO, "leave", 0, Queue::Wait)
+            .await?;
+        scripts::parse_flag(&value).map_err(|e| protocol_error("leave queue", Some(name), e))
     }
 
     /// `expireUnlock(key, timestamp)`: unlocks `name` only if it is still locked with exactly
@@ -248,11 +365,13 @@ impl TairLock {
         owner: &str,
         whole: bool,
     ) -> Result<ExpireUnlock> {
+        let (_, wakes) = self.client.inner.node.wake_args(name);
         let call = self
             .call(&UNLOCK, name)
             .arg(expiry)
             .arg(owner)
-            .arg(if whole { "1" } else { "0" });
+            .arg(if whole { "1" } else { "0" })
+            .arg(&*wakes);
         let value = self.eval("expireUnlock", name, &call).await?;
         match scripts::int(&value) {
             Some(1) => Ok(ExpireUnlock::Unlocked),
@@ -306,20 +425,22 @@ impl TairLock {
         reader: OwnerId,
         ttl: Duration,
     ) -> Result<ReadEnter> {
-        self.read_enter_as(name, reader, ttl, 0).await
+        self.read_enter_as(name, reader, ttl, 0, Queue::Bypass)
+            .await
     }
 
     /// [`read_enter`](Self::read_enter) with a token floor (0 = none): the version the entry
-    /// bumps is at least `floor`.
+    /// bumps is at least `floor`; `queue` says how dlock's queue counts.
     pub(super) async fn read_enter_as(
         &self,
         name: &LockName,
         reader: OwnerId,
         ttl: Duration,
         floor: u64,
+        queue: Queue,
     ) -> Result<ReadEnter> {
         lockcore::check_ttl(ttl)?;
-        let value = self.read(name, reader, ttl, "enter", floor).await?;
+        let value = self.read(name, reader, ttl, "enter", floor, queue).await?;
         let items =
             scripts::array(&value).map_err(|e| protocol_error("read enter", Some(name), e))?;
         match items.first().and_then(scripts::int) {
@@ -343,7 +464,9 @@ impl TairLock {
     /// # Errors
     /// Store failures.
     pub async fn read_exit(&self, name: &LockName, reader: OwnerId) -> Result<bool> {
-        let value = self.read(name, reader, Duration::ZERO, "exit", 0).await?;
+        let value = self
+            .read(name, reader, Duration::ZERO, "exit", 0, Queue::Bypass)
+            .await?;
         scripts::parse_flag(&value).map_err(|e| protocol_error("read exit", Some(name), e))
     }
 
@@ -361,12 +484,14 @@ impl TairLock {
         ttl: Duration,
     ) -> Result<bool> {
         lockcore::check_ttl(ttl)?;
-        let value = self.read(name, reader, ttl, "renew", 0).await?;
+        let value = self
+            .read(name, reader, ttl, "renew", 0, Queue::Bypass)
+            .await?;
         scripts::parse_flag(&value).map_err(|e| protocol_error("read renew", Some(name), e))
     }
 
-    /// One run of the read script: `op` for `reader`; `floor` (0 = none) only counts for
-    /// `enter`.
+    /// One run of the read script: `op` for `reader`; `floor` (0 = none) and `queue` only
+    /// count for `enter`.
     pub(super) async fn read(
         &self,
         name: &LockName,
@@ -374,13 +499,19 @@ impl TairLock {
         ttl: Duration,
         op: &str,
         floor: u64,
+        queue: Queue,
     ) -> Result<Value> {
+        let (client, wakes) = self.client.inner.node.wake_args(name);
         let call = self
             .call(&READ, name)
             .owner_arg(reader)
             .arg(millis(ttl).max(1))
             .arg(op)
-            .arg(floor);
+            .arg(floor)
+            .arg(queue.arg())
+            .arg(millis(ALIVE))
+            .arg(client)
+            .arg(&*wakes);
         self.eval("read", name, &call).await
     }
 }

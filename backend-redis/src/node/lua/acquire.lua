@@ -57,19 +57,6 @@ local pruned = prune(queue, alive, now) + redis.call('ZREMRANGEBYSCORE', shared,
 local writer = redis.call('EXISTS', lock) == 1
 local held = writer or (not read and redis.call('EXISTS', shared) == 1)
 
--- Whether a writer is queued before rank `rank` (nil: anywhere in the queue).
-local function writer_ahead(rank)
-  if rank == 0 then
-    return false
-  end
-  for _, e in ipairs(redis.call('ZRANGE', queue, 0, rank and rank - 1 or -1)) do
-    if not is_reader(e) then
-      return true
-    end
-  end
-  return false
-end
-
 -- The grant: the exclusive lock, or a read hold that runs out at now + ttl. The member names the
 -- token in decimal, as the client writes it (exact up to 2^53).
 local function grant_hold()
@@ -103,7 +90,7 @@ end
 if mode == 'try' then
   local free
   if read then
-    free = not writer and not writer_ahead(nil)
+    free = not writer and not writer_ahead(queue, nil)
   else
     free = not held and redis.call('ZCARD', queue) == 0
   end
@@ -116,7 +103,7 @@ end
 local rank = redis.call('ZRANK', queue, entry)
 local turn
 if read then
-  turn = not writer and not writer_ahead(rank)
+  turn = not writer and not writer_ahead(queue, rank)
 else
   turn = not held and (rank == 0 or (rank and mode == 'member')
     or (not rank and redis.call('ZCARD', queue) == 0))
@@ -136,10 +123,6 @@ if turn then
   end
   return {1, token, owner}
 end
-if not rank then
-  redis.call('ZADD', queue, redis.call('INCR', seq), entry)
-  rank = redis.call('ZCARD', queue) - 1
-end
-redis.call('ZADD', alive, now + alive_ms, entry)
+rank = queue_up(queue, alive, seq, entry, rank, now + alive_ms)
 wake_if_pruned()
 return {0, blocked_ms(), owner, rank, redis.call('GET', fence) or 0}

@@ -83,3 +83,27 @@ end
 local function is_reader(entry)
   return string.sub(entry, 49) == 'r'
 end
+
+-- Whether a writer's entry is queued before rank `rank` (nil: anywhere in the queue).
+local function writer_ahead(queue, rank)
+  if rank == 0 then
+    return false
+  end
+  for _, e in ipairs(redis.call('ZRANGE', queue, 0, rank and rank - 1 or -1)) do
+    if not is_reader(e) then
+      return true
+    end
+  end
+  return false
+end
+
+-- Puts `entry` (at `rank`, nil when not queued) at the tail of the queue if it is not in it,
+-- and makes it live until `alive_until` (server ms). Returns its rank.
+local function queue_up(queue, alive, seq, entry, rank, alive_until)
+  if not rank then
+    redis.call('ZADD', queue, redis.call('INCR', seq), entry)
+    rank = redis.call('ZCARD', queue) - 1
+  end
+  redis.call('ZADD', alive, alive_until, entry)
+  return rank
+end

@@ -80,11 +80,7 @@ if free and (rank == 0 or (not rank and queued == 0)) then
   end
   return {1, token, owner}
 end
-if not rank then
-  redis.call('ZADD', queue, redis.call('INCR', seq), entry)
-  rank = queued
-end
-redis.call('ZADD', alive, now + alive_ms, entry)
+rank = queue_up(queue, alive, seq, entry, rank, now + alive_ms)
 if pruned > 0 and free then
   wake_first(queue, wakes)
 end

@@ -1,4 +1,7 @@
--- Shared by the Tair emulation's scripts. One hash per lock name (KEYS[1]):
+-- Shared by the Tair emulation's scripts, after the node's helpers (`now_ms`, the FIFO queue's
+-- `prune`, `wake_first`, `writer_ahead`, `queue_up`: see `node/lua/common.lua`).
+--
+-- One hash per lock name (KEYS[1]):
 --   locked   1 while locked (judged together with expire: locked only if expire lies ahead)
 --   expire   the expiry timestamp, server time in ms (moved by an extend)
 --   proof    the expiry timestamp expireLock returned: the holder's proof for expireUnlock (an
@@ -7,14 +10,31 @@
 --   count    the holder's reentrant count
 --   version  the fencing token: bumped by every successful expireLock (and reader entry), or
 --            raised to the acquisition's token floor; never reset
--- and one ZSET of readers (KEYS[2]), scored by each reader's expiry (server ms).
+-- one ZSET of readers (KEYS[2]), scored by each reader's expiry (server ms), and dlock's FIFO
+-- queue of waiters (KEYS[3] queue, KEYS[4] alive, KEYS[5] seq), laid out as a lock's queue
+-- (entries are the owner id, the client id, and `r` for a reader). Tair's own commands
+-- (`plain` mode) neither join nor look at the queue: they keep exclusion and bypass the order.
 -- Every decision uses the server's clock, never the client's.
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 
 -- Integers as text without exponent (Lua would write large numbers as 1.7e+12).
 local function int(n)
   return string.format('%d', n)
+end
+
+-- Whether a writer holds the hash at `now`.
+local function write_held(h_locked, h_expire, now)
+  return h_locked == '1' and tonumber(h_expire or '0') > now
+end
+
+-- Wakes the head waiter if the hold it may be waiting for is gone: no writer and, for a
+-- writer at the head, no live reader.
+local function wake_if_free(hash, readers, queue, wakes, now)
+  local h = redis.call('HMGET', hash, 'locked', 'expire')
+  if write_held(h[1], h[2], now) then
+    return
+  end
+  local head = redis.call('ZRANGE', queue, 0, 0)[1]
+  if head and (is_reader(head) or redis.call('ZCOUNT', readers, '(' .. int(now), '+inf') == 0) then
+    wake_first(queue, wakes)
+  end
 end

@@ -1,45 +1,87 @@
--- EXPIRE_LOCK: KEYS hash, readers; ARGV owner, ttl_ms, reentrant (1|0), waiting_ms (0 = not a
--- waiting writer), token floor (0 = none)
+-- EXPIRE_LOCK: KEYS hash, readers, queue, alive, seq
+--              ARGV owner, ttl_ms, reentrant (1|0), waiting_ms (0 = not a waiting writer),
+--                   token floor (0 = none), mode ('plain' | 'try' | 'wait'), alive_ms,
+--                   client id, wakes (channel prefix)
 -- Locks only in the unlocked state (flag clear, or expiry passed) and when no reader holds the
 -- key; an expired lock is taken over in the same step. The new expiry is above the old one even
 -- within the same millisecond, so a stale proof never equals a newer holder's.
 -- With reentrant = 1, the holder locking again counts up and keeps its proof.
+-- mode 'plain' is Tair's expireLock: the queue plays no part. 'try' (dlock's single attempt)
+-- also refuses while anyone live is queued; 'wait' grants only to the queue's head (or with the
+-- queue empty and this owner not in it), and otherwise puts the owner at the tail (or keeps its
+-- place) and refreshes its liveness: FIFO, as a redis:// lock's queue.
 -- A waiting writer (waiting_ms > 0) that is refused marks the hash `writer waiting` until now +
--- waiting_ms: new readers stay out meanwhile, so a stream of readers cannot starve it. Its own
--- lock clears the mark.
+-- waiting_ms: readers that bypass the queue (Tair's own) stay out meanwhile, so a stream of
+-- them cannot starve it. Its own lock clears the mark.
 -- A fresh lock's version is max(version + 1, floor), set in the same step.
--- Returns {1, proof, version, count} when locked (the proof is the expiry this lock set), {0, expiry, holder} when held by another,
--- {0, -1, 'readers'} when readers hold it.
+-- Returns {1, proof, version, count} when locked (the proof is the expiry this lock set), else
+-- {0, expiry, holder, rank, ms_blocked}: holder 'readers' when readers hold it, '' when only the
+-- queue is ahead; rank the owner's place in the queue (-1: not queued); ms_blocked how long the
+-- holds in the way last unless released (-1: none, only the queue).
 --@tair
+local hash, readers, queue, alive, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local owner, mode = ARGV[1], ARGV[6] or 'plain'
 local now = now_ms()
-local h = redis.call('HMGET', KEYS[1], 'locked', 'expire', 'owner', 'version', 'proof')
+local h = redis.call('HMGET', hash, 'locked', 'expire', 'owner', 'version', 'proof')
 local expire = tonumber(h[2] or '0')
+local held = write_held(h[1], h[2], now)
+if held and ARGV[3] == '1' and h[3] == owner then
+  local count = redis.call('HINCRBY', hash, 'count', 1)
+  return {1, h[5], tonumber(h[4]), count}
+end
 local function wait_mark()
   if tonumber(ARGV[4] or '0') > 0 then
-    redis.call('HSET', KEYS[1], 'wwait', ARGV[1], 'wwait_until', int(now + tonumber(ARGV[4])))
+    redis.call('HSET', hash, 'wwait', owner, 'wwait_until', int(now + tonumber(ARGV[4])))
   end
 end
-if h[1] == '1' and expire > now then
-  if ARGV[3] == '1' and h[3] == ARGV[1] then
-    local count = redis.call('HINCRBY', KEYS[1], 'count', 1)
-    return {1, h[5], tonumber(h[4]), count}
+-- The holds in the way: the writer, or the live readers (the last one's expiry).
+local holder, blocked = '', -1
+if held then
+  holder, blocked = h[3], expire - now
+else
+  local last = redis.call('ZREVRANGEBYSCORE', readers, '+inf', '(' .. int(now), 'WITHSCORES', 'LIMIT', 0, 1)
+  if last[2] then
+    holder, blocked = 'readers', tonumber(last[2]) - now
   end
-  wait_mark()
-  return {0, int(expire), h[3]}
 end
-if redis.call('ZCOUNT', KEYS[2], '(' .. int(now), '+inf') > 0 then
-  wait_mark()
-  return {0, -1, 'readers'}
+local rank = -1
+local turn = blocked < 0
+-- A try with nobody queued (the uncontended case) needs no more than that.
+if mode == 'wait' or (mode == 'try' and redis.call('EXISTS', queue) == 1) then
+  local entry = owner .. ARGV[8]
+  if prune(queue, alive, now) > 0 and turn then
+    wake_first(queue, ARGV[9])
+  end
+  local queued = redis.call('ZCARD', queue)
+  if mode == 'try' then
+    turn = turn and queued == 0
+  else
+    local r = redis.call('ZRANK', queue, entry)
+    turn = turn and (r == 0 or (not r and queued == 0))
+    if turn and r then
+      redis.call('ZREM', queue, entry)
+      redis.call('ZREM', alive, entry)
+    elseif not turn then
+      rank = queue_up(queue, alive, seq, entry, r, now + tonumber(ARGV[7]))
+    end
+  end
 end
-if redis.call('HGET', KEYS[1], 'wwait') == ARGV[1] then
-  redis.call('HDEL', KEYS[1], 'wwait', 'wwait_until')
+if not turn then
+  wait_mark()
+  if blocked < 0 then
+    return {0, int(expire), '', rank, -1}
+  end
+  return {0, int(held and expire or now + blocked), holder, rank, blocked}
+end
+if redis.call('HGET', hash, 'wwait') == owner then
+  redis.call('HDEL', hash, 'wwait', 'wwait_until')
 end
 local new_expire = math.max(now + tonumber(ARGV[2]), expire + 1)
-local version = redis.call('HINCRBY', KEYS[1], 'version', 1)
+local version = redis.call('HINCRBY', hash, 'version', 1)
 if version < tonumber(ARGV[5]) then
   version = tonumber(ARGV[5])
-  redis.call('HSET', KEYS[1], 'version', ARGV[5])
+  redis.call('HSET', hash, 'version', ARGV[5])
 end
-redis.call('HSET', KEYS[1], 'locked', 1, 'expire', int(new_expire), 'proof', int(new_expire),
-  'owner', ARGV[1], 'count', 1)
+redis.call('HSET', hash, 'locked', 1, 'expire', int(new_expire), 'proof', int(new_expire),
+  'owner', owner, 'count', 1)
 return {1, int(new_expire), version, 1}
