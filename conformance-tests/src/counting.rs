@@ -1,5 +1,6 @@
 //! A pass-through backend wrapper that counts calls, so cases can prove that bad input was
-//! rejected before any I/O.
+//! rejected before any I/O; it also accounts for renewals (`extend`, `extend_many`), which
+//! `dlock bench --mode hold` reports.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,6 +16,25 @@ use lockcore::{
 pub struct CountingLock {
     inner: Arc<dyn DistributedLock>,
     calls: AtomicUsize,
+    renewal_calls: AtomicUsize,
+    renewed: AtomicUsize,
+    renewals_failed: AtomicUsize,
+    late: AtomicUsize,
+}
+
+/// What the renewals through a [`CountingLock`] did so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Renewals {
+    /// `extend` and `extend_many` calls (lockcore's keep-alive sends its batches through
+    /// `extend_many`).
+    pub calls: usize,
+    /// Leases extended.
+    pub renewed: usize,
+    /// Leases an extend did not extend (lost, or a store error).
+    pub failed: usize,
+    /// Leases that had less than a third of their ttl left when their extend was called: at
+    /// least one keep-alive interval (ttl/3) late.
+    pub late: usize,
 }
 
 impl CountingLock {
@@ -23,6 +43,10 @@ impl CountingLock {
         Arc::new(CountingLock {
             inner,
             calls: AtomicUsize::new(0),
+            renewal_calls: AtomicUsize::new(0),
+            renewed: AtomicUsize::new(0),
+            renewals_failed: AtomicUsize::new(0),
+            late: AtomicUsize::new(0),
         })
     }
 
@@ -31,8 +55,34 @@ impl CountingLock {
         self.calls.load(Ordering::SeqCst)
     }
 
+    /// The renewals so far.
+    pub fn renewals(&self) -> Renewals {
+        Renewals {
+            calls: self.renewal_calls.load(Ordering::SeqCst),
+            renewed: self.renewed.load(Ordering::SeqCst),
+            failed: self.renewals_failed.load(Ordering::SeqCst),
+            late: self.late.load(Ordering::SeqCst),
+        }
+    }
+
     fn hit(&self) {
         self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many of `leases` are late as their extend is called (less than a third of the ttl
+    /// left).
+    fn late<'a>(leases: impl Iterator<Item = &'a Lease>) -> usize {
+        leases.filter(|l| l.remaining() < l.ttl() / 3).count()
+    }
+
+    /// One renewal call that found `late` leases late and had these outcomes.
+    fn renewed(&self, late: usize, outcomes: impl Iterator<Item = bool>) {
+        self.renewal_calls.fetch_add(1, Ordering::SeqCst);
+        self.late.fetch_add(late, Ordering::SeqCst);
+        let (ok, failed) =
+            outcomes.fold((0, 0), |(o, f), r| if r { (o + 1, f) } else { (o, f + 1) });
+        self.renewed.fetch_add(ok, Ordering::SeqCst);
+        self.renewals_failed.fetch_add(failed, Ordering::SeqCst);
     }
 }
 
@@ -110,7 +160,10 @@ impl DistributedLock for CountingLock {
     }
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
         self.hit();
-        self.inner.extend(lease, ttl).await
+        let late = Self::late(std::iter::once(lease));
+        let extended = self.inner.extend(lease, ttl).await;
+        self.renewed(late, std::iter::once(extended.is_ok()));
+        extended
     }
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         self.hit();
@@ -118,7 +171,11 @@ impl DistributedLock for CountingLock {
     }
     async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
         self.hit();
-        self.inner.extend_many(leases).await
+        // Judged as the call starts, not after its round trip.
+        let late = Self::late(leases.iter().map(|(l, _)| l));
+        let extended = self.inner.extend_many(leases).await;
+        self.renewed(late, extended.iter().map(Result::is_ok));
+        extended
     }
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<lockcore::SemaphoreInfo>> {
         self.hit();

@@ -47,7 +47,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-pub use counting::CountingLock;
+pub use counting::{CountingLock, Renewals};
 pub use fenced::{FencedResource, StaleWrite};
 pub use history::{History, Hold, HoldId, Violation, check, check_permits};
 use lockcore::DistributedLock;

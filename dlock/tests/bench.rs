@@ -252,3 +252,36 @@ async fn a_semaphore_bench_counts_holders_and_never_more_than_its_permits() {
         Err(dlock::Error::InvalidArgument { .. })
     ));
 }
+
+/// `--mode hold` on memory://: every lease is acquired, kept by keep-alive through several ttls
+/// and renewed in batches; nothing is lost or late, and the figures add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_mode_keeps_many_leases_and_counts_their_renewals() {
+    let opts = BenchOptions::new("memory://bench-hold")
+        .mode(Mode::Hold)
+        .duration(Duration::from_millis(2500))
+        .leases(200, Duration::from_secs(1));
+    let report = bench::run(&opts).await.unwrap();
+    assert!(report.uncontended.is_none() && report.contended.is_none());
+    let h = report.hold.expect("hold phase ran");
+    assert_eq!((h.leases, h.acquired), (200, 200));
+    assert_eq!(h.lost, 0, "{h:?}");
+    assert_eq!(h.errors, 0, "{:?}", h.first_error);
+    assert_eq!(h.failed_renewals, 0, "{h:?}");
+    assert_eq!(h.late_renewals, 0, "{h:?}");
+    // Keep-alive every third of the 1 s ttl for 2.5 s: each lease is renewed several times.
+    assert!(h.renewals >= 200 * 3, "{h:?}");
+    assert!(
+        h.renewal_calls > 0 && h.renewal_calls < h.renewals,
+        "not batched: {h:?}"
+    );
+    let per_call = h.renewals as f64 / h.renewal_calls as f64;
+    assert!((h.leases_per_call - per_call).abs() < 1e-9, "{h:?}");
+    assert!(h.cpu_share >= 0.0 && h.held_secs >= 2.5, "{h:?}");
+
+    // Bad input is refused before anything is held.
+    let none = BenchOptions::new("memory://bench-hold")
+        .mode(Mode::Hold)
+        .leases(0, Duration::from_secs(1));
+    assert!(bench::run(&none).await.is_err());
+}

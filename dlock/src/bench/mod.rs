@@ -19,8 +19,10 @@ use crate::{
     Released, Result, Wait, connect, redact,
 };
 
+mod hold;
 mod processes;
 
+pub use hold::HoldReport;
 pub use processes::{CLIENT_ENV, client_child};
 
 /// Which measurements to run.
@@ -34,6 +36,8 @@ pub enum Mode {
     /// Both, one after the other.
     #[default]
     All,
+    /// One client holding many leases with keep-alive: what the renewals cost.
+    Hold,
 }
 
 impl Mode {
@@ -52,9 +56,10 @@ impl FromStr for Mode {
             "uncontended" => Ok(Mode::Uncontended),
             "contended" => Ok(Mode::Contended),
             "all" => Ok(Mode::All),
+            "hold" => Ok(Mode::Hold),
             other => Err(Error::invalid_argument(
                 "mode",
-                format!("`{other}`: expected uncontended, contended or all"),
+                format!("`{other}`: expected uncontended, contended, all or hold"),
             )),
         }
     }
@@ -66,6 +71,7 @@ impl fmt::Display for Mode {
             Mode::Uncontended => "uncontended",
             Mode::Contended => "contended",
             Mode::All => "all",
+            Mode::Hold => "hold",
         })
     }
 }
@@ -93,6 +99,10 @@ pub struct BenchOptions {
     /// Run each contended client as a process of its own (this program run again; see
     /// [`client_child`]) instead of a task of this one.
     pub processes: bool,
+    /// Leases held at once in [`Mode::Hold`].
+    pub leases: usize,
+    /// Their ttl in [`Mode::Hold`] (keep-alive renews every third of it).
+    pub lease_ttl: Duration,
 }
 
 impl fmt::Debug for BenchOptions {
@@ -107,6 +117,8 @@ impl fmt::Debug for BenchOptions {
             .field("name", &self.name)
             .field("permits", &self.permits)
             .field("processes", &self.processes)
+            .field("leases", &self.leases)
+            .field("lease_ttl", &self.lease_ttl)
             .finish()
     }
 }
@@ -124,6 +136,8 @@ impl BenchOptions {
             name: None,
             permits: None,
             processes: false,
+            leases: 1000,
+            lease_ttl: Duration::from_secs(10),
         }
     }
 
@@ -162,6 +176,12 @@ impl BenchOptions {
         self.permits = Some(permits);
         self
     }
+    /// Sets how many leases [`Mode::Hold`] holds, and their ttl.
+    pub fn leases(mut self, leases: usize, ttl: Duration) -> Self {
+        self.leases = leases;
+        self.lease_ttl = ttl;
+        self
+    }
     /// Runs each contended client as a process of its own: the program must call
     /// [`client_child`] first thing in its `main`, as `dlock` does.
     pub fn processes(mut self, on: bool) -> Self {
@@ -195,6 +215,12 @@ impl BenchOptions {
         if let Some(p) = self.permits {
             lockcore::check_permits(p)?;
         }
+        if self.mode == Mode::Hold {
+            if self.leases == 0 {
+                return Err(Error::invalid_argument("leases", "must be at least 1"));
+            }
+            lockcore::check_ttl(self.lease_ttl)?;
+        }
         if self.processes && self.url.starts_with("memory:") {
             return Err(Error::invalid_argument(
                 "processes",
@@ -215,6 +241,8 @@ pub enum Phase {
     Floor,
     /// N clients on one name.
     Contended,
+    /// One client holding many leases.
+    Hold,
 }
 
 impl fmt::Display for Phase {
@@ -223,6 +251,7 @@ impl fmt::Display for Phase {
             Phase::Uncontended => "uncontended",
             Phase::Floor => "raw floor",
             Phase::Contended => "contended",
+            Phase::Hold => "hold",
         })
     }
 }
@@ -393,6 +422,8 @@ pub struct BenchReport {
     pub uncontended: Option<UncontendedReport>,
     /// The contended phase, if run.
     pub contended: Option<ContendedReport>,
+    /// The hold phase (`--mode hold`), if run.
+    pub hold: Option<HoldReport>,
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -472,6 +503,11 @@ async fn measure(opts: &BenchOptions, progress: Arc<dyn Progress>) -> Result<Ben
         .unwrap_or_else(|| format!("dlock-bench/{}", &OwnerId::random().to_string()[..12]));
     tracing::info!(url = %redact(&opts.url), backend = caps.backend, prefix, "bench starting");
 
+    let hold = if opts.mode == Mode::Hold {
+        Some(hold::hold(opts, &prefix, progress.clone()).await?)
+    } else {
+        None
+    };
     let uncontended = if opts.mode.uncontended() {
         Some(uncontended(opts, &backend, &prefix, progress.as_ref()).await?)
     } else {
@@ -500,6 +536,7 @@ async fn measure(opts: &BenchOptions, progress: Arc<dyn Progress>) -> Result<Ben
         warmup_secs: opts.warmup.as_secs_f64(),
         uncontended,
         contended,
+        hold,
     })
 }
 

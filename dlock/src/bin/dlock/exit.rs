@@ -16,7 +16,8 @@ pub const SOFTWARE: u8 = 70;
 pub const CANNOT_CREATE: u8 = 73;
 /// The lock was not acquired within `--wait` (EX_TEMPFAIL).
 pub const TEMPFAIL: u8 = 75;
-/// The lock was lost while the command ran.
+/// The lock was lost while the command ran (`bench --mode hold`: a lease was lost or not
+/// acquired).
 pub const LOST: u8 = 76;
 /// The store refused the credentials: a password is missing or wrong, or an ACL forbids what
 /// the lock needs (EX_NOPERM).
@@ -81,7 +82,8 @@ Exit codes:
   73       soak: the report could not be written
   75       run: the lock was not acquired within --wait (held by another owner)
   76       run: the lock was lost while the command ran (the command got SIGTERM, then
-           SIGKILL after --grace), or it was found gone when releasing
+           SIGKILL after --grace), or it was found gone when releasing;
+           bench --mode hold: a lease was lost while held, or not acquired
   77       the store refused the credentials: missing or wrong password, or an ACL that
            forbids what the lock needs
   78       bad URL or configuration: empty URL, unknown scheme, bad option or option value,

@@ -25,6 +25,8 @@ pub(crate) enum ModeArg {
     Uncontended,
     Contended,
     All,
+    /// One client holding --leases leases with keep-alive for --duration.
+    Hold,
 }
 
 #[derive(Debug, Args)]
@@ -66,6 +68,14 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     pub(crate) processes: bool,
 
+    /// Leases held at once with --mode hold.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) leases: u32,
+
+    /// The leases' ttl with --mode hold (keep-alive renews every third of it).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub(crate) ttl: Duration,
+
     /// Lock name prefix [default: dlock-bench/<random>].
     #[arg(long, value_name = "PREFIX")]
     pub(crate) name: Option<String>,
@@ -93,6 +103,7 @@ pub async fn main(args: BenchArgs) -> u8 {
         ModeArg::Uncontended => Mode::Uncontended,
         ModeArg::Contended => Mode::Contended,
         ModeArg::All => Mode::All,
+        ModeArg::Hold => Mode::Hold,
     };
     let mut opts = BenchOptions::new(args.url.clone())
         .mode(mode)
@@ -100,7 +111,8 @@ pub async fn main(args: BenchArgs) -> u8 {
         .warmup(args.warmup)
         .clients(usize::from(args.clients))
         .hold(args.hold)
-        .processes(args.processes);
+        .processes(args.processes)
+        .leases(args.leases as usize, args.ttl);
     if let Some(prefix) = &args.name {
         opts = opts.name(prefix.clone());
     }
@@ -144,6 +156,17 @@ pub async fn main(args: BenchArgs) -> u8 {
         }
     } else {
         print!("{}", render(&report));
+    }
+    if let Some(h) = &report.hold
+        && (h.lost > 0 || h.acquired < h.leases)
+    {
+        eprintln!(
+            "dlock: {} of {} leases lost while held, {} not acquired",
+            h.lost,
+            h.acquired,
+            h.leases - h.acquired
+        );
+        return exit::LOST;
     }
     match &report.contended {
         Some(c) if c.violations > 0 => {
@@ -236,6 +259,67 @@ fn render(r: &BenchReport) -> String {
         fmt_secs(r.duration_secs),
         fmt_secs(r.warmup_secs)
     );
+
+    if let Some(h) = &r.hold {
+        let _ = writeln!(
+            out,
+            "\nhold: 1 client holding {} leases (ttl {}, keep-alive every third of it) for {}",
+            h.leases,
+            fmt_secs(h.ttl_ms as f64 / 1000.0),
+            fmt_secs(h.held_secs)
+        );
+        let lines = [
+            (
+                "acquired",
+                format!(
+                    "{} of {} in {}",
+                    h.acquired,
+                    h.leases,
+                    fmt_secs(h.acquire_secs)
+                ),
+            ),
+            (
+                "renewal calls",
+                format!(
+                    "{} ({}/s)",
+                    h.renewal_calls,
+                    fmt_rate(h.renewal_calls_per_sec)
+                ),
+            ),
+            (
+                "leases renewed",
+                format!(
+                    "{} ({}/s), {:.1} per call",
+                    h.renewals,
+                    fmt_rate(h.renewals_per_sec),
+                    h.leases_per_call
+                ),
+            ),
+            (
+                "late renewals",
+                format!("{} (less than a third of the ttl left)", h.late_renewals),
+            ),
+            (
+                "failed renewals",
+                format!("{}; leases lost: {}", h.failed_renewals, h.lost),
+            ),
+            (
+                "client CPU",
+                format!("{:.1} % of one core while holding", h.cpu_share * 100.0),
+            ),
+            (
+                "memory",
+                format!("{:.0} bytes resident per lease", h.bytes_per_lease),
+            ),
+            ("errors", h.errors.to_string()),
+        ];
+        for (label, value) in lines {
+            let _ = writeln!(out, "  {label:<16} {value}");
+        }
+        if let Some(e) = &h.first_error {
+            let _ = writeln!(out, "  first error      {e}");
+        }
+    }
 
     if let Some(u) = &r.uncontended {
         let _ = writeln!(
