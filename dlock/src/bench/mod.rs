@@ -780,6 +780,40 @@ async fn hold_one(
     }
 }
 
+/// What one acquire of a contending client came to.
+enum Round {
+    /// Acquired.
+    Held(crate::LockGuard),
+    /// Failed (counted; the client paused so as not to spin on a store that fails fast).
+    Failed,
+    /// The window ended while it waited.
+    Ended,
+}
+
+/// One waiting acquire of a contending client, given up at `end` (dropping the acquire future
+/// is cancel-safe); a failure is counted in `stats`, then the client pauses 10 ms.
+async fn acquire_until(
+    backend: &Arc<dyn DistributedLock>,
+    name: &str,
+    permits: Option<u32>,
+    opts: &AcquireOptions,
+    end: Instant,
+    stats: &mut ClientStats,
+) -> Round {
+    let acquired = tokio::select! {
+        r = hold_one(backend, name, permits, opts) => r,
+        _ = tokio::time::sleep_until(end.into()) => return Round::Ended,
+    };
+    match acquired {
+        Ok(g) => Round::Held(g),
+        Err(e) => {
+            stats.error(e);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Round::Failed
+        }
+    }
+}
+
 /// Holds for `d` precisely: the timer sleeps through all but the last 1.5 ms (tokio's timer wheel
 /// rounds a sleep up to the next millisecond tick, so `sleep(1ms)` lasts about 2 ms), then the
 /// task yields until the deadline. The yielding keeps the runtime free for the other clients.
@@ -1115,21 +1149,12 @@ async fn contend(
     let end = shared.end;
     while Instant::now() < end {
         let t0 = Instant::now();
-        // Stop waiting at the end of the window: dropping the acquire future is cancel-safe.
-        let acquired = tokio::select! {
-            r = hold_one(&client, name, permits, opts) => r,
-            _ = tokio::time::sleep_until(end.into()) => break,
+        let guard = match acquire_until(&client, name, permits, opts, end, &mut stats).await {
+            Round::Held(g) => g,
+            Round::Failed => continue,
+            Round::Ended => break,
         };
         let t1 = Instant::now();
-        let guard = match acquired {
-            Ok(g) => g,
-            Err(e) => {
-                stats.error(e);
-                // Do not spin on a store that fails fast.
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
         let most = permits.map_or(1, |p| p as usize);
         if shared.holding.fetch_add(1, Ordering::SeqCst) >= most {
             shared.violations.fetch_add(1, Ordering::SeqCst);

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use super::{BenchOptions, ClientStats, Phase, Progress, Tally, hold_for, hold_one, record};
+use super::{
+    BenchOptions, ClientStats, Phase, Progress, Round, Tally, acquire_until, hold_for, record,
+};
 use crate::{AcquireOptions, Error, KeepAlive, Released, Result, Wait};
 
 /// The environment variable that makes `dlock` a contended bench client: it holds the client's
@@ -124,19 +126,13 @@ async fn client(task: &str) -> std::result::Result<(), String> {
     let stop = Instant::now() + Duration::from_nanos(end.saturating_sub(now_ns()));
     while Instant::now() < stop {
         let t0 = Instant::now();
-        let acquired = tokio::select! {
-            r = hold_one(&backend, &task.name, task.permits, &opts) => r,
-            _ = tokio::time::sleep_until(stop.into()) => break,
+        let round = acquire_until(&backend, &task.name, task.permits, &opts, stop, &mut stats);
+        let guard = match round.await {
+            Round::Held(g) => g,
+            Round::Failed => continue,
+            Round::Ended => break,
         };
         let waited = t0.elapsed();
-        let guard = match acquired {
-            Ok(g) => g,
-            Err(e) => {
-                stats.error(e);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
         let at = now_ns();
         if hold.is_zero() {
             tokio::task::yield_now().await;
