@@ -259,7 +259,11 @@ async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
                             });
                         }
                         Err(err @ Error::LockLost { .. }) => {
-                            shared.set_lost(backend.lost_reason(lease, &err));
+                            // A guard released while this batch was out had its lease taken
+                            // away by that release, not lost.
+                            if !shared.is_finished() {
+                                shared.set_lost(backend.lost_reason(lease, &err));
+                            }
                             done.push(*i);
                         }
                         Err(err) => {

@@ -17,6 +17,10 @@ struct Faulty {
     fail_extend: AtomicBool,
     /// Renewals never answer (a store that is gone without refusing connections).
     hang_extend: AtomicBool,
+    /// Each `extend_many` says it started (`batch_started`), then waits for `batch_gate`.
+    gate_batches: AtomicBool,
+    batch_started: tokio::sync::Notify,
+    batch_gate: tokio::sync::Notify,
     batches: AtomicUsize,
     renewed: AtomicUsize,
     /// The next this many acquire attempts fail with a store error.
@@ -92,6 +96,9 @@ impl Faulty {
             hang_acquire: AtomicBool::new(false),
             fail_extend: AtomicBool::new(false),
             hang_extend: AtomicBool::new(false),
+            gate_batches: AtomicBool::new(false),
+            batch_started: tokio::sync::Notify::new(),
+            batch_gate: tokio::sync::Notify::new(),
             batches: AtomicUsize::new(0),
             renewed: AtomicUsize::new(0),
             fail_acquires: AtomicUsize::new(0),
@@ -158,6 +165,10 @@ impl DistributedLock for Faulty {
         self.inner.extend(lease, ttl).await
     }
     async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
+        if self.gate_batches.load(Ordering::SeqCst) {
+            self.batch_started.notify_one();
+            self.batch_gate.notified().await;
+        }
         self.batches.fetch_add(1, Ordering::SeqCst);
         self.renewed.fetch_add(leases.len(), Ordering::SeqCst);
         let mut out = Vec::new();
@@ -508,4 +519,41 @@ async fn a_burst_of_guards_is_renewed_in_time() {
         lost.len(),
         lost.first()
     );
+}
+
+/// A guard released while a keep-alive batch with its lease is out is not reported lost when
+/// that batch comes back finding the lease gone: the release took it, not another owner. A
+/// lease taken behind its guard's back in the same batch is reported lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_released_while_its_renewal_is_out_is_not_reported_lost() {
+    let f = Faulty::new("released-mid-renewal");
+    let locks: Arc<dyn DistributedLock> = f.clone();
+    let opts = AcquireOptions::new()
+        .ttl(Duration::from_millis(900))
+        .keep_alive(KeepAlive::renew())
+        .wait(Wait::No);
+    let released = locks.lock("released", &opts).await.unwrap();
+    let taken = locks.lock("taken", &opts).await.unwrap();
+    let (released_watch, taken_watch) = (released.watch(), taken.watch());
+
+    f.gate_batches.store(true, Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(10), f.batch_started.notified())
+        .await
+        .expect("a keep-alive batch started");
+    // While the batch is out: one guard releases, the other lease is taken from under its guard.
+    assert_eq!(released.release().await.unwrap(), Released::Released);
+    assert_eq!(
+        f.inner.release(&taken_watch.lease()).await.unwrap(),
+        Released::Released
+    );
+    f.gate_batches.store(false, Ordering::SeqCst);
+    f.batch_gate.notify_one();
+
+    let reason = tokio::time::timeout(Duration::from_secs(10), taken_watch.lost())
+        .await
+        .expect("the taken lease is reported lost");
+    assert_eq!(reason, LostReason::Taken);
+    // The batch that reported it came back for both leases.
+    assert_eq!(released_watch.lost_reason(), None);
+    drop(taken);
 }
