@@ -195,6 +195,10 @@ struct Created {
 
 /// The limit on a lease: the session timeout as negotiated, so that a lease is never trusted
 /// for longer than the server would keep a silent session alive.
+/// Nodes read per multi-read when renewing many leases (each answer is a stat of about 100
+/// bytes, far below the server's 1 MB packet limit).
+const MULTI_READ: usize = 1000;
+
 pub(crate) fn effective_ttl(ttl: Duration, session_timeout: Duration) -> Duration {
     ttl.min(session_timeout)
 }
@@ -1038,6 +1042,127 @@ impl DistributedLock for ZkLock {
             }
             _ => Err(lost()),
         }
+    }
+
+    /// Renews many leases with one multi-read per [`MULTI_READ`] nodes, where `extend` reads
+    /// each node's stat with a request of its own: a keep-alive batch of 10,000 leases is 10
+    /// round trips, not 10,000. The checks are `extend`'s: the node is still this session's
+    /// (its `czxid` is the lease's token and its ephemeral owner this session), and the client
+    /// still holds it. A lease whose node this client cannot name (no handle) goes through
+    /// `extend`.
+    async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
+        let lost = |lease: &Lease| Error::lock_lost(BACKEND, lease.name(), "extend");
+        let mut out: Vec<Option<Result<Lease>>> = leases.iter().map(|_| None).collect();
+        let client = match self.inner.session.client().await {
+            Ok(c) => c,
+            Err(e) => {
+                let retryable = e.is_retryable();
+                let why = e.to_string();
+                return leases
+                    .iter()
+                    .map(|(l, _)| {
+                        Err(Error::backend(
+                            BACKEND,
+                            "extend",
+                            Some(l.name()),
+                            retryable,
+                            why.clone(),
+                        ))
+                    })
+                    .collect();
+            }
+        };
+        let session = client.session_id().0;
+        // (index, node path) of the leases to read.
+        let mut reads = Vec::new();
+        for (i, (lease, ttl)) in leases.iter().enumerate() {
+            if let Err(e) = lockcore::check_ttl(*ttl) {
+                out[i] = Some(Err(e));
+                continue;
+            }
+            let Some((of, path)) = lease.handle().and_then(parse_handle) else {
+                out[i] = Some(self.extend(lease, *ttl).await);
+                continue;
+            };
+            let held = self.held().get(path).is_some_and(|u| *u > Instant::now());
+            if !held || of != session {
+                if of != session {
+                    self.held().remove(path);
+                }
+                out[i] = Some(Err(lost(lease)));
+                continue;
+            }
+            reads.push((i, path.to_owned()));
+        }
+        for chunk in reads.chunks(MULTI_READ) {
+            let started = Instant::now();
+            let mut reader = client.new_multi_reader();
+            let added = chunk
+                .iter()
+                .try_for_each(|(_, path)| reader.add_get_data(path));
+            let answered = match added {
+                Ok(()) => timed(self.limit(), reader.commit()).await,
+                Err(e) => Ok(Err(e)),
+            };
+            let results = match answered {
+                Ok(Ok(results)) if results.len() == chunk.len() => results,
+                failed => {
+                    for (i, _) in chunk {
+                        let name = leases[*i].0.name();
+                        out[*i] = Some(Err(match &failed {
+                            Ok(Err(e)) => zk_error("renew the lock nodes", Some(name), e.clone()),
+                            Ok(Ok(_)) => Error::backend(
+                                BACKEND,
+                                "extend",
+                                Some(name),
+                                true,
+                                "a multi-read answered for another count of nodes",
+                            ),
+                            Err(()) => no_answer("renew the lock nodes", Some(name), self.limit()),
+                        }));
+                    }
+                    continue;
+                }
+            };
+            let session_timeout = client.session_timeout();
+            for ((i, path), result) in chunk.iter().zip(results) {
+                let (lease, ttl) = &leases[*i];
+                let ours = match result {
+                    zk::MultiReadResult::Data { stat, .. } => {
+                        stat.czxid as u64 == lease.token().0 && stat.ephemeral_owner == session
+                    }
+                    zk::MultiReadResult::Error {
+                        err: zk::Error::NoNode,
+                    } => false,
+                    zk::MultiReadResult::Error { err } => {
+                        out[*i] = Some(Err(zk_error(
+                            "renew the lock node",
+                            Some(lease.name()),
+                            err,
+                        )));
+                        continue;
+                    }
+                    // Only data was asked for (the enum is non-exhaustive).
+                    _ => false,
+                };
+                let mut held = self.held();
+                out[*i] = Some(match held.get_mut(path) {
+                    Some(until) if ours && *until > Instant::now() => {
+                        let ttl = effective_ttl(*ttl, session_timeout);
+                        *until = started + ttl;
+                        Ok(lease.renewed(started, ttl))
+                    }
+                    _ => {
+                        held.remove(path);
+                        Err(lost(lease))
+                    }
+                });
+            }
+        }
+        out.into_iter()
+            .zip(leases)
+            .map(|(r, (lease, _))| r.unwrap_or_else(|| Err(lost(lease))))
+            .collect()
     }
 
     /// The holder is the first node's owner id; in the path layouts, the node's data when it
