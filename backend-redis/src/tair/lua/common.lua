@@ -38,3 +38,26 @@ local function wake_if_free(hash, readers, queue, wakes, now)
     wake_first(queue, wakes)
   end
 end
+
+-- An acquire of `entry` in dlock's queue, in mode 'try' (never jumps a live queue) or 'wait' (the
+-- turn goes in queue order; anyone else queues): `free` says nothing holds what it asks for, and
+-- `first(rank)` whether, at `rank` in the queue (nil: not queued), nobody it must let go first is
+-- ahead. Returns whether it is granted now (its entry then leaves the queue) and its place in the
+-- queue when it must wait (-1: not queued).
+local function queue_turn(queue, alive, seq, entry, mode, free, first, now, alive_until, wakes)
+  if prune(queue, alive, now) > 0 and free then
+    wake_first(queue, wakes)
+  end
+  if mode == 'try' then
+    return free and first(nil), -1
+  end
+  local rank = redis.call('ZRANK', queue, entry)
+  if free and first(rank) then
+    if rank then
+      redis.call('ZREM', queue, entry)
+      redis.call('ZREM', alive, entry)
+    end
+    return true, -1
+  end
+  return false, queue_up(queue, alive, seq, entry, rank, alive_until)
+end

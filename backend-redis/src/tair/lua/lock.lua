@@ -48,23 +48,12 @@ local rank = -1
 local turn = blocked < 0
 -- A try with nobody queued (the uncontended case) needs no more than that.
 if mode == 'wait' or (mode == 'try' and redis.call('EXISTS', queue) == 1) then
-  local entry = owner .. ARGV[8]
-  if prune(queue, alive, now) > 0 and turn then
-    wake_first(queue, ARGV[9])
+  -- A writer goes first at the head, or into an empty queue.
+  local function first(r)
+    return r == 0 or (not r and redis.call('ZCARD', queue) == 0)
   end
-  local queued = redis.call('ZCARD', queue)
-  if mode == 'try' then
-    turn = turn and queued == 0
-  else
-    local r = redis.call('ZRANK', queue, entry)
-    turn = turn and (r == 0 or (not r and queued == 0))
-    if turn and r then
-      redis.call('ZREM', queue, entry)
-      redis.call('ZREM', alive, entry)
-    elseif not turn then
-      rank = queue_up(queue, alive, seq, entry, r, now + tonumber(ARGV[7]))
-    end
-  end
+  turn, rank = queue_turn(queue, alive, seq, owner .. ARGV[8], mode, turn, first, now,
+    now + tonumber(ARGV[7]), ARGV[9])
 end
 if not turn then
   wait_mark()

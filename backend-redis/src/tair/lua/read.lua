@@ -63,22 +63,12 @@ if mode == 'plain' then
     return {0, h[6], h[5], -1, tonumber(h[6]) - now}
   end
 elseif mode == 'wait' or redis.call('EXISTS', queue) == 1 then
-  local entry = reader .. ARGV[7] .. 'r'
-  if prune(queue, alive, now) > 0 and turn then
-    wake_first(queue, wakes)
+  -- A reader goes with no writer queued ahead of it (readers at the head go together).
+  local function first(r)
+    return not writer_ahead(queue, r)
   end
-  if mode == 'try' then
-    turn = turn and not writer_ahead(queue, nil)
-  else
-    local r = redis.call('ZRANK', queue, entry)
-    turn = turn and not writer_ahead(queue, r)
-    if turn and r then
-      redis.call('ZREM', queue, entry)
-      redis.call('ZREM', alive, entry)
-    elseif not turn then
-      rank = queue_up(queue, alive, seq, entry, r, now + tonumber(ARGV[6]))
-    end
-  end
+  turn, rank = queue_turn(queue, alive, seq, reader .. ARGV[7] .. 'r', mode, turn, first, now,
+    now + tonumber(ARGV[6]), wakes)
 end
 if not turn then
   if writer then
