@@ -137,6 +137,8 @@ struct Shared {
     /// The prefix of every client's wake-up channel (`<prefix>:wake:`); a client's channel is
     /// this followed by its id.
     wakes: String,
+    /// This client's own wake-up channel, `wakes` followed by `client`.
+    channel: String,
     /// How messages name this node (a redacted URL).
     shown: String,
 }
@@ -212,6 +214,7 @@ impl Node {
                 store,
                 hub: Arc::new(Hub::new(route, config.defaults.timeout)),
                 prefix: config.prefix.clone(),
+                channel: format!("{wakes}{client}"),
                 client,
                 wakes,
                 shown,
@@ -254,9 +257,15 @@ impl Node {
         (&self.shared.client, self.wakes_of(name))
     }
 
-    /// The channel on which this client hears wake-ups for `name`.
-    fn channel_of(&self, name: &LockName) -> String {
-        format!("{}{}", self.wakes_of(name), self.shared.client)
+    /// The channel on which this client hears wake-ups for `name`: its own channel (kept, so
+    /// the waiting loop builds nothing), or the name's shard channel.
+    fn channel_of(&self, name: &LockName) -> Cow<'_, str> {
+        match self.shared.hub.route() {
+            Route::Client => Cow::Borrowed(&self.shared.channel),
+            Route::Sharded => {
+                Cow::Owned(format!("{}{}", self.keys(name).wakes(), self.shared.client))
+            }
+        }
     }
 
     /// Runs one script call for `operation` on `name` (the Tair emulation's calls, too); a
