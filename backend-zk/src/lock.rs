@@ -474,6 +474,49 @@ impl ZkLock {
         }
     }
 
+    /// Whether this client may renew its node `path` of a lease made in session `of` (`None`:
+    /// not known): it still holds it, in the current `session` (a node of an earlier session
+    /// ended with that session, and is forgotten).
+    fn may_renew(&self, path: &str, of: Option<i64>, session: i64) -> bool {
+        if of.is_some_and(|of| of != session) {
+            self.held().remove(path);
+            return false;
+        }
+        self.held()
+            .get(path)
+            .is_some_and(|until| *until > Instant::now())
+    }
+
+    /// The end of a renewal of `lease`, whose node `path` a read started at `started` found
+    /// with `stat` (`None`: gone): renewed for `ttl` when the node is still the lease's (its
+    /// `czxid` the token, its ephemeral owner `session`) and this client still holds it; else
+    /// `LockLost`, and a node that is no longer the lease's is forgotten.
+    fn renewed(
+        &self,
+        lease: &Lease,
+        path: &str,
+        stat: Option<&zk::Stat>,
+        session: i64,
+        started: Instant,
+        ttl: Duration,
+    ) -> Result<Lease> {
+        let lost = || Error::lock_lost(BACKEND, lease.name(), "extend");
+        let ours =
+            stat.is_some_and(|s| s.czxid as u64 == lease.token().0 && s.ephemeral_owner == session);
+        let mut held = self.held();
+        if !ours {
+            held.remove(path);
+            return Err(lost());
+        }
+        match held.get_mut(path) {
+            Some(until) if *until > Instant::now() => {
+                *until = started + ttl;
+                Ok(lease.renewed(started, ttl))
+            }
+            _ => Err(lost()),
+        }
+    }
+
     /// One acquisition of `request`: create the node, then until nothing blocks it (or
     /// `deadline`, or after one look when `wait` is false) watch the node that blocks it.
     pub(crate) async fn acquire(
@@ -1007,41 +1050,15 @@ impl DistributedLock for ZkLock {
         let Some(path) = self.node_of(&client, lease, "extend").await? else {
             return Err(lost());
         };
-        // Only the client that acquired a lease keeps its node alive.
-        if self
-            .held()
-            .get(&path)
-            .is_none_or(|until| *until <= Instant::now())
-        {
-            return Err(lost());
-        }
-        // A lease of an earlier session: that session ended, and its nodes with it.
-        if lease
-            .handle()
-            .and_then(parse_handle)
-            .is_some_and(|(session, _)| session != client.session_id().0)
-        {
-            self.held().remove(&path);
+        let session = client.session_id().0;
+        let of = lease.handle().and_then(parse_handle).map(|(of, _)| of);
+        if !self.may_renew(&path, of, session) {
             return Err(lost());
         }
         let started = Instant::now();
         let stat = self.czxid(&client, &path, lease.name()).await?;
-        let ours = stat.is_some_and(|s| {
-            s.czxid as u64 == lease.token().0 && s.ephemeral_owner == client.session_id().0
-        });
-        if !ours {
-            self.held().remove(&path);
-            return Err(lost());
-        }
         let ttl = effective_ttl(ttl, client.session_timeout());
-        let mut held = self.held();
-        match held.get_mut(&path) {
-            Some(until) if *until > Instant::now() => {
-                *until = started + ttl;
-                Ok(lease.renewed(started, ttl))
-            }
-            _ => Err(lost()),
-        }
+        self.renewed(lease, &path, stat.as_ref(), session, started, ttl)
     }
 
     /// Renews many leases with one multi-read per [`MULTI_READ`] nodes, where `extend` reads
@@ -1084,11 +1101,7 @@ impl DistributedLock for ZkLock {
                 out[i] = Some(self.extend(lease, *ttl).await);
                 continue;
             };
-            let held = self.held().get(path).is_some_and(|u| *u > Instant::now());
-            if !held || of != session {
-                if of != session {
-                    self.held().remove(path);
-                }
+            if !self.may_renew(path, Some(of), session) {
                 out[i] = Some(Err(lost(lease)));
                 continue;
             }
@@ -1127,36 +1140,21 @@ impl DistributedLock for ZkLock {
             let session_timeout = client.session_timeout();
             for ((i, path), result) in chunk.iter().zip(results) {
                 let (lease, ttl) = &leases[*i];
-                let ours = match result {
-                    zk::MultiReadResult::Data { stat, .. } => {
-                        stat.czxid as u64 == lease.token().0 && stat.ephemeral_owner == session
-                    }
+                let stat = match result {
+                    zk::MultiReadResult::Data { stat, .. } => Some(stat),
                     zk::MultiReadResult::Error {
                         err: zk::Error::NoNode,
-                    } => false,
+                    } => None,
                     zk::MultiReadResult::Error { err } => {
-                        out[*i] = Some(Err(zk_error(
-                            "renew the lock node",
-                            Some(lease.name()),
-                            err,
-                        )));
+                        let name = Some(lease.name());
+                        out[*i] = Some(Err(zk_error("renew the lock node", name, err)));
                         continue;
                     }
                     // Only data was asked for (the enum is non-exhaustive).
-                    _ => false,
+                    _ => None,
                 };
-                let mut held = self.held();
-                out[*i] = Some(match held.get_mut(path) {
-                    Some(until) if ours && *until > Instant::now() => {
-                        let ttl = effective_ttl(*ttl, session_timeout);
-                        *until = started + ttl;
-                        Ok(lease.renewed(started, ttl))
-                    }
-                    _ => {
-                        held.remove(path);
-                        Err(lost(lease))
-                    }
-                });
+                let ttl = effective_ttl(*ttl, session_timeout);
+                out[*i] = Some(self.renewed(lease, path, stat.as_ref(), session, started, ttl));
             }
         }
         out.into_iter()
