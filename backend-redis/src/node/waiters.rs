@@ -296,7 +296,7 @@ impl Hub {
     /// unsubscribed (its slot moved) makes every waiter re-check and subscribe again.
     fn pushed(&self, generation: u64, info: PushInfo) {
         match info.kind {
-            PushKind::SMessage | PushKind::Message => {
+            PushKind::SMessage => {
                 if let Some(Value::BulkString(payload)) = info.data.get(1) {
                     self.deliver(payload);
                 }
