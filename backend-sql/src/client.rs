@@ -104,8 +104,8 @@ pub(crate) struct Client<D: Dialect> {
 impl<D: Dialect> Client<D> {
     /// Connects (see [`SqlLock::connect`](crate::SqlLock::connect)).
     pub(crate) async fn connect(config: &SqlConfig) -> Result<Self> {
-        let sql = Statements::new::<D>(&config.table);
-        let (core, dialect) = D::connect(config, &sql).await?;
+        let mut sql = Statements::new::<D>(&config.table);
+        let (core, dialect) = D::connect(config, &mut sql).await?;
         // The URL without its options (credentials are redacted already) and the table.
         let store = config.redacted.split('?').next().unwrap_or_default();
         let polls = D::WAIT == WaitMechanism::Poll;

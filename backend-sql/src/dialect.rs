@@ -73,10 +73,11 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     fn classify(db: &dyn DatabaseError) -> Class;
 
     /// Opens the client's pool and creates the tables (`sql.create`), then drops expired waiter
-    /// rows (best effort); returns the pool's rules and the dialect's own state.
+    /// rows (best effort); returns the pool's rules and the dialect's own state. It may adapt
+    /// `sql` to what the server and the account allow (MySQL's stored procedures).
     fn connect(
         config: &SqlConfig,
-        sql: &Statements,
+        sql: &mut Statements,
     ) -> impl Future<Output = Result<(Core<Self::Db>, Self)>> + Send;
 
     /// One attempt (`try_acquire`, a waiting acquire's first): takes the row if it is free,

@@ -8,6 +8,8 @@ use lockcore::{Error, Result};
 use sqlx::error::DatabaseError;
 use sqlx::mysql::MySqlDatabaseError;
 
+mod routines;
+
 use super::{Dialect, Statements, connect_server};
 use crate::common::{Class, Core};
 use crate::config::{SqlConfig, Target};
@@ -54,6 +56,23 @@ fn gated(s: &Sql, gate: &str) -> Stmt {
     ))
 }
 
+/// The semaphore row's lock (see [`Dialect::semaphore_lock`]) on table `sem`: with `bump`, the
+/// new fence is the OK packet's insert id (see `insert`), which `LAST_INSERT_ID()` also reads
+/// back on the same connection.
+fn semaphore_lock(sem: &str, bump: bool) -> String {
+    if bump {
+        format!(
+            "INSERT INTO {sem} (name, fence) VALUES ($name, LAST_INSERT_ID(GREATEST(1, $floor))) \
+             ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence + 1, $floor))"
+        )
+    } else {
+        format!(
+            "INSERT INTO {sem} (name, fence) VALUES ($name, 0) \
+             ON DUPLICATE KEY UPDATE fence = fence"
+        )
+    }
+}
+
 impl Dialect for MySql {
     type Db = sqlx::MySql;
     const BACKEND: &'static str = BACKEND;
@@ -93,11 +112,14 @@ impl Dialect for MySql {
         }
     }
 
-    async fn connect(config: &SqlConfig, sql: &Statements) -> Result<(Core<Self::Db>, Self)> {
+    async fn connect(config: &SqlConfig, sql: &mut Statements) -> Result<(Core<Self::Db>, Self)> {
         let Target::MySql(opts) = &config.target else {
             return Err(Error::invalid_config(BACKEND, "not a mysql:// URL"));
         };
-        Ok((connect_server::<Self>(config, opts, sql).await?.0, MySql))
+        let core = connect_server::<Self>(config, opts, sql).await?.0;
+        let s = Sql::new(Self::STYLE, &config.table);
+        routines::install(&core, &s, &mut sql.permits).await;
+        Ok((core, MySql))
     }
 
     const CREATE: &[&str] = &[
@@ -140,19 +162,7 @@ impl Dialect for MySql {
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
 
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt {
-        // The OK packet's insert id is the new fence (see `insert`).
-        let sem = &s.s;
-        if bump {
-            s.done(&format!(
-                "INSERT INTO {sem} (name, fence) VALUES ($name, LAST_INSERT_ID(GREATEST(1, $floor))) \
-                 ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence + 1, $floor))"
-            ))
-        } else {
-            s.done(&format!(
-                "INSERT INTO {sem} (name, fence) VALUES ($name, 0) \
-                 ON DUPLICATE KEY UPDATE fence = fence"
-            ))
-        }
+        s.done(&semaphore_lock(&s.s, bump))
     }
 
     fn lease_bump(s: &Sql) -> Stmt {

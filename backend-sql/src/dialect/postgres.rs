@@ -133,7 +133,7 @@ impl Dialect for Postgres {
         }
     }
 
-    async fn connect(config: &SqlConfig, sql: &Statements) -> Result<(Core<Self::Db>, Self)> {
+    async fn connect(config: &SqlConfig, sql: &mut Statements) -> Result<(Core<Self::Db>, Self)> {
         let Target::Postgres(opts) = &config.target else {
             return Err(Error::invalid_config(BACKEND, "not a postgres:// URL"));
         };

@@ -137,7 +137,7 @@ impl Dialect for Sqlite {
     }
 
     // What it does besides creating the tables: see `SqlLock::connect`.
-    async fn connect(config: &SqlConfig, sql: &Statements) -> Result<(Core<Self::Db>, Self)> {
+    async fn connect(config: &SqlConfig, sql: &mut Statements) -> Result<(Core<Self::Db>, Self)> {
         let Target::Sqlite { path, synchronous } = &config.target else {
             return Err(Error::invalid_config(BACKEND, "not a sqlite:// URL"));
         };
