@@ -11,7 +11,7 @@ use crate::common::{Core, Pending, detached, floor_of, token};
 use crate::config::SqlConfig;
 use crate::dialect::{Dialect, Statements};
 use crate::statement::{Args, Reply};
-use crate::wake::{Waiters, Wake, key, local};
+use crate::wake::{Terms, Waiters, Wake, key, local};
 
 /// The lease of a grant to `owner` with fence `fence`, valid from `started` for the ttl of `opts`.
 pub(crate) fn granted(
@@ -96,9 +96,12 @@ pub(crate) struct Client<D: Dialect> {
     pub(crate) redacted: String,
     pub(crate) defaults: ClientDefaults,
     pub(crate) dialect: D,
-    /// Where the dialect polls: this process's wake-up registry for the store and table, so
-    /// that a release made here wakes the waiters here at once (see `crate::wake`).
-    local: Option<Arc<Waiters>>,
+    /// This process's registry for the store and table (see `crate::wake`): where the
+    /// dialect polls, a release made here wakes the waiters here at once; on every dialect, a
+    /// permit's release can hand the freed permit to the waiter here nearest the head.
+    pub(crate) local: Arc<Waiters>,
+    /// Whether waiters poll (no notifications: MySQL, SQLite).
+    polls: bool,
 }
 
 impl<D: Dialect> Client<D> {
@@ -109,7 +112,7 @@ impl<D: Dialect> Client<D> {
         // The URL without its options (credentials are redacted already) and the table.
         let store = config.redacted.split('?').next().unwrap_or_default();
         let polls = D::WAIT == WaitMechanism::Poll;
-        let local = polls.then(|| local(&format!("{store}#{}", config.table)));
+        let local = local(&format!("{store}#{}", config.table));
         Ok(Client {
             core,
             sql,
@@ -118,26 +121,54 @@ impl<D: Dialect> Client<D> {
             defaults: config.defaults.clone(),
             dialect,
             local,
+            polls,
         })
     }
 
     /// Subscribes `waiter` to the wake-ups of `name` (the lock, or with `permits` the
     /// semaphore), before its first look at the rows: the dialect's notifications, or where it
-    /// polls, the releases made in this process.
+    /// polls, the releases made in this process. A permit waiter is also registered here for a
+    /// release of this process to hand it a permit.
     pub(crate) fn wake(&self, name: &LockName, waiter: OwnerId, permits: bool) -> Wake {
-        let Some(hub) = &self.local else {
-            return self.dialect.wake(name, waiter, permits);
-        };
-        let registration = hub.register(&key(name.as_str(), permits), Some(waiter));
-        registration.into_wake(None)
+        let key = key(name.as_str(), permits);
+        if self.polls {
+            return self.local.register(&key, Some(waiter)).into_wake(None);
+        }
+        let wake = self.dialect.wake(name, waiter, permits);
+        match permits {
+            true => wake.with_hand_over(&self.local, &key, waiter),
+            false => wake,
+        }
     }
 
-    /// Records where `waiter` (registered with [`wake`](Self::wake)) joined the queue, so that
-    /// this process's releases wake the nearest to the head (polling dialects).
-    pub(crate) fn joined(&self, name: &LockName, waiter: OwnerId, permits: bool, ticket: i64) {
-        if let Some(hub) = &self.local {
-            hub.joined(&key(name.as_str(), permits), waiter, ticket);
-        }
+    /// Records where `waiter` (registered with [`wake`](Self::wake)) joined the queue, and a
+    /// permit waiter's `terms`, so that this process's releases wake (where the dialect polls)
+    /// or hand a permit to the nearest to the head.
+    pub(crate) fn joined(
+        &self,
+        name: &LockName,
+        waiter: OwnerId,
+        permits: bool,
+        ticket: i64,
+        terms: Option<Terms>,
+    ) {
+        self.local
+            .joined(&key(name.as_str(), permits), waiter, ticket, terms);
+    }
+
+    /// Whether, where the dialect polls, a waiter of this process queued for `name` is nearer
+    /// the head than `waiter`: that one's grant or leaving wakes `waiter` (see
+    /// [`freed`](Self::freed)), so `waiter` need not poll until then.
+    pub(crate) fn behind_another_here(
+        &self,
+        name: &LockName,
+        waiter: OwnerId,
+        permits: bool,
+    ) -> bool {
+        self.polls
+            && self
+                .local
+                .behind_another(&key(name.as_str(), permits), waiter)
     }
 
     /// Tells this process's waiters on `name` (the lock's and readers', or with `permits` the
@@ -145,8 +176,8 @@ impl<D: Dialect> Client<D> {
     /// wakes the one queued here nearest to the head (the rest are behind it, and each grant
     /// wakes the next). PostgreSQL's statements notify every process themselves.
     pub(crate) fn freed(&self, name: &LockName, permits: bool) {
-        if let Some(hub) = &self.local {
-            hub.wake_first(&key(name.as_str(), permits));
+        if self.polls {
+            self.local.wake_first(&key(name.as_str(), permits));
         }
     }
 

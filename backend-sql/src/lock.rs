@@ -165,16 +165,14 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         if is_read(lease) {
             return c.release_read(lease).await;
         }
-        let stmt = if is_permit(lease) {
-            &c.sql.permits.release
-        } else {
-            &c.sql.release
-        };
-        let freed = c.core.reply("release", stmt, held(lease)).await?;
+        if is_permit(lease) {
+            return c.release_permit(lease).await;
+        }
+        let freed = c.core.reply("release", &c.sql.release, held(lease)).await?;
         Ok(match freed.count() {
             0 => Released::NotHeld,
             _ => {
-                c.freed(lease.name(), is_permit(lease));
+                c.freed(lease.name(), false);
                 Released::Released
             }
         })

@@ -33,6 +33,7 @@ use crate::client::{Client, granted, permit, reader};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::Dialect;
 use crate::statement::Args;
+use crate::wake::Terms;
 
 /// How long a waiter row stays live after its last refresh (by the database's clock). A crashed
 /// waiter holds up the queue for at most this long.
@@ -263,8 +264,16 @@ pub(crate) async fn acquire<D: Dialect>(
     // ends without the lease; the guard's state is that undo, not yet started.
     let undo = q.leave_later(name, waiter, kind);
     let cleanup = CleanupGuard::arm(D::BACKEND, name, undo, Undo::Spawn);
+    let terms = match kind {
+        Kind::Permits(permits) => Some(Terms {
+            ttl,
+            floor,
+            permits,
+        }),
+        Kind::Lock | Kind::Read => None,
+    };
     let mut ticket = q.join(name, waiter, kind).await?;
-    q.joined(name, waiter, permits, ticket);
+    q.joined(name, waiter, permits, ticket, terms);
     let mut refreshed = Instant::now();
     let mut pace = Pace::new(Instant::now());
     // Whether a wake-up (not a timer) started this round: a release or a grant named this
@@ -278,24 +287,35 @@ pub(crate) async fn acquire<D: Dialect>(
         notified.as_mut().enable();
         let listening = wake.listening();
 
-        if refreshed.elapsed() >= REFRESH {
-            if !q.refresh(name, waiter, kind).await? {
-                tracing::debug!(backend = D::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
-                ticket = q.join(name, waiter, kind).await?;
-                q.joined(name, waiter, permits, ticket);
-                pace = Pace::new(Instant::now());
+        // A release in this process may have handed this waiter a permit, granted in its own
+        // transaction from when it was sent (see `crate::semaphore`). An attempt of ours that
+        // was under way meanwhile either saw it (and took it over with a newer fence, which
+        // it returned) or ran before it and wrote nothing.
+        let handed = wake.take_handed();
+        let (started, attempt) = match handed {
+            Some(handed) => (handed.sent, Attempt::Granted(handed.fence)),
+            None => {
+                if refreshed.elapsed() >= REFRESH {
+                    if !q.refresh(name, waiter, kind).await? {
+                        tracing::debug!(backend = D::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
+                        ticket = q.join(name, waiter, kind).await?;
+                        q.joined(name, waiter, permits, ticket, terms);
+                        pace = Pace::new(Instant::now());
+                    }
+                    refreshed = Instant::now();
+                }
+                let started = Instant::now();
+                let attempt = q.attempt(name, waiter, ticket, ttl, floor, kind, woken);
+                (started, attempt.await?)
             }
-            refreshed = Instant::now();
-        }
-
-        let started = Instant::now();
-        let attempt = q.attempt(name, waiter, ticket, ttl, floor, kind, woken);
-        let (ahead, holder_left) = match attempt.await? {
+        };
+        let (ahead, holder_left) = match attempt {
             Attempt::Granted(fence) => {
                 q.dequeue(name, waiter, kind).await?;
                 let _left = cleanup.disarm();
                 // Readers right behind may share now, a permit may be left for the next (this
-                // waiter no longer counts as queued here).
+                // waiter no longer counts as queued here). A release that handed this waiter
+                // its permit has woken the next if one was left.
                 drop(wake);
                 if kind != Kind::Lock {
                     q.freed(name, permits);
@@ -319,12 +339,20 @@ pub(crate) async fn acquire<D: Dialect>(
                     tracing::debug!(backend = D::BACKEND, lock = %name, error = %e, "leaving the queue after a timeout failed; retrying in the background")
                 }
             }
+            // A release here may have handed this waiter a permit after its last look.
+            if let Some(handed) = wake.end() {
+                let args = Args::of(name).owner(waiter).fence(handed.fence);
+                q.core
+                    .reply("release", &q.sql.permits.release, args)
+                    .await?;
+            }
             return Ok(None);
         }
 
         // Polling: see `Pace`. A waiter is also woken by this process's releases and grants
         // (see `Client::freed`).
-        let step = if listening {
+        let behind = kind != Kind::Lock && q.behind_another_here(name, waiter, permits);
+        let step = if listening || behind {
             RECHECK
         } else {
             pace.step(now, ahead)

@@ -19,6 +19,29 @@
 //! (release, expiry, a waiter leaving) only frees room, so a grant decided on an older view is
 //! at worst refused, never wrongly given.
 //!
+//! **Server-side routines.** PostgreSQL runs the grant, the join and the release as PL/pgSQL
+//! functions (`dialect/postgres/routines.rs`), MySQL and MariaDB as stored procedures where the
+//! account may create them (`dialect/mysql/routines.rs`): the same statements, one round trip,
+//! and the row's lock held only while the server runs them.
+//!
+//! **Hand-over.** A release of a permit in a process that has a waiter for it (this process's
+//! waiter nearest the head of the queue, with the ttl, token floor and count it asked for)
+//! runs the release and that waiter's grant in one transaction ([`PermitStatements::hand`]),
+//! under the row's lock and with the grant's own checks: the waiter is still queued and live,
+//! nobody live is queued ahead of it (a waiter of another process queued first keeps its turn),
+//! a permit is free and the counts agree. The releasing client then puts the fence in the
+//! waiter's registration and wakes it (`crate::wake`), and the waiter returns without a round
+//! trip of its own, its lease valid from the moment the release was sent (the grant's `now` is
+//! later). A handed permit is never lost: a waiter whose own attempt was under way either saw
+//! it (and took it over with a newer fence) or ran before it and wrote nothing; a waiter that
+//! has gone before it is handed one is given nothing and the releaser gives the permit back; a
+//! waiter that times out unregisters first, then gives back what it was handed; a dropped
+//! waiter's clean-up, which runs after, frees its permits. Where the dialect has no such
+//! routine (SQLite), or no waiter of the process is queued, the release frees the permit and
+//! wakes waiters as before. (Handing over costs one transaction under the row's lock instead
+//! of two, the release's and the grant's, and the woken waiter's round trip: 8 clients holding
+//! a permit of 4 for 10 ms kept 3.4 of them held on average before it, about 3.6 after.)
+//!
 //! **Retries.** A transaction retried after a lost reply (see `Core::run`) first looks for a
 //! live permit of its own owner id, which the first try may have committed, and takes it over
 //! with a new fence instead of granting a second (as the lock's acquire takes over a row that
@@ -29,15 +52,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::{
-    AcquireOptions, FencingToken, Lease, LockName, OwnerId, PermitHolder, Result, SemaphoreInfo,
-    permits_mismatch,
+    AcquireOptions, FencingToken, Lease, LockName, OwnerId, PermitHolder, Released, Result,
+    SemaphoreInfo, permits_mismatch,
 };
 
 use crate::client::{Client, permit};
 use crate::common::{Pending, detached, floor_of, from_micros};
+use crate::dialect::held;
 use crate::dialect::{Dialect, PermitStatements};
 use crate::queue::{Attempt, Kind};
 use crate::statement::{Args, Reply, SqlDb, begin};
+use crate::wake::{Handed, Terms, key};
 
 /// What a look at a semaphore (the `state` statement) says about granting `permits` to us.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,6 +304,58 @@ impl<D: Dialect> Client<D> {
             self.freed(name, true);
         }
         Ok(freed)
+    }
+
+    /// Releases a permit (`DistributedLock::release` of a permit's lease). Where the dialect
+    /// has the hand-over statement and a waiter of this process heads this process's part of
+    /// the queue, the release grants it the freed permit in the same transaction, when its
+    /// own grant would have (see [`PermitStatements::hand`]), and hands it the fence: the
+    /// waiter returns without a round trip of its own. Otherwise, or when it may not have it
+    /// (someone of another process is ahead), the release wakes waiters as before.
+    pub(crate) async fn release_permit(&self, lease: &Lease) -> Result<Released> {
+        let name = lease.name();
+        let key = key(name.as_str(), true);
+        let hand_over = self.sql.permits.hand.as_ref();
+        let Some((hand, next)) = hand_over.and_then(|hand| Some((hand, self.local.next(&key)?)))
+        else {
+            let freed = self
+                .core
+                .reply("release", &self.sql.permits.release, held(lease))
+                .await?;
+            if freed.count() == 0 {
+                return Ok(Released::NotHeld);
+            }
+            self.freed(name, true);
+            return Ok(Released::Released);
+        };
+        let Terms {
+            ttl,
+            floor,
+            permits,
+        } = next.terms;
+        let args = held(lease).next(next.owner).ticket(next.ticket);
+        let args = args.ttl(ttl).floor(floor).permits(permits);
+        let sent = Instant::now();
+        let reply = self.core.reply("release", hand, args).await?;
+        if reply.col(0).unwrap_or(0) == 0 {
+            return Ok(Released::NotHeld);
+        }
+        let mut handed = false;
+        if let Some(fence) = reply.col(1) {
+            handed = self.local.hand(&key, next.owner, Handed { fence, sent });
+            if !handed {
+                // The waiter went away meanwhile, and its clean-up may have run before the
+                // grant: give the permit back here.
+                let args = Args::of(name).owner(next.owner).fence(fence);
+                let release = &self.sql.permits.release;
+                self.core.reply("release", release, args).await?;
+            }
+        }
+        // Not handed, or handed with permits still free: the next may be granted.
+        if !handed || reply.col(2).unwrap_or(0) > 0 {
+            self.freed(name, true);
+        }
+        Ok(Released::Released)
     }
 
     /// [`free_permit`](Self::free_permit) as an undo that does nothing until polled.

@@ -1,5 +1,5 @@
 //! Statements written once for every dialect: templates name their parameters (`$name`,
-//! `$owner`, `$fence`, `$ttl`, `$ticket`, `$floor`, `$permits`), which are expanded to the
+//! `$owner`, `$fence`, `$ttl`, `$ticket`, `$floor`, `$permits`, `$next`), which are expanded to the
 //! database's placeholders and bound in the order it expects (`statement/run.rs`: binding
 //! them, and what a statement hands back, read the same way from every driver).
 
@@ -39,10 +39,11 @@ enum Param {
     Ticket,
     Floor,
     Permits,
+    Next,
 }
 
 impl Param {
-    const ALL: [Param; 7] = [
+    const ALL: [Param; 8] = [
         Param::Name,
         Param::Owner,
         Param::Fence,
@@ -50,6 +51,7 @@ impl Param {
         Param::Ticket,
         Param::Floor,
         Param::Permits,
+        Param::Next,
     ];
 
     /// How templates name it, after the `$`.
@@ -62,6 +64,7 @@ impl Param {
             Param::Ticket => "ticket",
             Param::Floor => "floor",
             Param::Permits => "permits",
+            Param::Next => "next",
         }
     }
 }
@@ -94,6 +97,8 @@ pub struct Args<'a> {
     floor: i64,
     /// A semaphore's count.
     permits: i64,
+    /// The waiter a release hands the freed permit to (see `crate::semaphore`).
+    next: Option<OwnerId>,
 }
 
 impl<'a> Args<'a> {
@@ -137,6 +142,14 @@ impl<'a> Args<'a> {
     pub fn permits(self, permits: u32) -> Self {
         Args {
             permits: permits.into(),
+            ..self
+        }
+    }
+
+    /// With `$next`.
+    pub fn next(self, next: OwnerId) -> Self {
+        Args {
+            next: Some(next),
             ..self
         }
     }

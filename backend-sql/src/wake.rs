@@ -3,10 +3,15 @@
 //! the dialects that poll (MySQL, SQLite), a release made in this process wakes this process's
 //! waiters at once ([`local`]). Waiters in other processes still find such a release by polling;
 //! a wake-up that names nobody, or comes late, only costs a look.
+//!
+//! The process-wide registry also lets a permit's release hand the freed permit to this
+//! process's waiter nearest the head in the release's own transaction ([`Waiters::next`],
+//! [`Waiters::hand`]; see `crate::semaphore`), on every dialect that has the statement for it.
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use lockcore::OwnerId;
 use tokio::sync::{Notify, watch};
@@ -80,9 +85,40 @@ struct Interest {
 /// A queued waiter's registration.
 struct Queued {
     id: String,
+    owner: OwnerId,
     /// Its place in the store's queue, once it has joined (see [`Waiters::joined`]).
     ticket: Option<i64>,
+    /// A permit waiter's terms, once it has joined: a release may hand it a permit on them.
+    terms: Option<Terms>,
     notify: Arc<Notify>,
+    handed: Arc<Mutex<Option<Handed>>>,
+}
+
+/// What a permit waiter asks for: a release that hands it a permit grants it on these terms.
+#[derive(Clone, Copy, Debug)]
+pub struct Terms {
+    /// The permit's ttl.
+    pub ttl: Duration,
+    /// The token floor, 0 for none.
+    pub floor: i64,
+    /// The semaphore's count.
+    pub permits: u32,
+}
+
+/// The waiter of this process nearest the head of a permit queue, to hand a freed permit to.
+#[derive(Clone, Copy, Debug)]
+pub struct Next {
+    pub owner: OwnerId,
+    pub ticket: i64,
+    pub terms: Terms,
+}
+
+/// A permit that a release in this process granted to a waiter of this process: its fence, and
+/// when the release was sent (the grant's `now` is later, so a lease valid from then is valid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handed {
+    pub fence: i64,
+    pub sent: Instant,
 }
 
 impl Interest {
@@ -119,28 +155,50 @@ impl Waiters {
     /// Interest in every release of `name` (`waiter` `None`), or a queued `waiter`'s: woken
     /// when it is the head a release names.
     pub fn register(self: &Arc<Self>, name: &str, waiter: Option<OwnerId>) -> Registration {
-        let waiter = waiter.map(|w| w.to_string());
         let mut map = self.map();
         let interest = map.entry(name.to_owned()).or_default();
-        let notify = match &waiter {
+        let notify = match waiter {
             None => interest.any.clone(),
-            Some(id) => {
-                let notify = Arc::new(Notify::new());
-                let (id, ticket) = (id.clone(), None);
-                let queued = Queued {
-                    id,
-                    ticket,
-                    notify: notify.clone(),
-                };
-                interest.queued.push(queued);
-                notify
-            }
+            Some(_) => Arc::new(Notify::new()),
         };
+        self.enter(map, name, waiter, notify)
+    }
+
+    /// A queued `waiter`'s registration that wakes `notify`, which the waiter also gets from
+    /// elsewhere (PostgreSQL's listener): here only for a release to hand it a permit.
+    pub fn register_queued(
+        self: &Arc<Self>,
+        name: &str,
+        waiter: OwnerId,
+        notify: Arc<Notify>,
+    ) -> Registration {
+        self.enter(self.map(), name, Some(waiter), notify)
+    }
+
+    fn enter(
+        self: &Arc<Self>,
+        mut map: std::sync::MutexGuard<'_, HashMap<String, Interest>>,
+        name: &str,
+        waiter: Option<OwnerId>,
+        notify: Arc<Notify>,
+    ) -> Registration {
+        let handed = Arc::new(Mutex::new(None));
+        if let Some(owner) = waiter {
+            map.entry(name.to_owned()).or_default().queued.push(Queued {
+                id: owner.to_string(),
+                owner,
+                ticket: None,
+                terms: None,
+                notify: notify.clone(),
+                handed: handed.clone(),
+            });
+        }
         Registration {
             waiters: self.clone(),
             name: name.to_owned(),
-            waiter,
+            waiter: waiter.map(|w| w.to_string()),
             notify,
+            handed,
         }
     }
 
@@ -170,14 +228,58 @@ impl Waiters {
         }
     }
 
-    /// Records the ticket with which the registered `waiter` of `key` joined the store's queue.
-    pub fn joined(&self, key: &str, waiter: OwnerId, ticket: i64) {
-        let id = waiter.to_string();
+    /// Records the ticket with which the registered `waiter` of `key` joined the store's queue
+    /// (and a permit waiter's terms).
+    pub fn joined(&self, key: &str, waiter: OwnerId, ticket: i64, terms: Option<Terms>) {
         let mut map = self.map();
         let queued = map.get_mut(key).into_iter().flat_map(|i| &mut i.queued);
-        if let Some(q) = queued.into_iter().find(|q| q.id == id) {
+        if let Some(q) = queued.into_iter().find(|q| q.owner == waiter) {
             q.ticket = Some(ticket);
+            q.terms = terms;
         }
+    }
+
+    /// The joined permit waiter of `key` nearest the head, if it is this registry's nearest.
+    pub fn next(&self, key: &str) -> Option<Next> {
+        let map = self.map();
+        let first = map
+            .get(key)?
+            .queued
+            .iter()
+            .min_by_key(|q| q.ticket.unwrap_or(i64::MAX))?;
+        Some(Next {
+            owner: first.owner,
+            ticket: first.ticket?,
+            terms: first.terms?,
+        })
+    }
+
+    /// Hands `waiter` of `key` the permit a release granted it, and wakes it; `false` if it is
+    /// no longer registered (it has gone, and its clean-up gives the permit back).
+    pub fn hand(&self, key: &str, waiter: OwnerId, handed: Handed) -> bool {
+        let map = self.map();
+        let queued = map.get(key).into_iter().flat_map(|i| &i.queued);
+        let Some(q) = queued.into_iter().find(|q| q.owner == waiter) else {
+            return false;
+        };
+        *q.handed.lock().unwrap_or_else(PoisonError::into_inner) = Some(handed);
+        q.notify.notify_waiters();
+        true
+    }
+
+    /// Whether a waiter of this registry queued for `key` is nearer the head than `waiter`.
+    pub fn behind_another(&self, key: &str, waiter: OwnerId) -> bool {
+        let map = self.map();
+        let Some(i) = map.get(key) else {
+            return false;
+        };
+        let ticket = |q: &Queued| q.ticket.unwrap_or(i64::MAX);
+        let Some(mine) = i.queued.iter().find(|q| q.owner == waiter).map(ticket) else {
+            return false;
+        };
+        i.queued
+            .iter()
+            .any(|q| q.owner != waiter && ticket(q) < mine)
     }
 
     /// Wakes the listeners of `key` (a name, or [`permits_key`]) that are not queued, and the
@@ -206,6 +308,7 @@ pub struct Registration {
     /// The queued waiter's id (see [`Waiters::register`]).
     waiter: Option<String>,
     notify: Arc<Notify>,
+    handed: Arc<Mutex<Option<Handed>>>,
 }
 
 impl Registration {
@@ -244,12 +347,39 @@ pub struct Wake {
     pub ready: Option<watch::Receiver<bool>>,
     /// What keeps the subscription: the waiter's [`Registration`].
     pub _subscription: Option<Box<dyn Any + Send + Sync>>,
+    /// Where a release of this process puts a permit it handed to this waiter.
+    pub handed: Option<Arc<Mutex<Option<Handed>>>>,
 }
 
 impl Wake {
     /// Whether a release will be notified: the listener has been LISTENing since before now.
     pub fn listening(&self) -> bool {
         self.ready.as_ref().is_some_and(|r| *r.borrow())
+    }
+
+    /// The permit a release of this process handed to this waiter, if one did since the last
+    /// call.
+    pub fn take_handed(&self) -> Option<Handed> {
+        let slot = self.handed.as_ref()?;
+        slot.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+
+    /// Ends the subscription, then hands back the permit a release of this process handed to
+    /// this waiter before it ended, if any: no release can hand it one after, so a waiter that
+    /// gives up gives back what this returns.
+    pub fn end(mut self) -> Option<Handed> {
+        let slot = self.handed.take();
+        drop(self);
+        slot?.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+
+    /// Also registered in this process's registry `hub` as queued `waiter` of `key`, woken
+    /// through this wake-up, so that a release here can hand it a permit.
+    pub fn with_hand_over(mut self, hub: &Arc<Waiters>, key: &str, waiter: OwnerId) -> Wake {
+        let registration = hub.register_queued(key, waiter, self.notify.clone());
+        self.handed = Some(registration.handed.clone());
+        self._subscription = Some(Box::new((self._subscription.take(), registration)));
+        self
     }
 }
 
@@ -259,6 +389,7 @@ impl Registration {
         Wake {
             notify: self.notify.clone(),
             ready,
+            handed: Some(self.handed.clone()),
             _subscription: Some(Box::new(self)),
         }
     }

@@ -1780,7 +1780,70 @@ per_dialect!(
     permit_leases_extend_and_release_owner_checked,
     idle_semaphore_is_forgotten,
     concurrent_tries_never_exceed_the_count,
+    a_release_hands_its_permit_over_only_in_queue_order,
 );
+
+/// The same store as `url`, named another way, so that a client of it has its own wake-up and
+/// hand-over registry, as a client in another process has.
+fn as_another_process(url: &str) -> String {
+    match url.strip_prefix("sqlite://") {
+        Some(path) => {
+            let (dir, file) = path.rsplit_once('/').expect("a file path");
+            format!("sqlite://{dir}/./{file}")
+        }
+        None => url.replacen("127.0.0.1", "localhost", 1),
+    }
+}
+
+/// A permit's release hands the freed permit to a waiter of its own process only when the
+/// store's queue says it is next: a waiter of another process that queued first gets the
+/// permit first, and the local waiter gets it when that one releases.
+async fn a_release_hands_its_permit_over_only_in_queue_order(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let n = name("hand-over-order");
+    let holder = client(&url).await;
+    let held = permit(&holder, &n, 1, opts(Duration::from_secs(30)))
+        .await
+        .expect("try a permit")
+        .expect("a free permit");
+    let remote = client(&as_another_process(&url)).await;
+    let limit = Duration::from_secs(60);
+    let first = {
+        let (remote, n) = (remote.clone(), n.clone());
+        tokio::spawn(async move { wait_permit(&remote, &n, 1, limit).await })
+    };
+    until_permit_waiters(&holder, &n, 1).await;
+    let local = client(&url).await;
+    let mut second = {
+        let (local, n) = (local.clone(), n.clone());
+        tokio::spawn(async move { wait_permit(&local, &n, 1, limit).await })
+    };
+    until_permit_waiters(&holder, &n, 2).await;
+    assert_eq!(holder.release(&held).await.unwrap(), Released::Released);
+    let first = within(Duration::from_secs(30), "the first waiter's permit", first)
+        .await
+        .expect("the first waiter's task")
+        .expect("the first waiter's permit");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut second)
+            .await
+            .is_err(),
+        "the local waiter had a permit while the first waiter held the only one"
+    );
+    let first_token = first.lease().token();
+    assert!(first_token > held.token());
+    first.release().await.expect("release the first permit");
+    let second = within(
+        Duration::from_secs(30),
+        "the second waiter's permit",
+        second,
+    )
+    .await
+    .expect("the second waiter's task")
+    .expect("the second waiter's permit");
+    assert!(second.lease().token() > first_token);
+    second.release().await.expect("release the second permit");
+}
 
 /// Twelve clients (twelve pools) try for a permit of three at the same moment, for several
 /// rounds: never more than three grants at once, and each grant's token is unique (the grant

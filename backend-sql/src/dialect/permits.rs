@@ -43,6 +43,13 @@ pub struct PermitStatements {
     /// The whole join transaction as one call (PostgreSQL): a row (the ticket, or NULL and the
     /// other count recorded).
     pub join_call: Option<Stmt>,
+    /// The owner- and fence-checked release that hands the freed permit to waiter `$next`
+    /// (queued with `$ticket`; its `$ttl`, `$floor` and `$permits`) in the same transaction,
+    /// as its grant would have, when it may have it: one call of a server-side routine, a row
+    /// (permits freed; the fence granted to `$next`, or NULL; when granted, how many permits
+    /// are still free). `None` where the dialect has no such routine (SQLite), or the account
+    /// could not create it (MySQL).
+    pub hand: Option<Stmt>,
     /// Leaves the queue, frees a permit granted to the waiter and wakes the others, in one
     /// statement that counts the freed permits. `None`: [`dequeue`](Self::dequeue), then
     /// [`release_owner`](Self::release_owner).
@@ -74,6 +81,9 @@ pub struct PermitTemplates {
     pub gc: String,
     pub enqueue: String,
     pub dequeue: String,
+    pub release: String,
+    /// Whether `$owner` is a live waiter of `$name` (a condition).
+    pub queued: String,
 }
 
 impl PermitTemplates {
@@ -112,6 +122,14 @@ impl PermitTemplates {
             ),
             dequeue: format!(
                 "DELETE FROM {v} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
+            ),
+            release: format!(
+                "DELETE FROM {p} \
+                 WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
+            ),
+            queued: format!(
+                "EXISTS (SELECT 1 FROM {v} AS v WHERE {} AND v.waiter = $owner)",
+                live("v")
             ),
         }
     }
@@ -154,10 +172,8 @@ impl PermitStatements {
             grant_call: None,
             join_call: None,
             leave: None,
-            release: s.done(&format!(
-                "DELETE FROM {p} \
-                 WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
-            )),
+            hand: None,
+            release: s.done(&t.release),
             release_owner: s.done(&format!(
                 "DELETE FROM {p} WHERE name = $name AND owner = $owner"
             )),

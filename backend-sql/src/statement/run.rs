@@ -167,6 +167,7 @@ where
         let mut out = DB::Arguments::default();
         let name = a.name.map_or("", LockName::as_str);
         let owner = a.owner.map(|o| o.to_string()).unwrap_or_default();
+        let next = a.next.map(|o| o.to_string()).unwrap_or_default();
         for param in &stmt.binds {
             match param {
                 Param::Name if stmt.style.binary_names => out.add(name.as_bytes()),
@@ -177,6 +178,7 @@ where
                 Param::Ticket => out.add(a.ticket),
                 Param::Floor => out.add(a.floor),
                 Param::Permits => out.add(a.permits),
+                Param::Next => out.add(next.as_str()),
             }?;
         }
         Ok(out)

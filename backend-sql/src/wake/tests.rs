@@ -141,8 +141,8 @@ fn wake_first_wakes_only_the_local_waiter_nearest_the_head() {
     let rb = w.register(&key, Some(b));
     let rc = w.register(&key, Some(c));
     let lock = w.register("n", Some(OwnerId(4)));
-    w.joined(&key, a, 20);
-    w.joined(&key, b, 10);
+    w.joined(&key, a, 20, None);
+    w.joined(&key, b, 10, None);
     {
         let (mut fa, mut fb, mut fc, mut fl) = (arm(&ra), arm(&rb), arm(&rc), arm(&lock));
         w.wake_first(&key);
@@ -180,4 +180,83 @@ fn wake_first_wakes_only_the_local_waiter_nearest_the_head() {
     // Nobody registered: nothing to wake, and no entry is made.
     w.wake_first(&permits_key("m"));
     assert!(!w.map().contains_key(&permits_key("m")));
+}
+
+/// The terms of a permit waiter in these tests.
+fn terms(permits: u32) -> Terms {
+    Terms {
+        ttl: Duration::from_secs(30),
+        floor: 0,
+        permits,
+    }
+}
+
+#[test]
+fn a_release_hands_a_permit_to_the_joined_waiter_nearest_the_head() {
+    let w = Arc::<Waiters>::default();
+    let key = permits_key("n");
+    let (a, b) = (OwnerId(1), OwnerId(2));
+    assert!(w.next(&key).is_none(), "nobody registered");
+    let ra = w.register(&key, Some(a));
+    let rb = w.register(&key, Some(b));
+    assert!(w.next(&key).is_none(), "nobody has joined yet");
+    w.joined(&key, a, 20, Some(terms(4)));
+    w.joined(&key, b, 10, Some(terms(4)));
+    let next = w.next(&key).expect("a joined waiter");
+    assert_eq!((next.owner, next.ticket, next.terms.permits), (b, 10, 4));
+    assert!(w.behind_another(&key, a) && !w.behind_another(&key, b));
+
+    let (wa, wb) = (ra.into_wake(None), rb.into_wake(None));
+    let handed = Handed {
+        fence: 7,
+        sent: Instant::now(),
+    };
+    {
+        let mut fb = Box::pin(wb.notify.notified());
+        fb.as_mut().enable();
+        assert!(w.hand(&key, b, handed));
+        assert!(woken(&mut fb), "the waiter handed a permit was not woken");
+    }
+    assert_eq!(wb.take_handed(), Some(handed));
+    assert_eq!(wb.take_handed(), None, "a handed permit is taken once");
+    assert_eq!(wa.take_handed(), None, "another waiter got the permit");
+
+    // A waiter that ends gives back what was handed to it before; after it ends, nothing can
+    // be handed to it, and the releaser gives the permit back.
+    assert!(w.hand(&key, a, handed));
+    assert_eq!(wa.end(), Some(handed));
+    assert!(
+        !w.hand(&key, a, handed),
+        "handed to a waiter that has ended"
+    );
+    assert_eq!(wb.end(), None);
+    assert!(w.map().is_empty(), "entries left behind");
+}
+
+#[test]
+fn a_waiter_listening_elsewhere_is_handed_permits_through_its_own_wake_up() {
+    let hub = Arc::<Waiters>::default();
+    let listener = Arc::<Waiters>::default();
+    let key = permits_key("n");
+    let a = OwnerId(1);
+    // As PostgreSQL's waiters: woken by the listener's registry, handed permits by the hub.
+    let wake = listener
+        .register(&key, Some(a))
+        .into_wake(None)
+        .with_hand_over(&hub, &key, a);
+    hub.joined(&key, a, 3, Some(terms(2)));
+    assert_eq!(hub.next(&key).map(|n| n.owner), Some(a));
+    let handed = Handed {
+        fence: 1,
+        sent: Instant::now(),
+    };
+    {
+        let mut f = Box::pin(wake.notify.notified());
+        f.as_mut().enable();
+        assert!(hub.hand(&key, a, handed));
+        assert!(woken(&mut f), "the listener's wake-up did not fire");
+    }
+    assert_eq!(wake.take_handed(), Some(handed));
+    drop(wake);
+    assert!(hub.map().is_empty() && listener.map().is_empty());
 }

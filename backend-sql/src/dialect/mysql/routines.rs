@@ -36,7 +36,8 @@ const REFUSED: &str = "(v_recorded IS NULL OR v_recorded = p_permits) AND v_mine
                        AND (v_ahead > 0 OR v_holders >= p_permits)";
 
 /// The blocked outcome's row (µs until a holder runs out only when full).
-const BLOCKED: &str = "SELECT 1, NULL, v_ahead, IF(v_holders < p_permits, NULL, v_left), v_recorded";
+const BLOCKED: &str =
+    "SELECT 1, NULL, v_ahead, IF(v_holders < p_permits, NULL, v_left), v_recorded";
 
 /// Begins the procedure's transaction (see the module docs).
 const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION;";
@@ -104,6 +105,48 @@ fn join_body(s: &Sql) -> String {
     )
 }
 
+/// The release that hands the freed permit to `$next` (see `PermitStatements::hand`), under
+/// the semaphore row's lock: the grant transaction's statements as `$next` would run them, so
+/// it is granted only when it would have been (still a live waiter, nobody live ahead of its
+/// ticket, a permit free, the counts agreeing). One row: permits freed, `$next`'s fence or NULL, permits still free.
+fn hand_body(s: &Sql) -> String {
+    let t = PermitTemplates::new::<MySql>(s);
+    let as_next = |template: &str| template.replace("$owner", "$next");
+    let look = format!("{} INTO {STATE};", as_next(&t.state));
+    format!(
+        "BEGIN \
+         DECLARE v_freed, v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired, v_fence \
+         BIGINT; \
+         {ON_ERROR} \
+         body: BEGIN \
+         {BEGIN} \
+         {lock}; \
+         {release}; \
+         SET v_freed = ROW_COUNT(); \
+         IF v_freed = 0 THEN ROLLBACK; SELECT 0, NULL, NULL; LEAVE body; END IF; \
+         {look} \
+         IF NOT {queued} OR (v_recorded IS NOT NULL AND v_recorded <> p_permits) \
+         OR ({REFUSED}) THEN COMMIT; SELECT v_freed, NULL, NULL; LEAVE body; END IF; \
+         {bump}; \
+         SET v_fence = LAST_INSERT_ID(); \
+         IF v_expired > 0 THEN {gc}; END IF; \
+         IF v_mine IS NULL THEN {grant}; ELSE {regrant}; END IF; \
+         {dequeue}; \
+         COMMIT; \
+         SELECT v_freed, v_fence, p_permits - v_holders - 1; \
+         END body; \
+         END",
+        lock = semaphore_lock(&s.s, false),
+        release = t.release,
+        queued = as_next(&t.queued),
+        bump = semaphore_lock(&s.s, true),
+        gc = t.gc,
+        grant = as_next(&t.grant).replace("$fence", "v_fence"),
+        regrant = as_next(&t.regrant).replace("$fence", "v_fence"),
+        dequeue = as_next(&t.dequeue),
+    )
+}
+
 /// A stored procedure: its name (with the hash of its text) and its `CREATE PROCEDURE`.
 struct Routine {
     name: String,
@@ -139,10 +182,11 @@ impl Routine {
         match core.pool.execute(create).await {
             Ok(_) => true,
             // ER_SP_ALREADY_EXISTS: another client created it first.
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42000") && {
-                e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                    .is_some_and(|e| e.number() == 1304)
-            } =>
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("42000") && {
+                    e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .is_some_and(|e| e.number() == 1304)
+                } =>
             {
                 true
             }
@@ -161,32 +205,49 @@ fn fnv1a(text: &str) -> u32 {
     })
 }
 
-/// Creates the grant and join procedures where missing and, when both are there, has `permits`
-/// call them (else it keeps the statements).
+/// The arguments of a procedure that names a lock and an owner.
+const OWNER: &str =
+    "p_name VARBINARY(1024), p_owner CHAR(32) CHARACTER SET ascii COLLATE ascii_bin";
+
+/// Creates the procedures where missing and has `permits` call those that are there (else it
+/// keeps the statements): the grant and the join together, and the hand-over.
 pub(super) async fn install(core: &Core<sqlx::MySql>, s: &Sql, permits: &mut PermitStatements) {
     let grant = Routine::new(
         s,
         "grant_permit",
-        "p_name VARBINARY(1024), p_owner CHAR(32) CHARACTER SET ascii COLLATE ascii_bin, \
-         p_ttl BIGINT, p_floor BIGINT, p_permits BIGINT, p_ticket BIGINT",
+        &format!("{OWNER}, p_ttl BIGINT, p_floor BIGINT, p_permits BIGINT, p_ticket BIGINT"),
         &grant_body(s),
     );
     let join = Routine::new(
         s,
         "join_permits",
-        "p_name VARBINARY(1024), p_owner CHAR(32) CHARACTER SET ascii COLLATE ascii_bin, \
-         p_ttl BIGINT, p_permits BIGINT",
+        &format!("{OWNER}, p_ttl BIGINT, p_permits BIGINT"),
         &join_body(s),
     );
-    if !(grant.install(core).await && join.install(core).await) {
-        return;
+    let hand = Routine::new(
+        s,
+        "hand_permit",
+        &format!(
+            "{OWNER}, p_fence BIGINT, \
+             p_next CHAR(32) CHARACTER SET ascii COLLATE ascii_bin, p_ticket BIGINT, \
+             p_ttl BIGINT, p_floor BIGINT, p_permits BIGINT"
+        ),
+        &hand_body(s),
+    );
+    if grant.install(core).await && join.install(core).await {
+        permits.grant_call = Some(s.row(&format!(
+            "CALL `{}`($name, $owner, $ttl, $floor, $permits, $ticket)",
+            grant.name
+        )));
+        permits.join_call = Some(s.row(&format!(
+            "CALL `{}`($name, $owner, $ttl, $permits)",
+            join.name
+        )));
     }
-    permits.grant_call = Some(s.row(&format!(
-        "CALL `{}`($name, $owner, $ttl, $floor, $permits, $ticket)",
-        grant.name
-    )));
-    permits.join_call = Some(s.row(&format!(
-        "CALL `{}`($name, $owner, $ttl, $permits)",
-        join.name
-    )));
+    if hand.install(core).await {
+        permits.hand = Some(s.row(&format!(
+            "CALL `{}`($name, $owner, $fence, $next, $ticket, $ttl, $floor, $permits)",
+            hand.name
+        )));
+    }
 }

@@ -115,6 +115,48 @@ fn release_body(s: &Sql, wake: &str) -> String {
     )
 }
 
+/// The release that hands the freed permit to `p_next` (see `PermitStatements::hand`) under
+/// the semaphore row's lock, as the grant would have granted it (still a live waiter, nobody
+/// live ahead of its ticket, a permit free, the counts agreeing): the permits freed, `p_next`'s
+/// fence or NULL, and the permits still free. It wakes the queue's head with `wake` as the
+/// release does when it hands nothing, and when permits are still free after.
+fn hand_body(s: &Sql, wake: &str) -> String {
+    let t = PermitTemplates::new::<super::Postgres>(s);
+    let as_next = |template: &str| template.replace("$owner", "$next");
+    let state = "v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired";
+    let refused = "(v_recorded IS NOT NULL AND v_recorded <> p_permits) \
+                   OR (v_mine IS NULL AND (v_ahead > 0 OR v_holders >= p_permits))";
+    format!(
+        "DECLARE v_recorded bigint; v_holders bigint; v_ahead bigint; v_mine bigint; \
+         v_left bigint; v_expired bigint; \
+         BEGIN \
+         PERFORM 1 FROM {sem} WHERE name = $name FOR UPDATE; \
+         {release}; \
+         GET DIAGNOSTICS o_freed = ROW_COUNT; \
+         IF o_freed = 0 THEN RETURN; END IF; \
+         {look} INTO {state}; \
+         IF NOT {queued} OR {refused} THEN PERFORM pg_notify('{table}', {wake}); RETURN; \
+         END IF; \
+         {bump} INTO o_fence; \
+         IF v_expired > 0 THEN {gc}; END IF; \
+         IF v_mine IS NULL THEN {grant}; ELSE {regrant}; END IF; \
+         {dequeue}; \
+         o_free := p_permits - v_holders - 1; \
+         IF o_free > 0 THEN PERFORM pg_notify('{table}', {wake}); END IF; \
+         END",
+        sem = s.s,
+        release = t.release,
+        look = as_next(&t.state),
+        queued = as_next(&t.queued),
+        bump = semaphore_lock(&s.s, true),
+        gc = t.gc,
+        grant = as_next(&t.grant).replace("$fence", "o_fence"),
+        regrant = as_next(&t.regrant).replace("$fence", "o_fence"),
+        dequeue = as_next(&t.dequeue),
+        table = s.table,
+    )
+}
+
 /// A `DO` block that creates or replaces function `name` with `signature` and `body` (a
 /// template, its parameters turned into the arguments) unless the database holds that text.
 fn create(name: &str, signature: &str, body: &str) -> String {
@@ -153,6 +195,18 @@ pub(super) fn add(s: &Sql, sql: &mut Statements, wake: &str) {
         &release,
         "p_name text, p_owner text, p_fence bigint, OUT o_freed bigint",
         &release_body(s, wake),
+    )));
+    let hand = aux_table(&s.table, "_hand_permit");
+    sql.create.push(s.done(&create(
+        &hand,
+        "p_name text, p_owner text, p_fence bigint, p_next text, p_ticket bigint, p_ttl bigint, \
+         p_floor bigint, p_permits bigint, OUT o_freed bigint, OUT o_fence bigint, \
+         OUT o_free bigint",
+        &hand_body(s, wake),
+    )));
+    sql.permits.hand = Some(s.row(&format!(
+        "SELECT * FROM \"{hand}\"($name, $owner, $fence::bigint, $next, $ticket::bigint, \
+         $ttl::bigint, $floor::bigint, $permits::bigint)"
     )));
     let call = |fence: &str| {
         s.row(&format!(
