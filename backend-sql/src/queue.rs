@@ -280,6 +280,8 @@ pub(crate) async fn acquire<D: Dialect>(
     // waiter, or it is this process's nearest to the head, so the read-only look that spares
     // the row's lock to waiters who cannot be granted is skipped.
     let mut woken = false;
+    // Whether this is the first round after joining (see `behind` below).
+    let mut joined = true;
     loop {
         // Enabled before the look: a release committed after it wakes the sleep below.
         let notified = notify.notified();
@@ -305,10 +307,24 @@ pub(crate) async fn acquire<D: Dialect>(
                     refreshed = Instant::now();
                 }
                 let started = Instant::now();
-                let attempt = q.attempt(name, waiter, ticket, ttl, floor, kind, woken);
-                (started, attempt.await?)
+                // Just joined behind a waiter of this process: no attempt can be granted
+                // before that one's, whose grant or leaving wakes this one (polling dialects).
+                let behind =
+                    joined && kind != Kind::Lock && q.behind_another_here(name, waiter, permits);
+                let attempt = match behind {
+                    true => Attempt::Blocked {
+                        ahead: None,
+                        holder_left: None,
+                    },
+                    false => {
+                        q.attempt(name, waiter, ticket, ttl, floor, kind, woken)
+                            .await?
+                    }
+                };
+                (started, attempt)
             }
         };
+        joined = false;
         let (ahead, holder_left) = match attempt {
             Attempt::Granted(fence) => {
                 q.dequeue(name, waiter, kind).await?;

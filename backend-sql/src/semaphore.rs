@@ -36,9 +36,10 @@
 //! it (and took it over with a newer fence) or ran before it and wrote nothing; a waiter that
 //! has gone before it is handed one is given nothing and the releaser gives the permit back; a
 //! waiter that times out unregisters first, then gives back what it was handed; a dropped
-//! waiter's clean-up, which runs after, frees its permits. Where the dialect has no such
-//! routine (SQLite), or no waiter of the process is queued, the release frees the permit and
-//! wakes waiters as before. (Handing over costs one transaction under the row's lock instead
+//! waiter's clean-up, which runs after, frees its permits. Where the dialect has no routine
+//! for it (SQLite, or a MySQL account that may not create one), the same statements go one
+//! by one in a transaction ([`PermitStatements::handing`]). With no waiter of the process
+//! queued, the release frees the permit and wakes waiters as before. (Handing over costs one transaction under the row's lock instead
 //! of two, the release's and the grant's, and the woken waiter's round trip: 8 clients holding
 //! a permit of 4 for 10 ms kept 3.4 of them held on average before it, 3.5 to 3.65 after.)
 //!
@@ -209,6 +210,77 @@ async fn join_tx<DB: SqlDb>(
     ticket.map(Ok).ok_or(sqlx::Error::RowNotFound)
 }
 
+/// What a release that hands its permit over did (see `PermitStatements::hand`).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Handover {
+    /// Whether the releaser's permit was freed.
+    freed: bool,
+    /// The fence granted to the next waiter, if it was.
+    fence: Option<i64>,
+    /// When it was, the permits still free after.
+    free: i64,
+}
+
+impl Handover {
+    /// What the hand-over routine's row says.
+    fn by_call(reply: &Reply) -> Self {
+        Handover {
+            freed: reply.col(0).unwrap_or(0) > 0,
+            fence: reply.col(1),
+            free: reply.col(2).unwrap_or(0),
+        }
+    }
+}
+
+/// The hand-over transaction on `conn`, statement by statement (where the dialect has no
+/// routine for it): under the semaphore row's lock, the release of `$owner`'s permit with
+/// `$fence`, then the grant transaction's look and writes for `$next` (queued with `$ticket`,
+/// asking for `$ttl`, `$floor` and `$permits`), when it is still queued and the look grants.
+async fn hand_tx<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    sql: &PermitStatements,
+    a: Args<'_>,
+    permits: u32,
+) -> sqlx::Result<Handover> {
+    let mut tx = begin::<DB>(conn, sql.begin.as_ref()).await?;
+    DB::reply(&mut *tx, &sql.lock, &a).await?;
+    if DB::reply(&mut *tx, &sql.release, &a).await?.count() == 0 {
+        tx.rollback().await?;
+        return Ok(Handover::default());
+    }
+    let next = &sql.handing;
+    let state = DB::reply(&mut *tx, &next.state, &a).await?;
+    let queued = DB::reply(&mut *tx, &next.queued, &a).await?.col(0) > Some(0);
+    let write = match judge(&state, permits) {
+        _ if !queued => None,
+        Judged::Free { expired } => Some((&next.grant, expired)),
+        Judged::Mine => Some((&next.regrant, false)),
+        Judged::Blocked { .. } | Judged::Mismatch(_) => None,
+    };
+    let freed = Handover {
+        freed: true,
+        ..Handover::default()
+    };
+    let Some((write, expired)) = write else {
+        tx.commit().await?;
+        return Ok(freed);
+    };
+    let fence = DB::reply(&mut *tx, &sql.lock_bump, &a).await?.value();
+    let fence = fence.ok_or(sqlx::Error::RowNotFound)?;
+    if expired {
+        DB::reply(&mut *tx, &sql.gc, &a).await?;
+    }
+    DB::reply(&mut *tx, write, &a.fence(fence)).await?;
+    DB::reply(&mut *tx, &next.dequeue, &a).await?;
+    tx.commit().await?;
+    let holders = state.col(1).unwrap_or(0);
+    Ok(Handover {
+        fence: Some(fence),
+        free: i64::from(permits) - holders - 1,
+        ..freed
+    })
+}
+
 /// The semaphore operations of a client.
 impl<D: Dialect> Client<D> {
     /// Runs the grant transaction for `owner` (queued with `ticket`, if any); also how many
@@ -306,21 +378,20 @@ impl<D: Dialect> Client<D> {
         Ok(freed)
     }
 
-    /// Releases a permit (`DistributedLock::release` of a permit's lease). Where the dialect
-    /// has the hand-over statement and a waiter of this process heads this process's part of
-    /// the queue, the release grants it the freed permit in the same transaction, when its
-    /// own grant would have (see [`PermitStatements::hand`]), and hands it the fence: the
-    /// waiter returns without a round trip of its own. Otherwise, or when it may not have it
-    /// (someone of another process is ahead), the release wakes waiters as before.
+    /// Releases a permit (`DistributedLock::release` of a permit's lease). Where a waiter of
+    /// this process heads this process's part of the queue, the release grants it the freed
+    /// permit in the same transaction, when its own grant would have (see
+    /// [`PermitStatements::hand`]), and hands it the fence: the waiter returns without a round
+    /// trip of its own. Otherwise, or when it may not have it (someone of another process is
+    /// ahead), the release wakes waiters as before.
     pub(crate) async fn release_permit(&self, lease: &Lease) -> Result<Released> {
         let name = lease.name();
         let key = key(name.as_str(), true);
-        let hand_over = self.sql.permits.hand.as_ref();
-        let Some((hand, next)) = hand_over.and_then(|hand| Some((hand, self.local.next(&key)?)))
-        else {
+        let sql = &self.sql.permits;
+        let Some(next) = self.local.next(&key) else {
             let freed = self
                 .core
-                .reply("release", &self.sql.permits.release, held(lease))
+                .reply("release", &sql.release, held(lease))
                 .await?;
             if freed.count() == 0 {
                 return Ok(Released::NotHeld);
@@ -336,23 +407,33 @@ impl<D: Dialect> Client<D> {
         let args = held(lease).next(next.owner).ticket(next.ticket);
         let args = args.ttl(ttl).floor(floor).permits(permits);
         let sent = Instant::now();
-        let reply = self.core.reply("release", hand, args).await?;
-        if reply.col(0).unwrap_or(0) == 0 {
+        let handover = self
+            .core
+            .run("release", Some(name), |mut c| async move {
+                let r = match &sql.hand {
+                    Some(call) => D::Db::reply(c.conn(), call, &args)
+                        .await
+                        .map(|reply| Handover::by_call(&reply)),
+                    None => hand_tx::<D::Db>(c.conn(), sql, args, permits).await,
+                };
+                (c, r)
+            })
+            .await?;
+        if !handover.freed {
             return Ok(Released::NotHeld);
         }
         let mut handed = false;
-        if let Some(fence) = reply.col(1) {
+        if let Some(fence) = handover.fence {
             handed = self.local.hand(&key, next.owner, Handed { fence, sent });
             if !handed {
                 // The waiter went away meanwhile, and its clean-up may have run before the
                 // grant: give the permit back here.
                 let args = Args::of(name).owner(next.owner).fence(fence);
-                let release = &self.sql.permits.release;
-                self.core.reply("release", release, args).await?;
+                self.core.reply("release", &sql.release, args).await?;
             }
         }
         // Not handed, or handed with permits still free: the next may be granted.
-        if !handed || reply.col(2).unwrap_or(0) > 0 {
+        if !handed || handover.free > 0 {
             self.freed(name, true);
         }
         Ok(Released::Released)

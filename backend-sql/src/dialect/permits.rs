@@ -48,8 +48,10 @@ pub struct PermitStatements {
     /// as its grant would have, when it may have it: one call of a server-side routine, a row
     /// (permits freed; the fence granted to `$next`, or NULL; when granted, how many permits
     /// are still free). `None` where the dialect has no such routine (SQLite), or the account
-    /// could not create it (MySQL).
+    /// could not create it (MySQL): then [`handing`](Self::handing), one statement at a time.
     pub hand: Option<Stmt>,
+    /// The hand-over's statements about `$next`, sent one by one (see `crate::semaphore`).
+    pub handing: HandStatements,
     /// Leaves the queue, frees a permit granted to the waiter and wakes the others, in one
     /// statement that counts the freed permits. `None`: [`dequeue`](Self::dequeue), then
     /// [`release_owner`](Self::release_owner).
@@ -70,6 +72,26 @@ pub struct PermitStatements {
     pub forget: Vec<Stmt>,
     /// Expired holder and waiter rows of every name, dropped when a client connects.
     pub gc_all: Vec<Stmt>,
+}
+
+/// The grant's statements about the waiter `$next` that a release hands its permit to (see
+/// [`PermitStatements::hand`]): each as the grant's, with `$next` for `$owner`.
+pub struct HandStatements {
+    /// The state as `$next` (queued with `$ticket`) sees it.
+    pub state: Stmt,
+    /// How many live waiter rows `$next` has (1 while it waits).
+    pub queued: Stmt,
+    /// Inserts `$next`'s permit row with `$fence`.
+    pub grant: Stmt,
+    /// Takes over `$next`'s own live permit row with `$fence`.
+    pub regrant: Stmt,
+    /// Deletes `$next`'s and the name's expired waiter rows.
+    pub dequeue: Stmt,
+}
+
+/// `template` about `$owner` made about `$next`.
+pub fn as_next(template: &str) -> String {
+    template.replace("$owner", "$next")
 }
 
 /// The templates of the semaphore statements that PostgreSQL also runs inside its grant and
@@ -173,6 +195,16 @@ impl PermitStatements {
             join_call: None,
             leave: None,
             hand: None,
+            handing: HandStatements {
+                state: s.row(&as_next(&t.state)),
+                queued: s.row(&format!(
+                    "SELECT count(*) FROM {v} AS v WHERE {} AND v.waiter = $next",
+                    live("v")
+                )),
+                grant: s.done(&as_next(&t.grant)),
+                regrant: s.done(&as_next(&t.regrant)),
+                dequeue: s.done(&as_next(&t.dequeue)),
+            },
             release: s.done(&t.release),
             release_owner: s.done(&format!(
                 "DELETE FROM {p} WHERE name = $name AND owner = $owner"

@@ -24,7 +24,7 @@ use sqlx::Executor;
 
 use super::{MySql, semaphore_lock};
 use crate::common::{Core, aux_table};
-use crate::dialect::{PermitStatements, PermitTemplates, recorded};
+use crate::dialect::{PermitStatements, PermitTemplates, as_next, recorded};
 use crate::statement::Sql;
 
 /// The state the look reads into (see `PermitStatements::state`).
@@ -111,7 +111,6 @@ fn join_body(s: &Sql) -> String {
 /// ticket, a permit free, the counts agreeing). One row: permits freed, `$next`'s fence or NULL, permits still free.
 fn hand_body(s: &Sql) -> String {
     let t = PermitTemplates::new::<MySql>(s);
-    let as_next = |template: &str| template.replace("$owner", "$next");
     let look = format!("{} INTO {STATE};", as_next(&t.state));
     format!(
         "BEGIN \
