@@ -332,6 +332,18 @@ impl<D: Dialect> Client<D> {
         let floor = floor_of(D::BACKEND, opts)?;
         let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
+        // A waiter of this process is queued (joined, with the same count): FIFO refuses a
+        // single attempt while it waits, so the store need not be asked. (Its row may have
+        // left the queue a moment ago, with its grant: a refusal then is one an attempt sent
+        // a moment earlier would have had.)
+        let key = key(name.as_str(), true);
+        if self
+            .local
+            .next(&key)
+            .is_some_and(|next| next.terms.permits == permits)
+        {
+            return Ok(None);
+        }
         // A refusal on this look is sound: only room can appear after it.
         if D::LOCAL_READS
             && let Judged::Blocked { .. } = self.look(name, owner, i64::MAX, permits).await?
