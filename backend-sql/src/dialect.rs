@@ -20,7 +20,7 @@ mod permits;
 pub mod postgres;
 pub mod sqlite;
 
-pub use permits::{PermitStatements, PermitTemplates, as_next, recorded};
+pub use permits::{PermitStatements, PermitTemplates, recorded};
 
 /// One database's side of [`SqlLock`](crate::SqlLock). (Not [`crate::Dialect`], the enum a
 /// URL's scheme picks.)

@@ -89,9 +89,14 @@ pub struct HandStatements {
     pub dequeue: Stmt,
 }
 
-/// `template` about `$owner` made about `$next`.
-pub fn as_next(template: &str) -> String {
-    template.replace("$owner", "$next")
+/// The grant's templates about the waiter `$next` (see [`HandStatements`]), the new fence in
+/// `fence` (`$fence`, or a routine's variable).
+pub struct NextTemplates {
+    pub state: String,
+    pub queued: String,
+    pub grant: String,
+    pub regrant: String,
+    pub dequeue: String,
 }
 
 /// The templates of the semaphore statements that PostgreSQL also runs inside its grant and
@@ -109,6 +114,18 @@ pub struct PermitTemplates {
 }
 
 impl PermitTemplates {
+    /// The templates about `$owner` made about `$next`, the new fence in `fence`.
+    pub fn of_next(&self, fence: &str) -> NextTemplates {
+        let as_next = |template: &str| template.replace("$owner", "$next");
+        NextTemplates {
+            state: as_next(&self.state),
+            queued: as_next(&self.queued),
+            grant: as_next(&self.grant).replace("$fence", fence),
+            regrant: as_next(&self.regrant).replace("$fence", fence),
+            dequeue: as_next(&self.dequeue),
+        }
+    }
+
     /// `D`'s templates, over the tables named in `s`.
     pub fn new<D: Dialect>(s: &Sql) -> Self {
         let (p, v, now, expiry) = (&s.p, &s.v, D::NOW, D::expiry());
@@ -195,15 +212,18 @@ impl PermitStatements {
             join_call: None,
             leave: None,
             hand: None,
-            handing: HandStatements {
-                state: s.row(&as_next(&t.state)),
-                queued: s.row(&format!(
-                    "SELECT count(*) FROM {v} AS v WHERE {} AND v.waiter = $next",
-                    live("v")
-                )),
-                grant: s.done(&as_next(&t.grant)),
-                regrant: s.done(&as_next(&t.regrant)),
-                dequeue: s.done(&as_next(&t.dequeue)),
+            handing: {
+                let next = t.of_next("$fence");
+                HandStatements {
+                    state: s.row(&next.state),
+                    queued: s.row(&format!(
+                        "SELECT count(*) FROM {v} AS v WHERE {} AND v.waiter = $next",
+                        live("v")
+                    )),
+                    grant: s.done(&next.grant),
+                    regrant: s.done(&next.regrant),
+                    dequeue: s.done(&next.dequeue),
+                }
             },
             release: s.done(&t.release),
             release_owner: s.done(&format!(

@@ -24,7 +24,7 @@ use sqlx::Executor;
 
 use super::{MySql, semaphore_lock};
 use crate::common::{Core, aux_table};
-use crate::dialect::{PermitStatements, PermitTemplates, as_next, recorded};
+use crate::dialect::{PermitStatements, PermitTemplates, recorded};
 use crate::statement::Sql;
 
 /// The state the look reads into (see `PermitStatements::state`).
@@ -111,7 +111,8 @@ fn join_body(s: &Sql) -> String {
 /// ticket, a permit free, the counts agreeing). One row: permits freed, `$next`'s fence or NULL, permits still free.
 fn hand_body(s: &Sql) -> String {
     let t = PermitTemplates::new::<MySql>(s);
-    let look = format!("{} INTO {STATE};", as_next(&t.state));
+    let next = t.of_next("v_fence");
+    let look = format!("{} INTO {STATE};", next.state);
     format!(
         "BEGIN \
          DECLARE v_freed, v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired, v_fence \
@@ -137,12 +138,12 @@ fn hand_body(s: &Sql) -> String {
          END",
         lock = semaphore_lock(&s.s, false),
         release = t.release,
-        queued = as_next(&t.queued),
+        queued = next.queued,
         bump = semaphore_lock(&s.s, true),
         gc = t.gc,
-        grant = as_next(&t.grant).replace("$fence", "v_fence"),
-        regrant = as_next(&t.regrant).replace("$fence", "v_fence"),
-        dequeue = as_next(&t.dequeue),
+        grant = next.grant,
+        regrant = next.regrant,
+        dequeue = next.dequeue,
     )
 }
 

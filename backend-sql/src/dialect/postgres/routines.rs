@@ -20,7 +20,7 @@
 
 use super::{NOW, semaphore_lock};
 use crate::common::aux_table;
-use crate::dialect::{PermitTemplates, Statements, as_next, recorded};
+use crate::dialect::{PermitTemplates, Statements, recorded};
 use crate::statement::Sql;
 
 /// The advisory lock key under which clients (re)create the functions (`dlock` in ASCII).
@@ -122,6 +122,7 @@ fn release_body(s: &Sql, wake: &str) -> String {
 /// release does when it hands nothing, and when permits are still free after.
 fn hand_body(s: &Sql, wake: &str) -> String {
     let t = PermitTemplates::new::<super::Postgres>(s);
+    let next = t.of_next("o_fence");
     let state = "v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired";
     let refused = "(v_recorded IS NOT NULL AND v_recorded <> p_permits) \
                    OR (v_mine IS NULL AND (v_ahead > 0 OR v_holders >= p_permits))";
@@ -145,13 +146,13 @@ fn hand_body(s: &Sql, wake: &str) -> String {
          END",
         sem = s.s,
         release = t.release,
-        look = as_next(&t.state),
-        queued = as_next(&t.queued),
+        look = next.state,
+        queued = next.queued,
         bump = semaphore_lock(&s.s, true),
         gc = t.gc,
-        grant = as_next(&t.grant).replace("$fence", "o_fence"),
-        regrant = as_next(&t.regrant).replace("$fence", "o_fence"),
-        dequeue = as_next(&t.dequeue),
+        grant = next.grant,
+        regrant = next.regrant,
+        dequeue = next.dequeue,
         table = s.table,
     )
 }
