@@ -108,7 +108,8 @@ fn join_body(s: &Sql) -> String {
 /// The release that hands the freed permit to `$next` (see `PermitStatements::hand`), under
 /// the semaphore row's lock: the grant transaction's statements as `$next` would run them, so
 /// it is granted only when it would have been (still a live waiter, nobody live ahead of its
-/// ticket, a permit free, the counts agreeing). One row: permits freed, `$next`'s fence or NULL, permits still free.
+/// ticket, a permit free, the counts agreeing). One row: permits freed, `$next`'s fence or
+/// NULL, permits still free.
 fn hand_body(s: &Sql) -> String {
     let t = PermitTemplates::new::<MySql>(s);
     let next = t.of_next("v_fence");
