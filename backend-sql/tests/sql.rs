@@ -1814,7 +1814,7 @@ async fn a_release_hands_its_permit_over_only_in_queue_order(kind: Kind) {
     };
     until_permit_waiters(&holder, &n, 1).await;
     let local = client(&url).await;
-    let mut second = {
+    let second = {
         let (local, n) = (local.clone(), n.clone());
         tokio::spawn(async move { wait_permit(&local, &n, 1, limit).await })
     };
@@ -1824,12 +1824,16 @@ async fn a_release_hands_its_permit_over_only_in_queue_order(kind: Kind) {
         .await
         .expect("the first waiter's task")
         .expect("the first waiter's permit");
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), &mut second)
-            .await
-            .is_err(),
-        "the local waiter had a permit while the first waiter held the only one"
-    );
+    // The store's only holder is the first waiter; the local one still waits in the queue.
+    let info = holder
+        .inspect_semaphore(&n)
+        .await
+        .expect("inspect_semaphore")
+        .expect("the semaphore's row");
+    let owners: Vec<&str> = info.holders.iter().map(|h| h.owner.as_str()).collect();
+    assert_eq!(owners, [first.lease().owner().to_string().as_str()]);
+    assert_eq!(info.waiters, Some(1));
+    assert!(!second.is_finished(), "the local waiter returned early");
     let first_token = first.lease().token();
     assert!(first_token > held.token());
     first.release().await.expect("release the first permit");
