@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lockcore::cleanup::{CleanupGuard, Undo};
-use lockcore::{AcquireOptions, ClientDefaults, Lease, LockName, OwnerId, Result, WaitMechanism};
+use lockcore::{
+    AcquireOptions, ClientDefaults, Lease, LockName, OwnerId, Released, Result, WaitMechanism,
+};
 
 use crate::common::{Core, Pending, detached, floor_of, token};
 use crate::config::SqlConfig;
-use crate::dialect::{Dialect, Statements};
-use crate::statement::{Args, Reply};
+use crate::dialect::{Dialect, Statements, held};
+use crate::statement::{Args, Reply, Stmt};
 use crate::wake::{Terms, Waiters, Wake, key, local};
 
 /// The lease of a grant to `owner` with fence `fence`, valid from `started` for the ttl of `opts`.
@@ -179,6 +181,23 @@ impl<D: Dialect> Client<D> {
         if self.polls {
             self.local.wake_first(&key(name.as_str(), permits));
         }
+    }
+
+    /// Releases `lease` with `stmt` (the owner- and fence-checked delete or update of its row)
+    /// and, when that freed it, tells this process's waiters of the lock (or with `permits`
+    /// the semaphore); see [`freed`](Self::freed).
+    pub(crate) async fn release_row(
+        &self,
+        stmt: &Stmt,
+        lease: &Lease,
+        permits: bool,
+    ) -> Result<Released> {
+        let freed = self.core.reply("release", stmt, held(lease)).await?;
+        if freed.count() == 0 {
+            return Ok(Released::NotHeld);
+        }
+        self.freed(lease.name(), permits);
+        Ok(Released::Released)
     }
 
     /// One attempt (`DistributedLock::try_acquire`), also a waiting acquire's first.

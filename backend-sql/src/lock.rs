@@ -168,14 +168,7 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         if is_permit(lease) {
             return c.release_permit(lease).await;
         }
-        let freed = c.core.reply("release", &c.sql.release, held(lease)).await?;
-        Ok(match freed.count() {
-            0 => Released::NotHeld,
-            _ => {
-                c.freed(lease.name(), false);
-                Released::Released
-            }
-        })
+        c.release_row(&c.sql.release, lease, false).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {

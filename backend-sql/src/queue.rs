@@ -357,10 +357,7 @@ pub(crate) async fn acquire<D: Dialect>(
             }
             // A release here may have handed this waiter a permit after its last look.
             if let Some(handed) = wake.end() {
-                let args = Args::of(name).owner(waiter).fence(handed.fence);
-                q.core
-                    .reply("release", &q.sql.permits.release, args)
-                    .await?;
+                q.give_back(name, waiter, handed.fence).await?;
             }
             return Ok(None);
         }

@@ -403,15 +403,7 @@ impl<D: Dialect> Client<D> {
         let key = key(name.as_str(), true);
         let sql = &self.sql.permits;
         let Some(next) = self.local.next(&key) else {
-            let freed = self
-                .core
-                .reply("release", &sql.release, held(lease))
-                .await?;
-            if freed.count() == 0 {
-                return Ok(Released::NotHeld);
-            }
-            self.freed(name, true);
-            return Ok(Released::Released);
+            return self.release_row(&sql.release, lease, true).await;
         };
         let Terms {
             ttl,
@@ -436,21 +428,35 @@ impl<D: Dialect> Client<D> {
         if !handover.freed {
             return Ok(Released::NotHeld);
         }
-        let mut handed = false;
-        if let Some(fence) = handover.fence {
-            handed = self.local.hand(&key, next.owner, Handed { fence, sent });
-            if !handed {
-                // The waiter went away meanwhile, and its clean-up may have run before the
-                // grant: give the permit back here.
-                let args = Args::of(name).owner(next.owner).fence(fence);
-                self.core.reply("release", &sql.release, args).await?;
+        match handover.fence {
+            // The waiter went away meanwhile, and its clean-up may have run before the grant:
+            // give the permit back here.
+            Some(fence) if !self.local.hand(&key, next.owner, Handed { fence, sent }) => {
+                self.give_back(name, next.owner, fence).await?;
             }
-        }
-        // Not handed, or handed with permits still free: the next may be granted.
-        if !handed || handover.free > 0 {
-            self.freed(name, true);
+            // Handed, and no permit left free.
+            Some(_) if handover.free <= 0 => {}
+            // Not handed, or handed with permits still free: the next may be granted.
+            _ => self.freed(name, true),
         }
         Ok(Released::Released)
+    }
+
+    /// Gives back the permit with `fence` that a release handed to waiter `owner` and that it
+    /// will not take (it had gone, or gave up): a fence-checked release, then the next may be
+    /// granted.
+    pub(crate) async fn give_back(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        fence: i64,
+    ) -> Result<()> {
+        let args = Args::of(name).owner(owner).fence(fence);
+        let release = &self.sql.permits.release;
+        if self.core.reply("release", release, args).await?.count() > 0 {
+            self.freed(name, true);
+        }
+        Ok(())
     }
 
     /// [`free_permit`](Self::free_permit) as an undo that does nothing until polled.

@@ -184,10 +184,8 @@ impl Routine {
             Ok(_) => true,
             // ER_SP_ALREADY_EXISTS: another client created it first.
             Err(sqlx::Error::Database(e))
-                if e.code().as_deref() == Some("42000") && {
-                    e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-                        .is_some_and(|e| e.number() == 1304)
-                } =>
+                if e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .is_some_and(|e| e.number() == 1304) =>
             {
                 true
             }
