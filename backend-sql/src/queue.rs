@@ -33,7 +33,7 @@ use crate::client::{Client, granted, permit, reader};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::Dialect;
 use crate::statement::Args;
-use crate::wake::Terms;
+use crate::wake::{Handed, Terms};
 
 /// How long a waiter row stays live after its last refresh (by the database's clock). A crashed
 /// waiter holds up the queue for at most this long.
@@ -295,7 +295,7 @@ pub(crate) async fn acquire<D: Dialect>(
         // it returned) or ran before it and wrote nothing.
         let handed = wake.take_handed();
         let (started, attempt) = match handed {
-            Some(handed) => (handed.sent, Attempt::Granted(handed.fence)),
+            Some(Handed { fence, sent, .. }) => (sent, Attempt::Granted(fence)),
             None => {
                 if refreshed.elapsed() >= REFRESH {
                     if !q.refresh(name, waiter, kind).await? {
@@ -330,10 +330,11 @@ pub(crate) async fn acquire<D: Dialect>(
                 q.dequeue(name, waiter, kind).await?;
                 let _left = cleanup.disarm();
                 // Readers right behind may share now, a permit may be left for the next (this
-                // waiter no longer counts as queued here). A release that handed this waiter
-                // its permit has woken the next if one was left.
+                // waiter no longer counts as queued here). After a hand-over, only if the
+                // release left one free: otherwise the next's attempt, under the semaphore
+                // row's lock, could only be refused.
                 drop(wake);
-                if kind != Kind::Lock {
+                if kind != Kind::Lock && handed.is_none_or(|h| h.more) {
                     q.freed(name, permits);
                 }
                 return Ok(Some(match kind {

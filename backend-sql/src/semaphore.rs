@@ -252,7 +252,7 @@ async fn hand_tx<DB: SqlDb>(
     }
     let next = &sql.handing;
     let state = DB::reply(&mut *tx, &next.state, &a).await?;
-    let queued = DB::reply(&mut *tx, &next.queued, &a).await?.col(0) > Some(0);
+    let queued = state.col(6) > Some(0);
     let write = match judge(&state, permits) {
         _ if !queued => None,
         Judged::Free { expired } => Some((&next.grant, expired)),
@@ -428,16 +428,20 @@ impl<D: Dialect> Client<D> {
         if !handover.freed {
             return Ok(Released::NotHeld);
         }
-        match handover.fence {
-            // The waiter went away meanwhile, and its clean-up may have run before the grant:
-            // give the permit back here.
-            Some(fence) if !self.local.hand(&key, next.owner, Handed { fence, sent }) => {
-                self.give_back(name, next.owner, fence).await?;
-            }
-            // Handed, and no permit left free.
-            Some(_) if handover.free <= 0 => {}
-            // Not handed, or handed with permits still free: the next may be granted.
-            _ => self.freed(name, true),
+        let Some(fence) = handover.fence else {
+            // Not handed: the next may be granted.
+            self.freed(name, true);
+            return Ok(Released::Released);
+        };
+        let more = handover.free > 0;
+        // Handed: the waiter wakes the next itself if permits are left (now the next here is
+        // still that waiter). If it went away meanwhile, its clean-up may have run before the
+        // grant: give the permit back here.
+        if !self
+            .local
+            .hand(&key, next.owner, Handed { fence, sent, more })
+        {
+            self.give_back(name, next.owner, fence).await?;
         }
         Ok(Released::Released)
     }

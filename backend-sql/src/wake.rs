@@ -113,12 +113,15 @@ pub struct Next {
     pub terms: Terms,
 }
 
-/// A permit that a release in this process granted to a waiter of this process: its fence, and
-/// when the release was sent (the grant's `now` is later, so a lease valid from then is valid).
+/// A permit that a release in this process granted to a waiter of this process: its fence,
+/// when the release was sent (the grant's `now` is later, so a lease valid from then is valid),
+/// and whether permits were still free after it (the waiter then wakes the next, once it has
+/// left this registry).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Handed {
     pub fence: i64,
     pub sent: Instant,
+    pub more: bool,
 }
 
 impl Interest {

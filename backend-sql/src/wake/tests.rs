@@ -210,6 +210,7 @@ fn a_release_hands_a_permit_to_the_joined_waiter_nearest_the_head() {
     let handed = Handed {
         fence: 7,
         sent: Instant::now(),
+        more: false,
     };
     {
         let mut fb = Box::pin(wb.notify.notified());
@@ -249,6 +250,7 @@ fn a_waiter_listening_elsewhere_is_handed_permits_through_its_own_wake_up() {
     let handed = Handed {
         fence: 1,
         sent: Instant::now(),
+        more: false,
     };
     {
         let mut f = Box::pin(wake.notify.notified());
