@@ -363,7 +363,7 @@ mod tests {
         // (writer holds, writers ahead, our hold's fence, µs left on the writer's lease,
         // readers hold)
         let row = |cols: [Option<i64>; 4]| {
-            Reply::with_row([cols[0], cols[1], cols[2], cols[3], None, None])
+            Reply::with_row([cols[0], cols[1], cols[2], cols[3], None, None, None])
         };
         // A free row, readers: a hold.
         assert_eq!(judge(&row([Some(0), Some(0), None, None])), Judged::Free);

@@ -20,7 +20,8 @@ pub struct PermitStatements {
     /// One row about `$name` as `$owner` (queued with `$ticket`, or `i64::MAX` when not
     /// queued) sees it: the recorded count (of live holders and waiters, all equal), live
     /// holders but `$owner`, live waiters ahead, `$owner`'s own live permit's fence, µs until
-    /// the first live holder but `$owner` runs out, and expired holder rows.
+    /// the first live holder but `$owner` runs out, expired holder rows, and `$owner`'s live
+    /// waiter rows (1 while it waits).
     pub state: Stmt,
     /// Inserts `$owner`'s permit row with `$fence`, `$permits` and `$ttl`.
     pub grant: Stmt,
@@ -79,8 +80,6 @@ pub struct PermitStatements {
 pub struct HandStatements {
     /// The state as `$next` (queued with `$ticket`) sees it.
     pub state: Stmt,
-    /// How many live waiter rows `$next` has (1 while it waits).
-    pub queued: Stmt,
     /// Inserts `$next`'s permit row with `$fence`.
     pub grant: Stmt,
     /// Takes over `$next`'s own live permit row with `$fence`.
@@ -93,7 +92,6 @@ pub struct HandStatements {
 /// `fence` (`$fence`, or a routine's variable).
 pub struct NextTemplates {
     pub state: String,
-    pub queued: String,
     pub grant: String,
     pub regrant: String,
     pub dequeue: String,
@@ -109,8 +107,6 @@ pub struct PermitTemplates {
     pub enqueue: String,
     pub dequeue: String,
     pub release: String,
-    /// Whether `$owner` is a live waiter of `$name` (a condition).
-    pub queued: String,
 }
 
 impl PermitTemplates {
@@ -119,7 +115,6 @@ impl PermitTemplates {
         let as_next = |template: &str| template.replace("$owner", "$next");
         NextTemplates {
             state: as_next(&self.state),
-            queued: as_next(&self.queued),
             grant: as_next(&self.grant).replace("$fence", fence),
             regrant: as_next(&self.regrant).replace("$fence", fence),
             dequeue: as_next(&self.dequeue),
@@ -129,22 +124,25 @@ impl PermitTemplates {
     /// `D`'s templates, over the tables named in `s`.
     pub fn new<D: Dialect>(s: &Sql) -> Self {
         let (p, v, now, expiry) = (&s.p, &s.v, D::NOW, D::expiry());
-        let live = |a: &str| format!("{a}.name = $name AND {a}.expires_at > {now}");
         PermitTemplates {
+            // One pass over each table's rows of the name, not a subquery per column: the
+            // look runs in every grant and hand-over, under the semaphore row's lock.
             state: format!(
-                "SELECT {}, \
-                 (SELECT count(*) FROM {p} AS p WHERE {} AND p.owner <> $owner), \
-                 (SELECT count(*) FROM {v} AS v WHERE {} AND v.ticket < $ticket \
-                 AND v.waiter <> $owner), \
-                 (SELECT p.fence FROM {p} AS p WHERE {} AND p.owner = $owner), \
-                 (SELECT MIN({}) FROM {p} AS p WHERE {} AND p.owner <> $owner), \
-                 (SELECT count(*) FROM {p} AS p WHERE p.name = $name AND p.expires_at <= {now})",
-                recorded::<D>(s),
-                live("p"),
-                live("v"),
-                live("p"),
-                D::micros_between(now, "p.expires_at"),
-                live("p"),
+                "SELECT COALESCE(p.recorded, v.recorded), p.holders, v.ahead, p.mine, \
+                 p.soonest, p.expired, v.queued \
+                 FROM (SELECT MAX(CASE WHEN {live} THEN permits END) AS recorded, \
+                 count(CASE WHEN {live} AND owner <> $owner THEN 1 END) AS holders, \
+                 MAX(CASE WHEN {live} AND owner = $owner THEN fence END) AS mine, \
+                 MIN(CASE WHEN {live} AND owner <> $owner THEN {left} END) AS soonest, \
+                 count(CASE WHEN expires_at <= {now} THEN 1 END) AS expired \
+                 FROM {p} WHERE name = $name) AS p, \
+                 (SELECT MAX(CASE WHEN {live} THEN permits END) AS recorded, \
+                 count(CASE WHEN {live} AND ticket < $ticket AND waiter <> $owner THEN 1 END) \
+                 AS ahead, \
+                 count(CASE WHEN {live} AND waiter = $owner THEN 1 END) AS queued \
+                 FROM {v} WHERE name = $name) AS v",
+                live = format!("expires_at > {now}"),
+                left = D::micros_between(now, "expires_at"),
             ),
             grant: format!(
                 "INSERT INTO {p} (name, owner, fence, permits, expires_at) \
@@ -165,10 +163,6 @@ impl PermitTemplates {
             release: format!(
                 "DELETE FROM {p} \
                  WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
-            ),
-            queued: format!(
-                "EXISTS (SELECT 1 FROM {v} AS v WHERE {} AND v.waiter = $owner)",
-                live("v")
             ),
         }
     }
@@ -216,10 +210,6 @@ impl PermitStatements {
                 let next = t.of_next("$fence");
                 HandStatements {
                     state: s.row(&next.state),
-                    queued: s.row(&format!(
-                        "SELECT count(*) FROM {v} AS v WHERE {} AND v.waiter = $next",
-                        live("v")
-                    )),
                     grant: s.done(&next.grant),
                     regrant: s.done(&next.regrant),
                     dequeue: s.done(&next.dequeue),

@@ -12,7 +12,7 @@ use super::{Args, Param, Stmt};
 use crate::common::{Core, whole};
 
 /// How many integer columns of a statement's first row a [`Reply`] keeps.
-pub const COLUMNS: usize = 6;
+pub const COLUMNS: usize = 7;
 
 /// What a statement handed back.
 #[derive(Debug, Default)]

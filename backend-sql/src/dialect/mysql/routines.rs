@@ -28,7 +28,7 @@ use crate::dialect::{PermitStatements, PermitTemplates, recorded};
 use crate::statement::Sql;
 
 /// The state the look reads into (see `PermitStatements::state`).
-const STATE: &str = "v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired";
+const STATE: &str = "v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired, v_queued";
 
 /// The look refuses: the counts agree, the permit is not ours already, and waiters are ahead or
 /// no permit is free.
@@ -54,7 +54,8 @@ fn grant_body(s: &Sql) -> String {
     let look = format!("{} INTO {STATE};", t.state);
     format!(
         "BEGIN \
-         DECLARE v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired, v_fence BIGINT; \
+         DECLARE v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired, v_queued, v_fence \
+         BIGINT; \
          {ON_ERROR} \
          body: BEGIN \
          IF p_ticket = {max} THEN {look} \
@@ -116,8 +117,8 @@ fn hand_body(s: &Sql) -> String {
     let look = format!("{} INTO {STATE};", next.state);
     format!(
         "BEGIN \
-         DECLARE v_freed, v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired, v_fence \
-         BIGINT; \
+         DECLARE v_freed, v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired, v_queued, \
+         v_fence BIGINT; \
          {ON_ERROR} \
          body: BEGIN \
          {BEGIN} \
@@ -126,7 +127,7 @@ fn hand_body(s: &Sql) -> String {
          SET v_freed = ROW_COUNT(); \
          IF v_freed = 0 THEN ROLLBACK; SELECT 0, NULL, NULL; LEAVE body; END IF; \
          {look} \
-         IF NOT {queued} OR (v_recorded IS NOT NULL AND v_recorded <> p_permits) \
+         IF v_queued = 0 OR (v_recorded IS NOT NULL AND v_recorded <> p_permits) \
          OR ({REFUSED}) THEN COMMIT; SELECT v_freed, NULL, NULL; LEAVE body; END IF; \
          {bump}; \
          SET v_fence = LAST_INSERT_ID(); \
@@ -139,7 +140,6 @@ fn hand_body(s: &Sql) -> String {
          END",
         lock = semaphore_lock(&s.s, false),
         release = t.release,
-        queued = next.queued,
         bump = semaphore_lock(&s.s, true),
         gc = t.gc,
         grant = next.grant,

@@ -34,11 +34,12 @@ const CREATE_LOCK: i64 = 0x0064_6c6f_636b;
 /// it, so for it that look would only lengthen the handoff.
 fn grant_body(s: &Sql, wake: &str) -> String {
     let t = PermitTemplates::new::<super::Postgres>(s);
-    let state = "o_recorded, v_holders, o_ahead, v_mine, o_left, v_expired";
+    let state = "o_recorded, v_holders, o_ahead, v_mine, o_left, v_expired, v_queued";
     let refused = "(o_recorded IS NULL OR o_recorded = p_permits) AND v_mine IS NULL \
                    AND (o_ahead > 0 OR v_holders >= p_permits)";
     format!(
-        "DECLARE v_holders bigint; v_mine bigint; v_expired bigint; p_fence bigint; \
+        "DECLARE v_holders bigint; v_mine bigint; v_expired bigint; v_queued bigint; \
+         p_fence bigint; \
          BEGIN \
          IF p_ticket = {max} THEN {look} INTO {state}; \
          IF {refused} THEN o_outcome := 1; \
@@ -123,19 +124,19 @@ fn release_body(s: &Sql, wake: &str) -> String {
 fn hand_body(s: &Sql, wake: &str) -> String {
     let t = PermitTemplates::new::<super::Postgres>(s);
     let next = t.of_next("o_fence");
-    let state = "v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired";
+    let state = "v_recorded, v_holders, v_ahead, v_mine, v_left, v_expired, v_queued";
     let refused = "(v_recorded IS NOT NULL AND v_recorded <> p_permits) \
                    OR (v_mine IS NULL AND (v_ahead > 0 OR v_holders >= p_permits))";
     format!(
         "DECLARE v_recorded bigint; v_holders bigint; v_ahead bigint; v_mine bigint; \
-         v_left bigint; v_expired bigint; \
+         v_left bigint; v_expired bigint; v_queued bigint; \
          BEGIN \
          PERFORM 1 FROM {sem} WHERE name = $name FOR UPDATE; \
          {release}; \
          GET DIAGNOSTICS o_freed = ROW_COUNT; \
          IF o_freed = 0 THEN RETURN; END IF; \
          {look} INTO {state}; \
-         IF NOT {queued} OR {refused} THEN PERFORM pg_notify('{table}', {wake}); RETURN; \
+         IF v_queued = 0 OR {refused} THEN PERFORM pg_notify('{table}', {wake}); RETURN; \
          END IF; \
          {bump} INTO o_fence; \
          IF v_expired > 0 THEN {gc}; END IF; \
@@ -147,7 +148,6 @@ fn hand_body(s: &Sql, wake: &str) -> String {
         sem = s.s,
         release = t.release,
         look = next.state,
-        queued = next.queued,
         bump = semaphore_lock(&s.s, true),
         gc = t.gc,
         grant = next.grant,
