@@ -380,7 +380,7 @@ fn render(r: &BenchReport) -> String {
         };
         let _ = writeln!(
             out,
-            "\ncontended: {} clients ({}) on {what}, hold {} (timer, then yielding to the exact deadline), ttl {}, Wait::Forever",
+            "\ncontended: {} clients ({}) on {what}, hold {} (a thread sleeps, then spins to the exact deadline), ttl {}, Wait::Forever",
             c.clients,
             if c.processes {
                 "a process each"
