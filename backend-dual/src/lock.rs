@@ -665,6 +665,17 @@ impl DistributedLock for DualLock {
         BothFloors::of(fenced(&self.first), fenced(&self.second))
     }
 
+    /// The stores' recipe floors (each its fenced or raw floor where it has none), the first
+    /// then the second, as [`raw_floor`](Self::raw_floor).
+    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        let recipe = |s: &Arc<dyn DistributedLock>| {
+            s.recipe_floor()
+                .or_else(|| s.fenced_floor())
+                .or_else(|| s.raw_floor())
+        };
+        BothFloors::of(recipe(&self.first), recipe(&self.second))
+    }
+
     /// Forgets `name` on the second store, then on the first.
     async fn forget(&self, name: &LockName) -> Result<bool> {
         let second = self.second.forget(name).await?;

@@ -1263,6 +1263,59 @@ impl DistributedLock for ZkLock {
     fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
         Some(Arc::new(Floor { lock: self.clone() }))
     }
+
+    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        Some(Arc::new(RecipeFloor { lock: self.clone() }))
+    }
+}
+
+/// The recipe's own three calls, bare: an EPHEMERAL_SEQUENTIAL create under a CONTAINER
+/// parent with the parent's `getChildren` sent right behind it, then a plain `delete`, on the
+/// same session; no owner id, no parse of the listing, no lease, no renewal.
+struct RecipeFloor {
+    lock: ZkLock,
+}
+
+#[async_trait]
+impl RawFloor for RecipeFloor {
+    fn description(&self) -> String {
+        "create EPHEMERAL_SEQUENTIAL + getChildren behind it + delete on one session".into()
+    }
+
+    async fn pair(&self, name: &LockName) -> Result<()> {
+        let client = self.lock.inner.session.client().await?;
+        let inner = &self.lock.inner;
+        let parent = format!("{}/recipe-floor-{}", inner.base, names::node_name(name));
+        let opts = zk::CreateMode::EphemeralSequential.with_acls(acls(&inner.config));
+        let failed = |e| zk_error("recipe floor", Some(name), e);
+        let prefix = format!("{parent}/n-");
+        for _ in 0..PARENT_RETRIES {
+            let create = client.create(&prefix, &[], &opts);
+            let list = client.list_children(&parent);
+            match tokio::join!(create, list) {
+                (Ok((_, seq)), listed) => {
+                    listed.map_err(failed)?;
+                    let path = format!("{prefix}{seq}");
+                    return client.delete(&path, None).await.map_err(failed);
+                }
+                (Err(zk::Error::NoNode), _) => {
+                    let mode = zk::CreateMode::Container.with_acls(acls(&inner.config));
+                    match client.create(&parent, &[], &mode).await {
+                        Ok(_) | Err(zk::Error::NodeExists) => {}
+                        Err(e) => return Err(failed(e)),
+                    }
+                }
+                (Err(e), _) => return Err(failed(e)),
+            }
+        }
+        Err(Error::backend(
+            BACKEND,
+            "recipe floor",
+            Some(name),
+            true,
+            "the floor's parent node kept disappearing",
+        ))
+    }
 }
 
 /// The floor: create an ephemeral node and delete it, on the same session.

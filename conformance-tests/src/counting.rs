@@ -195,4 +195,7 @@ impl DistributedLock for CountingLock {
     fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
         self.inner.fenced_floor()
     }
+    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        self.inner.recipe_floor()
+    }
 }

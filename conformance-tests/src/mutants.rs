@@ -312,6 +312,10 @@ impl DistributedLock for BlindReaders {
         self.writers.fenced_floor()
     }
 
+    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        self.writers.recipe_floor()
+    }
+
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
         self.writers.try_acquire(name, opts).await
     }
@@ -542,6 +546,10 @@ impl DistributedLock for SemaphoreMutant {
 
     fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
         self.inner.fenced_floor()
+    }
+
+    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        self.inner.recipe_floor()
     }
 }
 

@@ -294,6 +294,15 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
         None
     }
+
+    /// The store calls of the recipe's own uncontended acquire and release, sent bare, where
+    /// the recipe needs more than [`raw_floor`](Self::raw_floor) (ZooKeeper: `create`, the
+    /// `getChildren` that decides the attempt, `delete`). `dlock bench` reports it beside the
+    /// floors, to tell what the recipe costs from what the library around it costs; the floors
+    /// stay the targets.
+    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
+        None
+    }
 }
 
 /// The cheapest lock-like round trips a store offers on the same connection type (for example

@@ -237,6 +237,9 @@ impl DistributedLock for Faulty {
     fn fenced_floor(&self) -> Option<Arc<dyn lockcore::RawFloor>> {
         self.inner.fenced_floor()
     }
+    fn recipe_floor(&self) -> Option<Arc<dyn lockcore::RawFloor>> {
+        self.inner.recipe_floor()
+    }
 }
 
 #[tokio::test]

@@ -328,6 +328,10 @@ pub struct UncontendedReport {
     /// The floor with the same fencing guarantee, where the raw floor hands out no token
     /// (Redis: one script doing `SET NX PX` + `INCR`); a fenced lock is judged against it.
     pub fenced_floor: Option<FloorReport>,
+    /// The recipe's own store calls sent bare, where it needs more than the floor (ZooKeeper:
+    /// `create`, `getChildren`, `delete`): what the recipe costs apart from the library. Not a
+    /// target.
+    pub recipe_floor: Option<FloorReport>,
 }
 
 /// The backend's minimal commands, measured like the uncontended pairs.
@@ -710,6 +714,7 @@ async fn uncontended(
     for (kind, floor) in [
         ("plain", backend.raw_floor()),
         ("fenced", backend.fenced_floor()),
+        ("recipe", backend.recipe_floor()),
     ] {
         if let Some(floor) = floor {
             floors.push((floor, LockName::new(format!("{prefix}/{kind}-floor"))?));
@@ -728,6 +733,7 @@ async fn uncontended(
     let pairs_per_sec = per_sec(pairs, dlock.measured);
     let mut floor = None;
     let mut fenced_floor = None;
+    let mut recipe_floor = None;
     for ((kind, (f, _)), raw) in kinds.into_iter().zip(&floors).zip(raws) {
         let floor_pairs = raw.hist.len();
         let floor_per_sec = per_sec(floor_pairs, raw.measured);
@@ -743,10 +749,10 @@ async fn uncontended(
                 0.0
             },
         };
-        if kind == "plain" {
-            floor = Some(report);
-        } else {
-            fenced_floor = Some(report);
+        match kind {
+            "plain" => floor = Some(report),
+            "fenced" => fenced_floor = Some(report),
+            _ => recipe_floor = Some(report),
         }
     }
 
@@ -759,6 +765,7 @@ async fn uncontended(
         first_error: dlock.first_error,
         floor,
         fenced_floor,
+        recipe_floor,
     })
 }
 

@@ -337,7 +337,12 @@ fn render(r: &BenchReport) -> String {
         row.extend(latency_cells(&u.latency));
         row.push(u.errors.to_string());
         rows.push(row);
-        for (label, floor) in [("raw floor", &u.floor), ("fenced floor", &u.fenced_floor)] {
+        let floors = [
+            ("raw floor", &u.floor),
+            ("fenced floor", &u.fenced_floor),
+            ("recipe floor", &u.recipe_floor),
+        ];
+        for (label, floor) in floors {
             if let Some(f) = floor {
                 let mut row = vec![label.to_owned(), fmt_rate(f.pairs_per_sec)];
                 row.extend(latency_cells(&f.latency));
@@ -357,6 +362,13 @@ fn render(r: &BenchReport) -> String {
                     let _ = writeln!(
                         out,
                         "  ratio dlock/fenced floor = {:.3}   (same guarantee: {})",
+                        f.ratio, f.description
+                    );
+                }
+                if let Some(f) = &u.recipe_floor {
+                    let _ = writeln!(
+                        out,
+                        "  ratio dlock/recipe floor = {:.3}   (the recipe's own calls, bare: {}; not a target)",
                         f.ratio, f.description
                     );
                 }
