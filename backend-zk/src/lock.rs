@@ -10,7 +10,8 @@
 //! ever be created below an existing one, and because only dlock clients queue there. A waiter
 //! holds without reading again when the node it watched was the lowest it saw, or was an
 //! exclusive node released by its holder, which writes [`RELEASED_MARK`] in the transaction
-//! that deletes it (see the crate README, "Round trips").
+//! that deletes it when it had waited (a node that held at once was the head for every waiter
+//! that ever listed behind it; see [`Held::mark`] and the crate README, "Round trips").
 //!
 //! In Curator's and kazoo's layouts other clients queue too. They never write the mark, and
 //! they may write to a held node for other reasons (Curator's revocation writes `__REVOKE__`
@@ -52,9 +53,10 @@ pub(crate) struct Inner {
     pub(crate) session: Session,
     pub(crate) config: ZkConfig,
     pub(crate) base: String,
-    /// Node path → when its lease runs out unless renewed. ZooKeeper keeps an ephemeral node
-    /// as long as the session, so this client deletes a node whose lease it stopped renewing.
-    held: Mutex<HashMap<String, Instant>>,
+    /// Node path → when its lease runs out unless renewed, and how to release it. ZooKeeper
+    /// keeps an ephemeral node as long as the session, so this client deletes a node whose
+    /// lease it stopped renewing.
+    held: Mutex<HashMap<String, Held>>,
     wake_reaper: Arc<Notify>,
 }
 
@@ -71,6 +73,18 @@ impl std::fmt::Debug for ZkLock {
             .field("url", &self.inner.config.redacted())
             .finish_non_exhaustive()
     }
+}
+
+/// A node this client holds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Held {
+    /// When its lease runs out unless renewed.
+    pub(crate) until: Instant,
+    /// Whether its release writes [`RELEASED_MARK`]: a waiter may have listed the queue while
+    /// nodes were still below this one. Not for a node that was the lowest when it was created
+    /// (its first listing showed nothing below it, and no node can be created below an
+    /// existing one): every waiter behind it saw it as the head, and holds on its plain delete.
+    pub(crate) mark: bool,
 }
 
 /// What an acquisition (of a lock or of a permit) has created under `parent` so far: the state
@@ -146,13 +160,15 @@ pub(crate) fn undo_attempt(attempt: Attempt) -> Undo {
 const RELEASED_MARK: &[u8] = b"released";
 
 /// Deletes a held lease's node. In dlock's layout (nodes created empty, so at version 0): an
-/// exclusive node in one transaction with [`RELEASED_MARK`] written first, a shared one with a
-/// plain delete (a reader that held may still have readers below it). In the path layouts, a
-/// plain delete: the other libraries' waiters know no mark.
+/// exclusive node that `mark`s (see [`Held::mark`]) in one transaction with [`RELEASED_MARK`]
+/// written first; a shared one, or one that does not mark, with a plain delete (a reader that
+/// held may still have readers below it). In the path layouts, a plain delete: the other
+/// libraries' waiters know no mark.
 async fn delete_held(
     client: &zk::Client,
     layout: Layout,
     path: &str,
+    mark: bool,
 ) -> std::result::Result<(), zk::Error> {
     if layout.names_are_paths() {
         return client.delete(path, None).await;
@@ -162,7 +178,7 @@ async fn delete_held(
         .next()
         .and_then(|node| names::parse_child(layout, node))
         .is_some_and(|c| c.kind == NodeKind::Exclusive);
-    if !exclusive {
+    if !exclusive || !mark {
         return client.delete(path, Some(0)).await;
     }
     let mut multi = client.new_multi_writer();
@@ -279,15 +295,16 @@ impl ZkLock {
         self.inner.session.timeout()
     }
 
-    pub(crate) fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+    pub(crate) fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
         self.inner
             .held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn register(&self, path: &str, until: Instant) {
-        self.held().insert(path.to_owned(), until);
+    /// Records the node at `path` as held until `until` (see [`Held`]).
+    pub(crate) fn register(&self, path: &str, until: Instant, mark: bool) {
+        self.held().insert(path.to_owned(), Held { until, mark });
         self.inner.wake_reaper.notify_one();
     }
 
@@ -484,7 +501,7 @@ impl ZkLock {
         }
         self.held()
             .get(path)
-            .is_some_and(|until| *until > Instant::now())
+            .is_some_and(|held| held.until > Instant::now())
     }
 
     /// The end of a renewal of `lease`, whose node `path` a read started at `started` found
@@ -509,7 +526,7 @@ impl ZkLock {
             return Err(lost());
         }
         match held.get_mut(path) {
-            Some(until) if *until > Instant::now() => {
+            Some(Held { until, .. }) if *until > Instant::now() => {
                 *until = started + ttl;
                 Ok(lease.renewed(started, ttl))
             }
@@ -554,6 +571,9 @@ impl ZkLock {
         // no node can be created below it, so nothing blocks this request any more and there
         // is nothing to read again. Only in dlock's layout (see the module docs).
         let mut head_gone = false;
+        // Whether this request has waited: only then can a waiter behind it have listed the
+        // queue with nodes below this one (see `Held::mark`).
+        let mut waited = false;
         loop {
             let checked_at = Instant::now();
             let blocker = if head_gone {
@@ -597,7 +617,7 @@ impl ZkLock {
                     return Err(own_node_gone(name, "as it became the holder"));
                 };
                 let ttl = effective_ttl(opts.ttl_value(), client.session_timeout());
-                self.register(&path, checked_at + ttl);
+                self.register(&path, checked_at + ttl, waited);
                 guard.disarm();
                 let lease = Lease::new(
                     name.clone(),
@@ -614,6 +634,7 @@ impl ZkLock {
                 self.withdraw(&client, &path, guard).await;
                 return Ok(None);
             }
+            waited = true;
             let woke = self
                 .wait_for(&client, name, &path, &blocker, deadline)
                 .await?;
@@ -875,13 +896,13 @@ async fn reaper(inner: Weak<Inner>, wake: Arc<Notify>) {
             let mut held = inner.held.lock().unwrap_or_else(PoisonError::into_inner);
             let expired: Vec<String> = held
                 .iter()
-                .filter(|(_, until)| **until <= now)
+                .filter(|(_, h)| h.until <= now)
                 .map(|(p, _)| p.clone())
                 .collect();
             for p in &expired {
                 held.remove(p);
             }
-            let next = held.values().min().copied();
+            let next = held.values().map(|h| h.until).min();
             drop(held);
             let client = inner.session.peek();
             for path in expired {
@@ -1013,17 +1034,15 @@ impl DistributedLock for ZkLock {
                 return Ok(Released::NotHeld);
             }
         }
-        // A lease this client let run out is not released (its node goes anyway).
-        let expired = {
-            let mut held = self.held();
-            let expired = held
-                .get(&path)
-                .is_some_and(|until| *until <= Instant::now());
-            held.remove(&path);
-            expired
+        // A lease this client let run out is not released (its node goes anyway). A node this
+        // client does not know (another instance's lease) is marked, as it may have waited.
+        let (expired, mark) = match self.held().remove(&path) {
+            Some(held) => (held.until <= Instant::now(), held.mark),
+            None => (false, true),
         };
         // Lock nodes are created empty and written only as their holder releases them.
-        match timed(self.limit(), delete_held(&client, self.layout(), &path)).await {
+        let delete = delete_held(&client, self.layout(), &path, mark);
+        match timed(self.limit(), delete).await {
             Ok(Ok(())) if !expired => Ok(Released::Released),
             Ok(Ok(()) | Err(zk::Error::NoNode | zk::Error::BadVersion)) => Ok(Released::NotHeld),
             Ok(Err(e)) => {

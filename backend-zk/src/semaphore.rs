@@ -287,7 +287,7 @@ impl ZkLock {
         checked_at: Instant,
     ) -> Lease {
         let ttl = effective_ttl(opts.ttl_value(), client.session_timeout());
-        self.register(path, checked_at + ttl);
+        self.register(path, checked_at + ttl, true);
         Lease::new(
             name.clone(),
             opts.owner_or_random(),

@@ -555,11 +555,13 @@ async fn own_node_deleted_with_the_head_is_not_a_grant() {
     gc.release().await.expect("release");
 }
 
-/// What a waiter's watch sees when the node it waits for goes: an exclusive holder's release
+/// What a waiter's watch sees when the node it waits for goes: an exclusive holder that waited
 /// writes the release mark and deletes in one transaction (a data change: the waiter behind
-/// may hold without reading the queue again); a reader's release, and a waiter giving up, are
-/// plain deletes (the waiter behind reads the queue). A three-deep queue then hands over
-/// without reading: the waiter two places back holds once the one ahead of it releases.
+/// may hold without reading the queue again); one that held at once, a reader's release, and a
+/// waiter giving up are plain deletes (behind a node that was the head when it was created,
+/// every waiter saw it as the head and holds on the deletion; otherwise the waiter reads the
+/// queue). A three-deep queue then hands over without reading: the waiter two places back
+/// holds once the one ahead of it, which waited, releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_marks_exclusive_nodes_only() {
     use lockcore::ReadWriteExt;
@@ -584,8 +586,8 @@ async fn release_marks_exclusive_nodes_only() {
         }
     };
 
-    // An exclusive release: a data change.
-    let name = unique("mark-write");
+    // An exclusive release of a node that held at once: a plain delete.
+    let name = unique("mark-write-at-once");
     let g = dyn_lock(&a)
         .lock(&name, &plain(60 * SEC, Wait::No))
         .await
@@ -593,7 +595,7 @@ async fn release_marks_exclusive_nodes_only() {
     let watcher = watch_only_node(name.clone()).await;
     assert_eq!(g.release().await.expect("release"), Released::Released);
     let event = within(30 * SEC, "the write node's event", watcher.changed()).await;
-    assert_eq!(event.event_type, zk::EventType::NodeDataChanged);
+    assert_eq!(event.event_type, zk::EventType::NodeDeleted);
     assert!(
         nodes(&observer, &name).await.is_empty(),
         "and the node is gone"
@@ -642,6 +644,7 @@ async fn release_marks_exclusive_nodes_only() {
         ga,
         wb,
         wc,
+        paths,
         ..
     } = queue_of_three("faults-mark", "mark-chain").await;
     let a_token = ga.fencing_token();
@@ -653,7 +656,16 @@ async fn release_marks_exclusive_nodes_only() {
     assert!(!wc.is_finished(), "c holds while b does");
     let b_token = gb.fencing_token();
     assert!(b_token > a_token);
+    // b waited behind a: its release writes the mark, which c, two places back when it
+    // listed, holds on without reading the queue again.
+    let (_, watcher) = observer
+        .zk_client()
+        .check_and_watch_stat(&paths[1])
+        .await
+        .expect("watch b's node");
     assert_eq!(gb.release().await.expect("release"), Released::Released);
+    let event = within(30 * SEC, "b's node's event", watcher.changed()).await;
+    assert_eq!(event.event_type, zk::EventType::NodeDataChanged);
     let gc = within(30 * SEC, "c's acquire", wc)
         .await
         .expect("task")
