@@ -3,6 +3,7 @@
 pub mod config;
 mod lock;
 mod names;
+mod nodelay;
 mod semaphore;
 mod session;
 

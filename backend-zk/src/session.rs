@@ -104,6 +104,7 @@ impl Session {
                 ));
             }
         };
+        crate::nodelay::keep(&client, crate::nodelay::servers(&config.hosts).await);
         let base = config.base_path();
         if base.is_empty() {
             return Ok(client);
