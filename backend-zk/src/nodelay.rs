@@ -47,7 +47,7 @@ pub(crate) fn keep(client: &zk::Client, servers: Vec<SocketAddr>) {
                 zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
                     apply(&servers);
                 }
-                state if crate::lock::session_ended(state) => return,
+                state if state.is_terminated() => return,
                 _ => {}
             }
         }
