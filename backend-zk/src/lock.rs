@@ -1318,11 +1318,7 @@ impl RawFloor for RecipeFloor {
                     return client.delete(&path, None).await.map_err(failed);
                 }
                 (Err(zk::Error::NoNode), _) => {
-                    let mode = zk::CreateMode::Container.with_acls(acls(&inner.config));
-                    match client.create(&parent, &[], &mode).await {
-                        Ok(_) | Err(zk::Error::NodeExists) => {}
-                        Err(e) => return Err(failed(e)),
-                    }
+                    self.lock.make_parent(&client, &parent, name).await?;
                 }
                 (Err(e), _) => return Err(failed(e)),
             }
