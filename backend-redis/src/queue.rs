@@ -22,7 +22,7 @@ use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::{AcquireOptions, Lease, LockName, OwnerId, Result};
 
 use crate::BACKEND;
-use crate::node::{self, AcquireReply, Mode, Node, RECHECK};
+use crate::node::{self, AcquireReply, AttemptReply, Mode, Node, RECHECK};
 
 /// What an acquire takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +37,9 @@ pub(crate) enum Hold {
 
 impl Hold {
     /// One run of this hold's acquire script for `owner` in `mode` (a lock's `try` takes the
-    /// short fast script first).
+    /// short fast script first); `queued`: an earlier attempt was answered with a place in the
+    /// queue (only a permit can have been handed over since).
+    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         self,
         node: &Node,
@@ -46,13 +48,19 @@ impl Hold {
         opts: &AcquireOptions,
         mode: Mode,
         floor: u64,
-    ) -> Result<AcquireReply> {
-        match (self, mode) {
-            (Hold::Lock, Mode::Try) => node.try_once(name, owner, opts, floor).await,
-            (Hold::Lock, _) => node.acquire(name, owner, opts, mode, floor).await,
-            (Hold::Read, _) => node.acquire_shared(name, owner, opts, mode, floor).await,
-            (Hold::Permit(n), _) => node.acquire_permit(name, owner, opts, mode, floor, n).await,
-        }
+        queued: bool,
+    ) -> Result<AttemptReply> {
+        let now = match (self, mode) {
+            (Hold::Lock, Mode::Try) => node.try_once(name, owner, opts, floor).await?,
+            (Hold::Lock, _) => node.acquire(name, owner, opts, mode, floor).await?,
+            (Hold::Read, _) => node.acquire_shared(name, owner, opts, mode, floor).await?,
+            (Hold::Permit(n), _) => {
+                return node
+                    .acquire_permit(name, owner, opts, mode, floor, n, queued)
+                    .await;
+            }
+        };
+        Ok(AttemptReply::Now(now))
     }
 
     /// The lease of a grant with `token`, valid from `started`; a permit's carries
@@ -97,7 +105,10 @@ pub(crate) trait Queued: Clone + Send + Sync + 'static {
     /// The node whose hub wakes the waiters.
     fn node(&self) -> &Node;
 
-    /// One attempt for `owner` in `mode` (a grant's lease is valid from `started`).
+    /// One attempt for `owner` in `mode` (a grant's lease is valid from `started`). `queued`:
+    /// when the owner's last attempt that was answered with a place in the queue started, if
+    /// one was; a grant a release handed over meanwhile is valid from then.
+    #[allow(clippy::too_many_arguments)]
     fn attempt(
         &self,
         name: &LockName,
@@ -106,7 +117,24 @@ pub(crate) trait Queued: Clone + Send + Sync + 'static {
         mode: Mode,
         floor: u64,
         started: Instant,
+        queued: Option<Instant>,
     ) -> impl Future<Output = Result<Step>> + Send;
+
+    /// The lease of a grant a release handed to `owner` with `token` and told it of through
+    /// the hub ([`Registration::handed`](node::Registration::handed)), valid from `since` (the
+    /// owner's last attempt answered with a place in the queue); `None` for a layout whose
+    /// releases never hand over (the waiter then re-checks as for any wake-up).
+    fn handed(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        token: u64,
+        since: Instant,
+        opts: &AcquireOptions,
+    ) -> Option<Lease> {
+        let _ = (name, owner, token, since, opts);
+        None
+    }
 
     /// Undoes what an attempt of `owner` may have left: its queue entry, a grant it never
     /// returned. Builds the requests now and sends them when polled.
@@ -135,17 +163,39 @@ impl Queued for OnNode {
         mode: Mode,
         floor: u64,
         started: Instant,
+        queued: Option<Instant>,
     ) -> Result<Step> {
         let reply = self
             .hold
-            .attempt(&self.node, name, owner, opts, mode, floor)
+            .attempt(&self.node, name, owner, opts, mode, floor, queued.is_some())
             .await?;
         Ok(match reply {
-            AcquireReply::Granted(token) => {
+            AttemptReply::Now(AcquireReply::Granted(token)) => {
                 Step::Granted(self.hold.lease(name, owner, token, started, opts))
             }
-            AcquireReply::Waiting { pttl, rank, .. } => Step::Waiting { pttl, rank },
+            AttemptReply::Now(AcquireReply::Waiting { pttl, rank, .. }) => {
+                Step::Waiting { pttl, rank }
+            }
+            // The script hands over only to an owner that says it was queued.
+            AttemptReply::Handed(token) => {
+                Step::Granted(
+                    self.hold
+                        .lease(name, owner, token, queued.unwrap_or(started), opts),
+                )
+            }
         })
+    }
+
+    fn handed(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        token: u64,
+        since: Instant,
+        opts: &AcquireOptions,
+    ) -> Option<Lease> {
+        matches!(self.hold, Hold::Permit(_))
+            .then(|| self.hold.lease(name, owner, token, since, opts))
     }
 
     fn undo(self, name: LockName, owner: OwnerId) -> Undo {
@@ -183,12 +233,22 @@ pub(crate) async fn try_acquire(
     let attempt = (node.clone(), name.clone(), owner, hold);
     let guard = CleanupGuard::arm(BACKEND, name, attempt, leave);
     let reply = hold
-        .attempt(node, name, owner, opts, Mode::Try, floor)
+        .attempt(node, name, owner, opts, Mode::Try, floor, false)
         .await?;
     let _ = guard.disarm();
     Ok(match reply {
-        AcquireReply::Granted(token) => Some(hold.lease(name, owner, token, started, opts)),
-        AcquireReply::Waiting { .. } => None,
+        AttemptReply::Now(AcquireReply::Granted(token)) => {
+            Some(hold.lease(name, owner, token, started, opts))
+        }
+        AttemptReply::Now(AcquireReply::Waiting { .. }) => None,
+        // Never for a try: nothing is handed to an owner that never queued.
+        AttemptReply::Handed(_) => {
+            return Err(node::protocol_error(
+                "acquire",
+                Some(name),
+                "a try was answered as a queued waiter".into(),
+            ));
+        }
     })
 }
 
@@ -231,9 +291,12 @@ pub(crate) async fn wait<Q: Queued>(
         (q.clone(), name.clone(), owner),
         undo_of::<Q>,
     );
+    // When the last attempt answered with a place in the queue started: a permit a release
+    // hands over meanwhile is valid from then (the release ran after that attempt).
+    let mut queued: Option<Instant> = None;
     loop {
         let started = Instant::now();
-        let step = q.attempt(name, owner, opts, Mode::Wait, floor, started);
+        let step = q.attempt(name, owner, opts, Mode::Wait, floor, started, queued);
         let (pttl, rank) = match step.await? {
             Step::Granted(lease) => {
                 let _ = guard.disarm();
@@ -241,6 +304,7 @@ pub(crate) async fn wait<Q: Queued>(
             }
             Step::Waiting { pttl, rank } => (pttl, rank),
         };
+        queued = Some(started);
         if !subscribed {
             // Subscribe, then check again at once: a release between the attempt above and
             // the subscription is caught by that second attempt.
@@ -275,6 +339,12 @@ pub(crate) async fn wait<Q: Queued>(
         tokio::select! {
             _ = registration.notified() => {}
             _ = tokio::time::sleep_until(wake.into()) => {}
+        }
+        if let Some(token) = registration.handed()
+            && let Some(lease) = q.handed(name, owner, token, started, opts)
+        {
+            let _ = guard.disarm();
+            return Ok(Some(lease));
         }
         subscribed = node.is_subscribed(name);
     }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use backend_redis::node::{AcquireReply, AttemptReply};
 use backend_redis::{RedisConfig, RedisLock};
 use conformance_tests::kit::{Redis, RedisCluster, RedisReply, RedisTls};
 use lockcore::{
@@ -1200,21 +1201,37 @@ async fn a_cancelled_permit_grant_is_freed() {
     let owner = lockcore::OwnerId::random();
     let o = opts(30 * SEC);
     let granted = node
-        .acquire_permit(&name, owner, &o, backend_redis::node::Mode::Try, 0, 1)
+        .acquire_permit(
+            &name,
+            owner,
+            &o,
+            backend_redis::node::Mode::Try,
+            0,
+            1,
+            false,
+        )
         .await
         .unwrap();
     assert!(matches!(
         granted,
-        backend_redis::node::AcquireReply::Granted(_)
+        AttemptReply::Now(AcquireReply::Granted(_))
     ));
     let other = lockcore::OwnerId::random();
     let refused = node
-        .acquire_permit(&name, other, &o, backend_redis::node::Mode::Try, 0, 1)
+        .acquire_permit(
+            &name,
+            other,
+            &o,
+            backend_redis::node::Mode::Try,
+            0,
+            1,
+            false,
+        )
         .await
         .unwrap();
     assert!(matches!(
         refused,
-        backend_redis::node::AcquireReply::Waiting { .. }
+        AttemptReply::Now(AcquireReply::Waiting { .. })
     ));
     assert!(
         !node.cancel_permit(&name, other).await.unwrap(),
@@ -1224,13 +1241,103 @@ async fn a_cancelled_permit_grant_is_freed() {
     let reply = node.inspect_semaphore(&name).await.unwrap();
     assert!(reply.holders.is_empty());
     let again = node
-        .acquire_permit(&name, other, &o, backend_redis::node::Mode::Try, 0, 1)
+        .acquire_permit(
+            &name,
+            other,
+            &o,
+            backend_redis::node::Mode::Try,
+            0,
+            1,
+            false,
+        )
         .await
         .unwrap();
-    assert!(matches!(
-        again,
-        backend_redis::node::AcquireReply::Granted(2)
-    ));
+    assert!(matches!(again, AttemptReply::Now(AcquireReply::Granted(2))));
+}
+
+/// A permit's release hands the free permit to the head waiter in the same script: the waiter
+/// is told its token through the hub and holds without another request; an attempt it sends
+/// meanwhile (a message it missed) is answered with the same handed permit; a waiter that
+/// never said it queued is not answered so; the handed permit's lease runs out no later than
+/// the waiter's last queued attempt plus the ttl, and its token respects the waiter's floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_hands_the_permit_to_the_head_waiter() {
+    use backend_redis::node::Mode;
+    let redis = shared().await;
+    let config = RedisConfig::parse(&redis.url()).unwrap();
+    let node =
+        backend_redis::node::Node::open(&config, "127.0.0.1", redis.port(), false, "test").unwrap();
+    let name = LockName::new(unique("sem-hand")).unwrap();
+    let o = opts(30 * SEC);
+    let (holder, waiter) = (lockcore::OwnerId::random(), lockcore::OwnerId::random());
+    let Ok(AttemptReply::Now(AcquireReply::Granted(first))) = node
+        .acquire_permit(&name, holder, &o, Mode::Try, 0, 1, false)
+        .await
+    else {
+        panic!("the free permit is granted");
+    };
+    let (registration, _) = node.register(&waiter.to_string(), &name);
+    node.ensure_subscribed(&name).await.unwrap();
+    let queued_at = std::time::Instant::now();
+    // The waiter's token floor (a `dual://` migration's) binds the permit handed to it too.
+    let floor = first + 500;
+    let queued = node
+        .acquire_permit(&name, waiter, &o, Mode::Wait, floor, 1, false)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            queued,
+            AttemptReply::Now(AcquireReply::Waiting { rank: 0, .. })
+        ),
+        "{queued:?}"
+    );
+    assert_eq!(registration.handed(), None, "nothing handed yet");
+    let lease = backend_redis::node::lease(&name, holder, first, queued_at, &o)
+        .with_handle(backend_redis::node::PERMIT);
+    assert!(node.release(&lease).await.unwrap(), "released");
+    tokio::time::timeout(30 * SEC, registration.notified())
+        .await
+        .expect("the waiter is told");
+    assert_eq!(
+        registration.handed(),
+        Some(floor),
+        "the message carries the handed token"
+    );
+    let state = node.inspect_semaphore(&name).await.unwrap();
+    assert_eq!(state.queued, 0, "the waiter left the queue: {state:?}");
+    assert_eq!(state.holders.len(), 1, "{state:?}");
+    assert_eq!(state.holders[0].owner, waiter.to_string());
+    assert_eq!(state.holders[0].token, floor);
+    assert!(
+        state.holders[0].remaining_ms <= 30_000,
+        "no longer than the ttl from the waiter's queued attempt: {state:?}"
+    );
+    // A queued owner's next attempt finds the permit handed to it; the same attempt without
+    // `queued` would queue again instead.
+    let again = node
+        .acquire_permit(&name, waiter, &o, Mode::Wait, floor, 1, true)
+        .await
+        .unwrap();
+    assert_eq!(again, AttemptReply::Handed(floor));
+    let third = lockcore::OwnerId::random();
+    let other = node
+        .acquire_permit(&name, third, &o, Mode::Wait, 0, 1, true)
+        .await
+        .unwrap();
+    assert!(
+        matches!(other, AttemptReply::Now(AcquireReply::Waiting { .. })),
+        "a permit handed to another owner is not this one's: {other:?}"
+    );
+    assert!(
+        !node.cancel_permit(&name, third).await.unwrap(),
+        "the third owner held nothing"
+    );
+    assert!(
+        node.cancel_permit(&name, waiter).await.unwrap(),
+        "the undo of the waiter's acquire frees the handed permit"
+    );
+    assert!(node.forget(&name).await.unwrap(), "nothing is left in use");
 }
 
 /// `forget` forgets an idle semaphore (its counter and count too), not one in use; the lock

@@ -59,7 +59,9 @@ use waiters::{Hub, Route};
 
 pub use connect::{ASSUMPTION_NO_PERSISTENCE, ASSUMPTION_UNKNOWN};
 use connect::{connect_error, connection_info, open_single};
-pub use scripts::{AcquireReply, InspectReply, MAX_FLOOR, PermitReply, SemaphoreReply, floor_arg};
+pub use scripts::{
+    AcquireReply, AttemptReply, InspectReply, MAX_FLOOR, PermitReply, SemaphoreReply, floor_arg,
+};
 pub(crate) use store::{backend_error, protocol_error};
 pub use waiters::Registration;
 
@@ -531,6 +533,10 @@ impl Node {
     /// from the lock `name`, with its own queue and fencing counter; a grant's lease must carry
     /// [`PERMIT`] as its handle. The reply must echo `owner`.
     ///
+    /// `queued` says that an earlier attempt of `owner` was answered with a place in the queue:
+    /// a release may have handed it a permit since (see `lua/sem_release.lua`), and the reply is
+    /// then [`AttemptReply::Handed`], whose lease runs from that earlier attempt.
+    ///
     /// # Cancel safety
     /// Not cancel safe on its own: a dropped call may still grant a permit or queue `owner`;
     /// callers arm a clean-up that runs [`cancel_permit`](Node::cancel_permit).
@@ -539,6 +545,8 @@ impl Node {
     /// [`Error::InvalidArgument`] (lockcore's `permits_mismatch`) when the semaphore is in use
     /// with another count (nothing changed then); [`Error::Backend`] for a store failure or a
     /// reply that does not decode.
+    // One argument per script input, as `acquire` has; a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub async fn acquire_permit(
         &self,
         name: &LockName,
@@ -547,7 +555,8 @@ impl Node {
         mode: Mode,
         floor: u64,
         permits: u32,
-    ) -> Result<AcquireReply> {
+        queued: bool,
+    ) -> Result<AttemptReply> {
         let s = &self.shared;
         let call = self
             .keys(name)
@@ -559,7 +568,8 @@ impl Node {
             .arg(s.client.as_str())
             .arg(&*self.wakes_of(name))
             .arg(floor)
-            .arg(permits);
+            .arg(permits)
+            .arg(if queued { "1" } else { "0" });
         let value = self.run("acquire permit", name, &call).await?;
         match scripts::parse_permit(&value, owner)
             .map_err(|e| protocol_error("acquire permit", Some(name), e))?
@@ -586,7 +596,13 @@ impl Node {
             .keys(name)
             .call(
                 &scripts::SEM_CANCEL,
-                &[Key::SemHolders, Key::SemQueue, Key::SemAlive, Key::SemCount],
+                &[
+                    Key::SemHolders,
+                    Key::SemQueue,
+                    Key::SemAlive,
+                    Key::SemCount,
+                    Key::SemTerms,
+                ],
             )
             .owner_arg(owner)
             .arg(s.client.as_str())
@@ -598,8 +614,9 @@ impl Node {
 
     /// The owner- and token-checked release of `lease`, which also takes the holder's own queue
     /// entry out and wakes the head waiter; resolves to `true` when this node deleted the lock,
-    /// `false` when it was no longer `lease`'s. A permit's lease ([`PERMIT`]) frees its permit;
-    /// a reader's ([`READER`]) frees its read hold, and the last reader's release wakes the head
+    /// `false` when it was no longer `lease`'s. A permit's lease ([`PERMIT`]) frees its permit
+    /// and hands the free permits to the head waiters in the same script, telling each its
+    /// token (see `lua/sem_release.lua`); a reader's ([`READER`]) frees its read hold, and the last reader's release wakes the head
     /// waiter. The call is built now and the returned future
     /// owns all it needs, so it can finish in a task of its own.
     ///
@@ -614,7 +631,14 @@ impl Node {
         let call = if is_permit(lease) {
             keys.call(
                 &scripts::SEM_RELEASE,
-                &[Key::SemHolders, Key::SemQueue, Key::SemAlive],
+                &[
+                    Key::SemHolders,
+                    Key::SemQueue,
+                    Key::SemAlive,
+                    Key::SemCount,
+                    Key::SemFence,
+                    Key::SemTerms,
+                ],
             )
             .arg(scripts::permit_member(lease.owner(), lease.token().0))
             .arg(&*self.wakes_of(lease.name()))
@@ -813,6 +837,7 @@ impl Node {
                 Key::SemAlive,
                 Key::SemSeq,
                 Key::SemCount,
+                Key::SemTerms,
                 Key::Readers,
             ],
         );

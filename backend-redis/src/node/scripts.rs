@@ -208,16 +208,20 @@ pub(crate) enum Key {
     SemSeq,
     /// A semaphore's count, as recorded while it is in use.
     SemCount,
+    /// A semaphore's waiters' terms (HASH from queue entry to `<alive_ms> <ttl_ms> <floor>`),
+    /// which a release needs to hand a waiter a permit.
+    SemTerms,
 }
 
-/// A semaphore's keys in the order its scripts take them (`KEYS[1..6]` of `sem_acquire.lua`).
-pub(crate) const SEM_KEYS: [Key; 6] = [
+/// A semaphore's keys in the order its scripts take them (`KEYS[1..7]` of `sem_acquire.lua`).
+pub(crate) const SEM_KEYS: [Key; 7] = [
     Key::SemHolders,
     Key::SemFence,
     Key::SemQueue,
     Key::SemAlive,
     Key::SemSeq,
     Key::SemCount,
+    Key::SemTerms,
 ];
 
 impl Key {
@@ -237,6 +241,7 @@ impl Key {
             Key::SemAlive => ":sem:alive",
             Key::SemSeq => ":sem:seq",
             Key::SemCount => ":sem:permits",
+            Key::SemTerms => ":sem:terms",
         }
     }
 }
@@ -458,11 +463,23 @@ pub(crate) fn parse_try_fast(
     }
 }
 
+/// What one acquire attempt on a node got, when a release may have granted it in the
+/// meantime (a semaphore's permit: see `lua/sem_release.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptReply {
+    /// What this attempt itself did: granted now, or not.
+    Now(AcquireReply),
+    /// A release handed this queued owner a permit with this token before the attempt ran. The
+    /// permit's lease runs from the owner's last attempt that was answered with a place in the
+    /// queue, not from this one.
+    Handed(u64),
+}
+
 /// What a node's permit acquire script answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PermitAnswer {
-    /// Granted or not, as a lock's acquire answers.
-    Acquire(AcquireReply),
+    /// Granted now, handed earlier, or not granted.
+    Acquire(AttemptReply),
     /// The semaphore is in use with this other count; nothing changed.
     Counted(u64),
 }
@@ -471,8 +488,26 @@ pub(crate) enum PermitAnswer {
 /// matched to the wrong request is an error, never a grant or a refusal).
 pub(crate) fn parse_permit(value: &Value, owner: OwnerId) -> Result<PermitAnswer, String> {
     let items = array(value)?;
-    if items.first().and_then(int) != Some(-1) {
-        return parse_acquire(value, owner).map(PermitAnswer::Acquire);
+    if !echoes(items.get(2), owner) {
+        return Err(format!(
+            "permit reply for another request (owner {:?})",
+            echoed(items.get(2))
+        ));
+    }
+    match items.first().and_then(int) {
+        Some(-1) => {}
+        Some(2) => {
+            return items
+                .get(1)
+                .and_then(int)
+                .filter(|t| *t > 0)
+                .map(|t| PermitAnswer::Acquire(AttemptReply::Handed(t as u64)))
+                .ok_or_else(|| format!("permit: bad handed token in {value:?}"));
+        }
+        _ => {
+            return parse_acquire(value, owner)
+                .map(|r| PermitAnswer::Acquire(AttemptReply::Now(r)));
+        }
     }
     if !echoes(items.get(2), owner) {
         return Err(format!(
@@ -685,9 +720,20 @@ mod tests {
         let granted = Value::Array(vec![Value::Int(1), Value::Int(5), echo.clone()]);
         assert_eq!(
             parse_permit(&granted, owner),
-            Ok(PermitAnswer::Acquire(AcquireReply::Granted(5)))
+            Ok(PermitAnswer::Acquire(AttemptReply::Now(
+                AcquireReply::Granted(5)
+            )))
         );
         assert!(parse_permit(&granted, OwnerId(8)).is_err());
+        let handed = Value::Array(vec![Value::Int(2), Value::Int(6), echo.clone()]);
+        assert_eq!(
+            parse_permit(&handed, owner),
+            Ok(PermitAnswer::Acquire(AttemptReply::Handed(6)))
+        );
+        assert!(
+            parse_permit(&handed, OwnerId(8)).is_err(),
+            "a permit handed to another request is an error, never a grant"
+        );
         let counted = Value::Array(vec![Value::Int(-1), Value::Int(3), echo]);
         assert_eq!(parse_permit(&counted, owner), Ok(PermitAnswer::Counted(3)));
         assert!(

@@ -5,7 +5,9 @@
 //! head waiter's owner id on a channel of that client only: one message per hand-over, to the
 //! one client that can use it, however many clients wait on the name. The hub wakes the waiter
 //! the payload names. `Notify::notify_one` stores a permit, so a message that arrives while the
-//! waiter is busy re-checking is not lost.
+//! waiter is busy re-checking is not lost. A semaphore's release that handed the waiter a permit
+//! says so in the payload, `<owner id>:<token>`: the hub keeps the token for the waiter
+//! ([`Registration::handed`]), which then holds without another request.
 //!
 //! Two routes ([`Route`]):
 //! * **One channel per client** (a single server, and a Cluster older than Redis 7): the
@@ -84,7 +86,7 @@ struct State {
     /// Channels by name.
     channels: HashMap<String, Channel>,
     /// Waiting acquires by owner id.
-    waiters: HashMap<String, Arc<Notify>>,
+    waiters: HashMap<String, Arc<Waiter>>,
 }
 
 impl State {
@@ -98,8 +100,8 @@ impl State {
     }
 
     fn wake_all(&self) {
-        for n in self.waiters.values() {
-            n.notify_one();
+        for w in self.waiters.values() {
+            w.notify.notify_one();
         }
     }
 }
@@ -116,13 +118,22 @@ pub(crate) struct Hub {
     received: AtomicU64,
 }
 
+/// What the hub keeps for one registered waiter.
+#[derive(Default)]
+struct Waiter {
+    /// Told to re-check.
+    notify: Notify,
+    /// The token of a permit a release handed this waiter (0: none).
+    handed: AtomicU64,
+}
+
 /// A waiter's entry in a node's wake-up hub ([`Node::register`](super::Node::register));
 /// removed on drop.
 pub struct Registration {
     hub: Arc<Hub>,
     waiter: String,
     channel: String,
-    notify: Arc<Notify>,
+    entry: Arc<Waiter>,
 }
 
 impl Registration {
@@ -135,7 +146,17 @@ impl Registration {
     /// # Errors
     /// None.
     pub async fn notified(&self) {
-        self.notify.notified().await;
+        self.entry.notify.notified().await;
+    }
+
+    /// The token of a semaphore permit a release handed this waiter, if a message said so
+    /// (taken: a second call returns `None`). The waiter holds that permit: its lease runs from
+    /// the waiter's last attempt that was answered with a place in the queue.
+    pub fn handed(&self) -> Option<u64> {
+        match self.entry.handed.swap(0, Ordering::AcqRel) {
+            0 => None,
+            token => Some(token),
+        }
     }
 }
 
@@ -181,9 +202,9 @@ impl Hub {
     /// whether the channel is already confirmed subscribed on the live subscriber connection:
     /// if so, any wake-up published on it after this call reaches the waiter.
     pub(crate) fn register(self: &Arc<Self>, waiter: &str, channel: &str) -> (Registration, bool) {
-        let notify = Arc::new(Notify::new());
+        let waiting = Arc::new(Waiter::default());
         let mut state = self.state();
-        state.waiters.insert(waiter.to_owned(), notify.clone());
+        state.waiters.insert(waiter.to_owned(), waiting.clone());
         let entry = state.channels.entry(channel.to_owned()).or_insert(Channel {
             confirmed: None,
             users: 0,
@@ -197,7 +218,7 @@ impl Hub {
                 hub: self.clone(),
                 waiter: waiter.to_owned(),
                 channel: channel.to_owned(),
-                notify,
+                entry: waiting,
             },
             subscribed,
         )
@@ -279,15 +300,23 @@ impl Hub {
         Ok((generation, sink))
     }
 
-    /// Wakes the waiter a message names.
+    /// Wakes the waiter a message names (`<owner id>`, or `<owner id>:<token>` for a handed
+    /// permit, whose token it keeps for the waiter).
     fn deliver(&self, payload: &[u8]) {
         self.received.fetch_add(1, Ordering::Relaxed);
+        let Ok(text) = std::str::from_utf8(payload) else {
+            return;
+        };
+        let (id, token) = match text.split_once(':') {
+            Some((id, token)) => (id, token.parse::<u64>().ok()),
+            None => (text, None),
+        };
         let state = self.state();
-        let waiter = std::str::from_utf8(payload)
-            .ok()
-            .and_then(|id| state.waiters.get(id));
-        if let Some(n) = waiter {
-            n.notify_one();
+        if let Some(w) = state.waiters.get(id) {
+            if let Some(token) = token.filter(|t| *t > 0) {
+                w.handed.store(token, Ordering::Release);
+            }
+            w.notify.notify_one();
         }
     }
 

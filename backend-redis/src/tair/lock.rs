@@ -150,6 +150,7 @@ impl Queued for TairHold {
         mode: Mode,
         floor: u64,
         started: Instant,
+        _queued: Option<Instant>,
     ) -> Result<Step> {
         debug_assert_eq!(mode, Mode::Wait, "the queue's loop waits");
         let waiting = self.writer.then_some(WRITER_WAITING);

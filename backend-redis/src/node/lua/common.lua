@@ -23,12 +23,16 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Removes waiters whose liveness ran out (crashed or stalled clients); returns how many.
-local function prune(queue, alive, now)
+-- Removes waiters whose liveness ran out (crashed or stalled clients), and their fields of the
+-- hash `terms` when one is given (a semaphore's: see `sem_acquire.lua`); returns how many.
+local function prune(queue, alive, now, terms)
   local dead = redis.call('ZRANGEBYSCORE', alive, '-inf', now, 'LIMIT', 0, 100)
   for _, w in ipairs(dead) do
     redis.call('ZREM', queue, w)
     redis.call('ZREM', alive, w)
+    if terms then
+      redis.call('HDEL', terms, w)
+    end
   end
   return #dead
 end
@@ -41,15 +45,20 @@ end
 -- script's slot, published with SPUBLISH, so the message stays on this node instead of crossing
 -- the cluster bus. Prefixes never hold a brace, so a plain `wakes` never starts with one.
 --
+-- Sends `payload` to the client of the queue entry `entry`, on its own channel.
+local function tell(wakes, entry, payload)
+  local publish = 'PUBLISH'
+  if string.byte(wakes, 1) == 123 then
+    publish = 'SPUBLISH'
+  end
+  redis.call(publish, wakes .. string.sub(entry, 33, 48), payload)
+end
+
 -- If someone waits, tells the head waiter to re-check (the payload is its owner id).
 local function wake_first(queue, wakes)
   local head = redis.call('ZRANGE', queue, 0, 0)[1]
   if head then
-    local publish = 'PUBLISH'
-    if string.byte(wakes, 1) == 123 then
-      publish = 'SPUBLISH'
-    end
-    redis.call(publish, wakes .. string.sub(head, 33, 48), string.sub(head, 1, 32))
+    tell(wakes, head, string.sub(head, 1, 32))
   end
 end
 
