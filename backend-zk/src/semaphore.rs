@@ -392,9 +392,16 @@ impl ZkLock {
         // Few permits: watch the nodes right ahead (see `wait_ahead`); many: the children.
         let watch_children = permits as usize > WATCH_AHEAD_MAX;
         let mut stat = None;
+        // Set when this request was the first waiter (exactly `permits` nodes ahead, all
+        // watched) and one of them went while its node stood: fewer than `permits` are ahead
+        // then, and no node can be created below an existing one, so it holds without reading
+        // the children again (dlock's layout has only dlock clients; see `wait_ahead`).
+        let mut ahead_gone = false;
         loop {
             let checked_at = Instant::now();
-            let listed = if watch_children {
+            let listed = if ahead_gone {
+                Ok(Ok((vec![me.clone()], None)))
+            } else if watch_children {
                 let listed = timed(self.limit(), client.list_and_watch_children(parent)).await;
                 listed.map(|r| r.map(|(children, w)| (children, Some(w))))
             } else {
@@ -440,8 +447,10 @@ impl ZkLock {
                 Some(watcher) => wait_change(watcher, deadline).await,
                 None => {
                     let ahead = &queue[at - permits as usize..at];
-                    self.wait_ahead(&client, name, parent, ahead, &path, deadline)
+                    let gone = self
+                        .wait_ahead(&client, name, parent, ahead, &path, deadline)
                         .await?;
+                    ahead_gone = gone && at == permits as usize;
                 }
             }
         }
@@ -449,7 +458,11 @@ impl ZkLock {
 
     /// Waits, in dlock's layout, until one of the `ahead` nodes (the `permits` nodes right
     /// ahead of this request's node `mine`) or `mine` itself changes, the session breaks, or
-    /// `deadline` passes; returns at once if one of them is gone already.
+    /// `deadline` passes; returns at once if one of them is gone already. Says `true` only
+    /// when a node of `ahead` is known deleted while `mine` is known to stand: the client
+    /// hands a session's watch events over in the server's order, and `mine`'s watch is looked
+    /// at first, so a deletion of `mine` that came first is seen first (as the lock's
+    /// `wait_for` does).
     ///
     /// While all `permits` of them stand, at least `permits` nodes are ahead, so this request
     /// cannot hold, whatever happens further ahead; it can only move up once one of them goes.
@@ -464,33 +477,54 @@ impl ZkLock {
         ahead: &[PermitNode],
         mine: &str,
         deadline: Option<Instant>,
-    ) -> Result<()> {
-        // Every watch is on the wire before any reply is awaited.
+    ) -> Result<bool> {
+        // Every watch is on the wire before any reply is awaited, `mine` last: if a node
+        // ahead is gone and `mine` stands after, then `mine` stood when that node was read.
         let sent: Vec<_> = ahead
             .iter()
             .map(|n| client.check_and_watch_stat(&format!("{parent}/{}", n.node)))
-            .chain([client.check_and_watch_stat(mine)])
             .collect();
+        let own = client.check_and_watch_stat(mine);
         let mut changes = tokio::task::JoinSet::new();
+        let mut gone = false;
         for watch in sent {
             let (stat, watcher) = self.watched(name, watch).await?;
-            if stat.is_none() {
-                return Ok(());
+            match stat {
+                Some(_) => {
+                    changes.spawn(async move { watcher.changed().await.event_type });
+                }
+                None => gone = true,
             }
-            changes.spawn(watcher.changed());
         }
+        let (own, own_watcher) = self.watched(name, own).await?;
+        if own.is_none() {
+            return Ok(false);
+        }
+        if gone {
+            return Ok(true);
+        }
+        let own_changed = own_watcher.changed();
+        tokio::pin!(own_changed);
+        let changed = async {
+            tokio::select! {
+                // Own first: when both events are already in, the deletion of this request's
+                // node must not be missed.
+                biased;
+                _ = &mut own_changed => false,
+                event = changes.join_next() => {
+                    matches!(event, Some(Ok(zk::EventType::NodeDeleted)))
+                }
+            }
+        };
         match deadline {
             Some(d) => {
                 tokio::select! {
-                    _ = changes.join_next() => {}
-                    _ = tokio::time::sleep_until(d.into()) => {}
+                    gone = changed => Ok(gone),
+                    _ = tokio::time::sleep_until(d.into()) => Ok(false),
                 }
             }
-            None => {
-                changes.join_next().await;
-            }
+            None => Ok(changed.await),
         }
-        Ok(())
     }
 
     /// Curator's and kazoo's layouts, with the internal mutex held.

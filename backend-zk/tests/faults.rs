@@ -916,3 +916,65 @@ async fn a_permit_waiter_is_admitted_whichever_holder_ahead_leaves() {
     assert!(d.fencing_token() > c.fencing_token());
     drop((c, d));
 }
+
+/// The total of watches the server at `addr` holds, from `wchs`.
+async fn watches(addr: std::net::SocketAddr) -> usize {
+    let text = conformance_tests::kit::zk_four_letter(addr, "wchs", 5 * SEC)
+        .await
+        .expect("wchs");
+    text.split("Total watches:")
+        .nth(1)
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no watch total in {text:?}"))
+}
+
+/// In dlock's layout the first waiter of a semaphore watches exactly the nodes ahead of it, so
+/// when one of them goes it holds on that event alone, without reading the children again: here
+/// the waiter's link drops every request from the moment its watches are set, and it still
+/// gets the permit when the holder releases (the event comes from the server). Its token is
+/// above the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_permit_waiter_holds_on_the_event_alone() {
+    let zk = ZooKeeper::start().await.expect("kit ZooKeeper");
+    let proxy = Proxy::start(zk.addr()).await.expect("proxy");
+    let url = |addr: String| format!("zk://{addr}/sem-event?timeout=20s");
+    let holder = dyn_lock(&client(&url(zk.addr().to_string())).await);
+    let waiter = dyn_lock(&client(&url(proxy.addr().to_string())).await);
+    let name = unique("first-waiter");
+    let held = holder
+        .semaphore(&name, 1)
+        .expect("semaphore")
+        .acquire(&plain(60 * SEC, Wait::No))
+        .await
+        .expect("the holder takes the permit");
+    let before = watches(zk.addr()).await;
+    let waiting = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            waiter
+                .semaphore(&name, 1)
+                .expect("semaphore")
+                .acquire(&plain(60 * SEC, Wait::For(60 * SEC)))
+                .await
+        })
+    };
+    // Its watch on the holder's node and on its own.
+    let deadline = Instant::now() + 30 * SEC;
+    while watches(zk.addr()).await < before + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never set its watches"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+    proxy.set(Fault::BlackholeRequests);
+    let old = held.fencing_token();
+    assert_eq!(held.release().await.expect("release"), Released::Released);
+    let got = within(30 * SEC, "the waiter's permit", waiting)
+        .await
+        .expect("task")
+        .expect("the waiter holds on the deletion event, with no request answered");
+    assert!(got.fencing_token() > old, "its token is above the holder's");
+    proxy.set(Fault::PassThrough);
+    assert_eq!(got.release().await.expect("release"), Released::Released);
+}
