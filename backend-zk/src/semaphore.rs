@@ -173,8 +173,8 @@ fn node_gone(client: &zk::Client, name: &LockName, when: &str) -> Error {
     }
 }
 
-/// Up to this many permits, a waiter in dlock's layout watches the `permits` nodes right ahead
-/// of its own (see [`ZkLock::wait_ahead`]); above it, the semaphore's children.
+/// Up to this many permits, a waiter in dlock's layout watches `permits` nodes ahead of its own
+/// (see [`ZkLock::wait_ahead`]); above it, the semaphore's children.
 const WATCH_AHEAD_MAX: usize = 16;
 
 /// Waits until the watched children change (or the session's state does), or `deadline`.
@@ -392,10 +392,8 @@ impl ZkLock {
         // Few permits: watch the nodes right ahead (see `wait_ahead`); many: the children.
         let watch_children = permits as usize > WATCH_AHEAD_MAX;
         let mut stat = None;
-        // Set when this request was the first waiter (exactly `permits` nodes ahead, all
-        // watched) and one of them went while its node stood: fewer than `permits` are ahead
-        // then, and no node can be created below an existing one, so it holds without reading
-        // the children again (dlock's layout has only dlock clients; see `wait_ahead`).
+        // Set when fewer than `permits` nodes are known to be ahead while this request's node
+        // stood: it holds without reading the children again (see `wait_ahead`).
         let mut ahead_gone = false;
         loop {
             let checked_at = Instant::now();
@@ -446,84 +444,126 @@ impl ZkLock {
             match watcher {
                 Some(watcher) => wait_change(watcher, deadline).await,
                 None => {
-                    let ahead = &queue[at - permits as usize..at];
-                    let gone = self
-                        .wait_ahead(&client, name, parent, ahead, &path, deadline)
+                    ahead_gone = self
+                        .wait_ahead(
+                            &client,
+                            name,
+                            parent,
+                            &queue[..at],
+                            permits,
+                            &path,
+                            deadline,
+                        )
                         .await?;
-                    ahead_gone = gone && at == permits as usize;
                 }
             }
         }
     }
 
-    /// Waits, in dlock's layout, until one of the `ahead` nodes (the `permits` nodes right
-    /// ahead of this request's node `mine`) or `mine` itself changes, the session breaks, or
-    /// `deadline` passes; returns at once if one of them is gone already. Says `true` only
-    /// when a node of `ahead` is known deleted while `mine` is known to stand: the client
-    /// hands a session's watch events over in the server's order, and `mine`'s watch is looked
-    /// at first, so a deletion of `mine` that came first is seen first (as the lock's
-    /// `wait_for` does).
+    /// Waits, in dlock's layout, while at least `permits` of the `ahead` nodes (every node
+    /// ahead of this request's node `mine` in one listing) stand. Says `true` once fewer than
+    /// `permits` of them are left while `mine` stood: the request holds then, without reading
+    /// the children again. Says `false` when anything else happens (`mine` changes, a watched
+    /// node changes without going, the session breaks, `deadline` passes): the caller reads
+    /// the children again and decides from them.
     ///
-    /// While all `permits` of them stand, at least `permits` nodes are ahead, so this request
-    /// cannot hold, whatever happens further ahead; it can only move up once one of them goes.
-    /// So a release wakes only the waiters that have the freed node among their `permits`
-    /// predecessors, not every waiter (and a new request behind wakes nobody), where a watch
-    /// on the children would wake every waiter at every change.
+    /// It watches a window of `permits` nodes that stand, the nearest ones first. While they
+    /// all stand this request cannot hold, whatever happens further ahead. When one goes, the
+    /// next node down the listing is watched in its place (and skipped if it is gone too); no
+    /// listing is needed, since every node ahead of `mine` was in the listing made after
+    /// `mine` was created (nothing is created below an existing node, and dlock's layout has
+    /// only dlock clients). So a release costs each waiter that watched the freed node one
+    /// `exists`, and a new request behind wakes nobody; a watch on the children would wake
+    /// every waiter at every change, and each would read them all.
+    ///
+    /// `mine`'s own watch is looked at first, and the client hands a session's watch events
+    /// and replies over in the server's order, so a deletion of `mine` that came before the
+    /// last node ahead went is seen first (as the lock's `wait_for` does).
+    #[allow(clippy::too_many_arguments)]
     async fn wait_ahead(
         &self,
         client: &zk::Client,
         name: &LockName,
         parent: &str,
         ahead: &[PermitNode],
+        permits: u32,
         mine: &str,
         deadline: Option<Instant>,
     ) -> Result<bool> {
-        // Every watch is on the wire before any reply is awaited, `mine` last: if a node
-        // ahead is gone and `mine` stands after, then `mine` stood when that node was read.
-        let sent: Vec<_> = ahead
-            .iter()
-            .map(|n| client.check_and_watch_stat(&format!("{parent}/{}", n.node)))
+        let permits = permits as usize;
+        // Candidates, nearest last (popped first).
+        let mut below: Vec<&str> = ahead.iter().map(|n| n.node.as_str()).collect();
+        let mut window = 0;
+        let mut changes = tokio::task::JoinSet::new();
+        // The first window's watches are all on the wire before any reply is awaited, `mine`
+        // last: if a node ahead is gone and `mine` stands after, `mine` stood when it went.
+        let first: Vec<_> = (0..permits.min(below.len()))
+            .filter_map(|_| below.pop())
+            .map(|node| {
+                (
+                    node,
+                    client.check_and_watch_stat(&format!("{parent}/{node}")),
+                )
+            })
             .collect();
         let own = client.check_and_watch_stat(mine);
-        let mut changes = tokio::task::JoinSet::new();
-        let mut gone = false;
-        for watch in sent {
+        for (node, watch) in first {
             let (stat, watcher) = self.watched(name, watch).await?;
-            match stat {
-                Some(_) => {
-                    changes.spawn(async move { watcher.changed().await.event_type });
-                }
-                None => gone = true,
+            if stat.is_some() {
+                window += 1;
+                let node = node.to_owned();
+                changes.spawn(async move { (node, watcher.changed().await.event_type) });
             }
         }
         let (own, own_watcher) = self.watched(name, own).await?;
         if own.is_none() {
             return Ok(false);
         }
-        if gone {
-            return Ok(true);
-        }
         let own_changed = own_watcher.changed();
         tokio::pin!(own_changed);
-        let changed = async {
-            tokio::select! {
-                // Own first: when both events are already in, the deletion of this request's
-                // node must not be missed.
-                biased;
-                _ = &mut own_changed => false,
-                event = changes.join_next() => {
-                    matches!(event, Some(Ok(zk::EventType::NodeDeleted)))
+        loop {
+            // Fill the window from the nodes further ahead.
+            while window < permits {
+                let Some(node) = below.pop() else {
+                    // Fewer than `permits` stand ahead; `mine` must not have gone first.
+                    return Ok(tokio::select! {
+                        biased;
+                        _ = &mut own_changed => false,
+                        () = std::future::ready(()) => true,
+                    });
+                };
+                let watch = client.check_and_watch_stat(&format!("{parent}/{node}"));
+                let (stat, watcher) = self.watched(name, watch).await?;
+                if stat.is_some() {
+                    window += 1;
+                    let node = node.to_owned();
+                    changes.spawn(async move { (node, watcher.changed().await.event_type) });
                 }
             }
-        };
-        match deadline {
-            Some(d) => {
+            let changed = async {
                 tokio::select! {
-                    gone = changed => Ok(gone),
-                    _ = tokio::time::sleep_until(d.into()) => Ok(false),
+                    // Own first: when both events are already in, the deletion of this
+                    // request's node must not be missed.
+                    biased;
+                    _ = &mut own_changed => false,
+                    event = changes.join_next() => {
+                        matches!(event, Some(Ok((_, zk::EventType::NodeDeleted))))
+                    }
                 }
+            };
+            let gone = match deadline {
+                Some(d) => {
+                    tokio::select! {
+                        gone = changed => gone,
+                        _ = tokio::time::sleep_until(d.into()) => false,
+                    }
+                }
+                None => changed.await,
+            };
+            if !gone {
+                return Ok(false);
             }
-            None => Ok(changed.await),
+            window -= 1;
         }
     }
 

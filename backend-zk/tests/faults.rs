@@ -4,7 +4,7 @@
 //! session. Each uses a kit server of its own (or its own chroot on the shared
 //! one), and checks safety on recorded histories and a fenced resource.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backend_zk::zookeeper_client as zk;
@@ -977,4 +977,135 @@ async fn first_permit_waiter_holds_on_the_event_alone() {
     assert!(got.fencing_token() > old, "its token is above the holder's");
     proxy.set(Fault::PassThrough);
     assert_eq!(got.release().await.expect("release"), Released::Released);
+}
+
+/// A pass-through link to `upstream` that records the opcode of every request its one client
+/// sends (ZooKeeper frames: a 4-byte length, then, after the connect request, the xid and the
+/// opcode). Returns the address to connect to and the recorded opcodes.
+async fn opcode_recorder(upstream: std::net::SocketAddr) -> (String, Arc<Mutex<Vec<i32>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let ops = Arc::new(Mutex::new(Vec::new()));
+    let recorded = ops.clone();
+    tokio::spawn(async move {
+        let (client, _) = listener.accept().await.expect("accept");
+        let server = tokio::net::TcpStream::connect(upstream)
+            .await
+            .expect("upstream");
+        let (mut from_client, mut to_client) = client.into_split();
+        let (mut from_server, mut to_server) = server.into_split();
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+        });
+        let mut connected = false;
+        loop {
+            let mut len = [0u8; 4];
+            if from_client.read_exact(&mut len).await.is_err() {
+                return;
+            }
+            let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+            if from_client.read_exact(&mut frame).await.is_err() {
+                return;
+            }
+            if connected && frame.len() >= 8 {
+                let op = i32::from_be_bytes(frame[4..8].try_into().expect("4 bytes"));
+                ops.lock().unwrap().push(op);
+            }
+            connected = true;
+            if to_server.write_all(&len).await.is_err()
+                || to_server.write_all(&frame).await.is_err()
+            {
+                return;
+            }
+        }
+    });
+    (addr, recorded)
+}
+
+/// ZooKeeper's opcodes for `getChildren` and `getChildren2`.
+const GET_CHILDREN: [i32; 2] = [8, 12];
+
+/// Waits until the server at `addr` holds exactly `n` watches (never more).
+async fn await_watches(addr: std::net::SocketAddr, n: usize, what: &str) {
+    let deadline = Instant::now() + 30 * SEC;
+    loop {
+        let now = watches(addr).await;
+        assert!(now <= n, "{what}: {now} watches, more than {n}");
+        if now == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what} never set its watches");
+        tokio::time::sleep(ms(20)).await;
+    }
+}
+
+/// In dlock's layout a permit waiter never reads the children again while it waits: every node
+/// ahead of it was in the listing made after its own node was created, so it follows them with
+/// `exists` watches alone. Here the second of two waiters on one permit moves up to first when
+/// the holder releases, then holds when the first releases, and sends no `getChildren` from the
+/// moment its watches are set; the tokens increase along the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permit_waiters_move_up_without_reading_the_children() {
+    let zk = ZooKeeper::start().await.expect("kit ZooKeeper");
+    let url = |addr: String| format!("zk://{addr}/sem-move-up?timeout=20s");
+    let (recorder, ops) = opcode_recorder(zk.addr()).await;
+    let (h, w1, w2) = (
+        dyn_lock(&client(&url(zk.addr().to_string())).await),
+        dyn_lock(&client(&url(zk.addr().to_string())).await),
+        dyn_lock(&client(&url(recorder)).await),
+    );
+    let name = unique("move-up");
+    let held = h
+        .semaphore(&name, 1)
+        .expect("semaphore")
+        .acquire(&plain(60 * SEC, Wait::No))
+        .await
+        .expect("the holder takes the permit");
+    let waiter = |lock: Arc<dyn DistributedLock>| {
+        let name = name.clone();
+        tokio::spawn(async move {
+            lock.semaphore(&name, 1)
+                .expect("semaphore")
+                .acquire(&plain(60 * SEC, Wait::For(60 * SEC)))
+                .await
+        })
+    };
+    // Each waiter watches the node ahead of it and its own: two watches each.
+    let base = watches(zk.addr()).await;
+    let first = waiter(w1);
+    await_watches(zk.addr(), base + 2, "the first waiter").await;
+    let second = waiter(w2);
+    await_watches(zk.addr(), base + 4, "the second waiter").await;
+    let sent = ops.lock().unwrap().len();
+    assert!(
+        ops.lock()
+            .unwrap()
+            .iter()
+            .any(|op| GET_CHILDREN.contains(op)),
+        "the second waiter listed the children once, and the recorder saw it: {:?}",
+        ops.lock().unwrap()
+    );
+    let t0 = held.fencing_token();
+    assert_eq!(held.release().await.expect("release"), Released::Released);
+    let g1 = within(30 * SEC, "the first waiter's permit", first)
+        .await
+        .expect("task")
+        .expect("the first waiter holds");
+    assert!(!second.is_finished(), "one permit: the second still waits");
+    let t1 = g1.fencing_token();
+    assert_eq!(g1.release().await.expect("release"), Released::Released);
+    let g2 = within(30 * SEC, "the second waiter's permit", second)
+        .await
+        .expect("task")
+        .expect("the second waiter holds");
+    let after: Vec<i32> = ops.lock().unwrap()[sent..].to_vec();
+    assert!(
+        !after.iter().any(|op| GET_CHILDREN.contains(op)),
+        "no getChildren while the second waiter moved up and held: {after:?}"
+    );
+    assert!(t0 < t1 && t1 < g2.fencing_token(), "tokens increase");
+    assert_eq!(g2.release().await.expect("release"), Released::Released);
 }
