@@ -177,6 +177,29 @@ fn node_gone(client: &zk::Client, name: &LockName, when: &str) -> Error {
 /// (see [`ZkLock::wait_ahead`]); above it, the semaphore's children.
 const WATCH_AHEAD_MAX: usize = 16;
 
+/// The watches a waiter in dlock's layout keeps while it waits (see [`ZkLock::wait_ahead`]).
+#[derive(Default)]
+struct Watching {
+    /// The nodes ahead with an `exists` watch not yet fired.
+    nodes: std::collections::HashSet<String>,
+    /// Their events, by node.
+    changes: tokio::task::JoinSet<(String, zk::EventType)>,
+    /// The watch on the waiter's own node, once set and until it fires.
+    own: Option<std::pin::Pin<Box<dyn Future<Output = zk::WatchedEvent> + Send>>>,
+}
+
+/// What ended one wait of [`ZkLock::wait_ahead`].
+enum Woke {
+    /// The waiter's own node changed.
+    Own,
+    /// A node ahead was found gone as its watch was set.
+    FoundGone,
+    /// A watched node ahead had this event.
+    Node(String, zk::EventType),
+    /// The watch task ended without an event (it never does unless the client goes away).
+    Lost,
+}
+
 /// Waits until the watched children change (or the session's state does), or `deadline`.
 async fn wait_change(watcher: zk::OneshotWatcher, deadline: Option<Instant>) {
     let changed = watcher.changed();
@@ -392,9 +415,12 @@ impl ZkLock {
         // Few permits: watch the nodes right ahead (see `wait_ahead`); many: the children.
         let watch_children = permits as usize > WATCH_AHEAD_MAX;
         let mut stat = None;
-        // Set when fewer than `permits` nodes are known to be ahead while this request's node
-        // stood: it holds without reading the children again (see `wait_ahead`).
+        // Set when this request was the first waiter (exactly `permits` nodes ahead, all
+        // watched) and one of them went while its node stood: fewer than `permits` are ahead
+        // then, and no node can be created below an existing one, so it holds without reading
+        // the children again (dlock's layout has only dlock clients).
         let mut ahead_gone = false;
+        let mut watching = Watching::default();
         loop {
             let checked_at = Instant::now();
             let listed = if ahead_gone {
@@ -444,41 +470,34 @@ impl ZkLock {
             match watcher {
                 Some(watcher) => wait_change(watcher, deadline).await,
                 None => {
-                    ahead_gone = self
-                        .wait_ahead(
-                            &client,
-                            name,
-                            parent,
-                            &queue[..at],
-                            permits,
-                            &path,
-                            deadline,
-                        )
+                    let ahead = &queue[at - permits as usize..at];
+                    let gone = self
+                        .wait_ahead(&client, name, parent, ahead, &path, &mut watching, deadline)
                         .await?;
+                    ahead_gone = gone && at == permits as usize;
                 }
             }
         }
     }
 
-    /// Waits, in dlock's layout, while at least `permits` of the `ahead` nodes (every node
-    /// ahead of this request's node `mine` in one listing) stand. Says `true` once fewer than
-    /// `permits` of them are left while `mine` stood: the request holds then, without reading
-    /// the children again. Says `false` when anything else happens (`mine` changes, a watched
-    /// node changes without going, the session breaks, `deadline` passes): the caller reads
-    /// the children again and decides from them.
+    /// Waits, in dlock's layout, until one of the `ahead` nodes (the `permits` nodes right
+    /// ahead of this request's node `mine`) or `mine` itself changes, the session breaks, or
+    /// `deadline` passes; returns at once if one of them is gone already. Says `true` only
+    /// when a node of `ahead` is known deleted while `mine` is known to stand.
     ///
-    /// It watches a window of `permits` nodes that stand, the nearest ones first. While they
-    /// all stand this request cannot hold, whatever happens further ahead. When one goes, the
-    /// next node down the listing is watched in its place (and skipped if it is gone too); no
-    /// listing is needed, since every node ahead of `mine` was in the listing made after
-    /// `mine` was created (nothing is created below an existing node, and dlock's layout has
-    /// only dlock clients). So a release costs each waiter that watched the freed node one
-    /// `exists`, and a new request behind wakes nobody; a watch on the children would wake
-    /// every waiter at every change, and each would read them all.
+    /// While all `permits` of them stand, at least `permits` nodes are ahead, so this request
+    /// cannot hold, whatever happens further ahead; it can only move up once one of them goes.
+    /// So a release wakes only the waiters that have the freed node among their `permits`
+    /// predecessors, not every waiter (and a new request behind wakes nobody), where a watch
+    /// on the children would wake every waiter at every change.
+    ///
+    /// The watches stay in `watching` across calls: a node stays among the `permits` right
+    /// ahead until it goes (nodes ahead only ever go), so after a release a waiter sends one
+    /// `exists` for the node that moved into its window, not one for each.
     ///
     /// `mine`'s own watch is looked at first, and the client hands a session's watch events
-    /// and replies over in the server's order, so a deletion of `mine` that came before the
-    /// last node ahead went is seen first (as the lock's `wait_for` does).
+    /// and replies over in the server's order, so a deletion of `mine` that came before is
+    /// seen first (as the lock's `wait_for` does).
     #[allow(clippy::too_many_arguments)]
     async fn wait_ahead(
         &self,
@@ -486,84 +505,87 @@ impl ZkLock {
         name: &LockName,
         parent: &str,
         ahead: &[PermitNode],
-        permits: u32,
         mine: &str,
+        watching: &mut Watching,
         deadline: Option<Instant>,
     ) -> Result<bool> {
-        let permits = permits as usize;
-        // Candidates, nearest last (popped first).
-        let mut below: Vec<&str> = ahead.iter().map(|n| n.node.as_str()).collect();
-        let mut window = 0;
-        let mut changes = tokio::task::JoinSet::new();
-        // The first window's watches are all on the wire before any reply is awaited, `mine`
-        // last: if a node ahead is gone and `mine` stands after, `mine` stood when it went.
-        let first: Vec<_> = (0..permits.min(below.len()))
-            .filter_map(|_| below.pop())
-            .map(|node| {
-                (
-                    node,
-                    client.check_and_watch_stat(&format!("{parent}/{node}")),
-                )
+        // Every new watch is on the wire before any reply is awaited, `mine` last: if a node
+        // ahead is gone and `mine` stands after, `mine` stood when that node was read.
+        let sent: Vec<_> = ahead
+            .iter()
+            .filter(|n| !watching.nodes.contains(&n.node))
+            .map(|n| {
+                let watch = client.check_and_watch_stat(&format!("{parent}/{}", n.node));
+                (n.node.clone(), watch)
             })
             .collect();
-        let own = client.check_and_watch_stat(mine);
-        for (node, watch) in first {
+        let own = watching
+            .own
+            .is_none()
+            .then(|| client.check_and_watch_stat(mine));
+        let mut gone = false;
+        for (node, watch) in sent {
             let (stat, watcher) = self.watched(name, watch).await?;
-            if stat.is_some() {
-                window += 1;
-                let node = node.to_owned();
-                changes.spawn(async move { (node, watcher.changed().await.event_type) });
-            }
-        }
-        let (own, own_watcher) = self.watched(name, own).await?;
-        if own.is_none() {
-            return Ok(false);
-        }
-        let own_changed = own_watcher.changed();
-        tokio::pin!(own_changed);
-        loop {
-            // Fill the window from the nodes further ahead.
-            while window < permits {
-                let Some(node) = below.pop() else {
-                    // Fewer than `permits` stand ahead; `mine` must not have gone first.
-                    return Ok(tokio::select! {
-                        biased;
-                        _ = &mut own_changed => false,
-                        () = std::future::ready(()) => true,
-                    });
-                };
-                let watch = client.check_and_watch_stat(&format!("{parent}/{node}"));
-                let (stat, watcher) = self.watched(name, watch).await?;
-                if stat.is_some() {
-                    window += 1;
-                    let node = node.to_owned();
-                    changes.spawn(async move { (node, watcher.changed().await.event_type) });
+            match stat {
+                Some(_) => {
+                    watching.nodes.insert(node.clone());
+                    watching
+                        .changes
+                        .spawn(async move { (node, watcher.changed().await.event_type) });
                 }
+                None => gone = true,
             }
+        }
+        if let Some(own) = own {
+            let (stat, watcher) = self.watched(name, own).await?;
+            if stat.is_none() {
+                return Ok(false);
+            }
+            watching.own = Some(Box::pin(watcher.changed()));
+        }
+        let Some(own_changed) = watching.own.as_mut() else {
+            return Ok(false);
+        };
+        loop {
+            // Own first: when both events are already in, the deletion of this request's node
+            // must not be missed.
             let changed = async {
                 tokio::select! {
-                    // Own first: when both events are already in, the deletion of this
-                    // request's node must not be missed.
                     biased;
-                    _ = &mut own_changed => false,
-                    event = changes.join_next() => {
-                        matches!(event, Some(Ok((_, zk::EventType::NodeDeleted))))
-                    }
+                    _ = own_changed.as_mut() => Woke::Own,
+                    () = std::future::ready(()), if gone => Woke::FoundGone,
+                    event = watching.changes.join_next() => match event {
+                        Some(Ok((node, event))) => Woke::Node(node, event),
+                        _ => Woke::Lost,
+                    },
                 }
             };
-            let gone = match deadline {
+            let woke = match deadline {
                 Some(d) => {
                     tokio::select! {
-                        gone = changed => gone,
-                        _ = tokio::time::sleep_until(d.into()) => false,
+                        woke = changed => woke,
+                        _ = tokio::time::sleep_until(d.into()) => return Ok(false),
                     }
                 }
                 None => changed.await,
             };
-            if !gone {
-                return Ok(false);
-            }
-            window -= 1;
+            return Ok(match woke {
+                Woke::Own => {
+                    // Its watch is spent.
+                    watching.own = None;
+                    false
+                }
+                Woke::FoundGone => true,
+                Woke::Lost => false,
+                Woke::Node(node, event) => {
+                    watching.nodes.remove(&node);
+                    // A node that went before the listing `ahead` comes from: nothing to do.
+                    if !ahead.iter().any(|n| n.node == node) {
+                        continue;
+                    }
+                    event == zk::EventType::NodeDeleted
+                }
+            });
         }
     }
 

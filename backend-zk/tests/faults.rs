@@ -924,7 +924,7 @@ async fn watches(addr: std::net::SocketAddr) -> usize {
         .expect("wchs");
     text.split("Total watches:")
         .nth(1)
-        .and_then(|t| t.trim().parse().ok())
+        .and_then(|t| t.trim().parse::<usize>().ok())
         .unwrap_or_else(|| panic!("no watch total in {text:?}"))
 }
 
@@ -1028,84 +1028,134 @@ async fn opcode_recorder(upstream: std::net::SocketAddr) -> (String, Arc<Mutex<V
 /// ZooKeeper's opcodes for `getChildren` and `getChildren2`.
 const GET_CHILDREN: [i32; 2] = [8, 12];
 
-/// Waits until the server at `addr` holds exactly `n` watches (never more).
+/// Waits until the server at `addr` holds exactly `n` watches.
 async fn await_watches(addr: std::net::SocketAddr, n: usize, what: &str) {
     let deadline = Instant::now() + 30 * SEC;
     loop {
         let now = watches(addr).await;
-        assert!(now <= n, "{what}: {now} watches, more than {n}");
         if now == n {
             return;
         }
-        assert!(Instant::now() < deadline, "{what} never set its watches");
+        assert!(
+            Instant::now() < deadline,
+            "{what} never set its watches: {now}, not {n}"
+        );
         tokio::time::sleep(ms(20)).await;
     }
 }
 
-/// In dlock's layout a permit waiter never reads the children again while it waits: every node
-/// ahead of it was in the listing made after its own node was created, so it follows them with
-/// `exists` watches alone. Here the second of two waiters on one permit moves up to first when
-/// the holder releases, then holds when the first releases, and sends no `getChildren` from the
-/// moment its watches are set; the tokens increase along the way.
+/// In dlock's layout a permit waiter keeps its watches while it waits: after a release that
+/// moves it up without letting it hold, it reads the children once and sends one `exists`, for
+/// the node that moved into its window of `permits` nodes ahead, not one for each of them and
+/// its own. Here, on two permits, H2's release lets W1 hold and moves W2 up (H1 and W1 are then
+/// its window, and W1 was watched already); H1's release then lets W2 hold on the event alone,
+/// with no request at all. The tokens increase along the way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn permit_waiters_move_up_without_reading_the_children() {
+async fn permit_waiters_keep_their_watches_as_they_move_up() {
+    /// ZooKeeper's opcodes for `exists`, `ping` and `removeWatches` (the client sends the last
+    /// when the watchers of a path are dropped, as a waiter's are once it holds).
+    const EXISTS: i32 = 3;
+    const PING: i32 = 11;
+    const REMOVE_WATCHES: i32 = 18;
     let zk = ZooKeeper::start().await.expect("kit ZooKeeper");
     let url = |addr: String| format!("zk://{addr}/sem-move-up?timeout=20s");
+    let direct = || url(zk.addr().to_string());
     let (recorder, ops) = opcode_recorder(zk.addr()).await;
-    let (h, w1, w2) = (
-        dyn_lock(&client(&url(zk.addr().to_string())).await),
-        dyn_lock(&client(&url(zk.addr().to_string())).await),
+    let (h1, h2, w1, w2, w3) = (
+        dyn_lock(&client(&direct()).await),
+        dyn_lock(&client(&direct()).await),
+        dyn_lock(&client(&direct()).await),
         dyn_lock(&client(&url(recorder)).await),
+        dyn_lock(&client(&direct()).await),
     );
     let name = unique("move-up");
-    let held = h
-        .semaphore(&name, 1)
-        .expect("semaphore")
-        .acquire(&plain(60 * SEC, Wait::No))
-        .await
-        .expect("the holder takes the permit");
+    let take = |lock: &Arc<dyn DistributedLock>| {
+        let (lock, name) = (lock.clone(), name.clone());
+        async move {
+            lock.semaphore(&name, 2)
+                .expect("semaphore")
+                .acquire(&plain(60 * SEC, Wait::No))
+                .await
+                .expect("a free permit")
+        }
+    };
+    let g1 = take(&h1).await;
+    let g2 = take(&h2).await;
     let waiter = |lock: Arc<dyn DistributedLock>| {
         let name = name.clone();
         tokio::spawn(async move {
-            lock.semaphore(&name, 1)
+            lock.semaphore(&name, 2)
                 .expect("semaphore")
                 .acquire(&plain(60 * SEC, Wait::For(60 * SEC)))
                 .await
         })
     };
-    // Each waiter watches the node ahead of it and its own: two watches each.
+    // Each waiter watches the two nodes ahead of it and its own.
     let base = watches(zk.addr()).await;
     let first = waiter(w1);
-    await_watches(zk.addr(), base + 2, "the first waiter").await;
+    await_watches(zk.addr(), base + 3, "W1").await;
     let second = waiter(w2);
-    await_watches(zk.addr(), base + 4, "the second waiter").await;
-    let sent = ops.lock().unwrap().len();
-    assert!(
-        ops.lock()
-            .unwrap()
-            .iter()
-            .any(|op| GET_CHILDREN.contains(op)),
-        "the second waiter listed the children once, and the recorder saw it: {:?}",
-        ops.lock().unwrap()
-    );
-    let t0 = held.fencing_token();
-    assert_eq!(held.release().await.expect("release"), Released::Released);
-    let g1 = within(30 * SEC, "the first waiter's permit", first)
-        .await
-        .expect("task")
-        .expect("the first waiter holds");
-    assert!(!second.is_finished(), "one permit: the second still waits");
-    let t1 = g1.fencing_token();
-    assert_eq!(g1.release().await.expect("release"), Released::Released);
-    let g2 = within(30 * SEC, "the second waiter's permit", second)
-        .await
-        .expect("task")
-        .expect("the second waiter holds");
-    let after: Vec<i32> = ops.lock().unwrap()[sent..].to_vec();
-    assert!(
-        !after.iter().any(|op| GET_CHILDREN.contains(op)),
-        "no getChildren while the second waiter moved up and held: {after:?}"
-    );
-    assert!(t0 < t1 && t1 < g2.fencing_token(), "tokens increase");
+    await_watches(zk.addr(), base + 6, "W2").await;
+    let third = waiter(w3);
+    await_watches(zk.addr(), base + 9, "W3").await;
+    let mark = ops.lock().unwrap().len();
+
+    let tokens = [g1.fencing_token(), g2.fencing_token()];
     assert_eq!(g2.release().await.expect("release"), Released::Released);
+    let got1 = within(30 * SEC, "W1's permit", first)
+        .await
+        .expect("task")
+        .expect("W1 holds");
+    // W2 moves up: it reads the children and watches H1, which moved into its window (W1 it
+    // watches already); H1 is held until W2's requests are in.
+    let sent = |from: usize| -> Vec<i32> {
+        ops.lock().unwrap()[from..]
+            .iter()
+            .copied()
+            .filter(|op| ![PING, REMOVE_WATCHES].contains(op))
+            .collect()
+    };
+    let deadline = Instant::now() + 30 * SEC;
+    while sent(mark).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "W2 never moved up: {:?}",
+            sent(mark)
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
+    let moved = sent(mark);
+    assert_eq!(
+        moved.len(),
+        2,
+        "W2 sent one listing and one exists: {moved:?}"
+    );
+    assert!(GET_CHILDREN.contains(&moved[0]), "{moved:?}");
+    assert_eq!(moved[1], EXISTS, "{moved:?}");
+    assert!(!second.is_finished() && !third.is_finished(), "two permits");
+    let moved_at = mark;
+    let mark = ops.lock().unwrap().len();
+    assert_eq!(g1.release().await.expect("release"), Released::Released);
+    let got2 = within(30 * SEC, "W2's permit", second)
+        .await
+        .expect("task")
+        .expect("W2 holds");
+    assert_eq!(sent(mark), Vec::<i32>::new(), "W2 held on H1's event alone");
+    assert_eq!(
+        sent(moved_at),
+        moved,
+        "and sent nothing else after the release that moved it up"
+    );
+    assert!(
+        tokens.iter().all(|t| *t < got1.fencing_token())
+            && got1.fencing_token() < got2.fencing_token(),
+        "tokens increase"
+    );
+    got1.release().await.expect("release");
+    let got3 = within(30 * SEC, "W3's permit", third)
+        .await
+        .expect("task")
+        .expect("W3 holds");
+    got2.release().await.expect("release");
+    got3.release().await.expect("release");
 }
