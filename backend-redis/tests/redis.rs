@@ -1200,35 +1200,21 @@ async fn a_cancelled_permit_grant_is_freed() {
     let name = LockName::new(unique("sem-cancel")).unwrap();
     let owner = lockcore::OwnerId::random();
     let o = opts(30 * SEC);
-    let granted = node
-        .acquire_permit(
-            &name,
-            owner,
-            &o,
-            backend_redis::node::Mode::Try,
-            0,
-            1,
-            false,
-        )
-        .await
-        .unwrap();
+    let (node_ref, name_ref, o_ref) = (&node, &name, &o);
+    let try_permit = |who| async move {
+        let try_mode = backend_redis::node::Mode::Try;
+        node_ref
+            .acquire_permit(name_ref, who, o_ref, try_mode, 0, 1, false)
+            .await
+            .unwrap()
+    };
+    let granted = try_permit(owner).await;
     assert!(matches!(
         granted,
         AttemptReply::Now(AcquireReply::Granted(_))
     ));
     let other = lockcore::OwnerId::random();
-    let refused = node
-        .acquire_permit(
-            &name,
-            other,
-            &o,
-            backend_redis::node::Mode::Try,
-            0,
-            1,
-            false,
-        )
-        .await
-        .unwrap();
+    let refused = try_permit(other).await;
     assert!(matches!(
         refused,
         AttemptReply::Now(AcquireReply::Waiting { .. })
@@ -1240,18 +1226,7 @@ async fn a_cancelled_permit_grant_is_freed() {
     assert!(node.cancel_permit(&name, owner).await.unwrap(), "freed");
     let reply = node.inspect_semaphore(&name).await.unwrap();
     assert!(reply.holders.is_empty());
-    let again = node
-        .acquire_permit(
-            &name,
-            other,
-            &o,
-            backend_redis::node::Mode::Try,
-            0,
-            1,
-            false,
-        )
-        .await
-        .unwrap();
+    let again = try_permit(other).await;
     assert!(matches!(again, AttemptReply::Now(AcquireReply::Granted(2))));
 }
 
