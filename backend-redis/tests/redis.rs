@@ -1189,14 +1189,17 @@ async fn a_dropped_permit_wait_leaves_no_entry_and_no_permit() {
     }
 }
 
+/// One node of this crate on the kit's `redis`, for the tests that call its primitives.
+fn node_of(redis: &Redis) -> backend_redis::node::Node {
+    let config = RedisConfig::parse(&redis.url()).unwrap();
+    backend_redis::node::Node::open(&config, "127.0.0.1", redis.port(), false, "test").unwrap()
+}
+
 /// The node's clean-up of a permit acquire frees a permit granted to that owner (the case of a
 /// reply lost with its request) and wakes the next waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_permit_grant_is_freed() {
-    let redis = shared().await;
-    let config = RedisConfig::parse(&redis.url()).unwrap();
-    let node =
-        backend_redis::node::Node::open(&config, "127.0.0.1", redis.port(), false, "test").unwrap();
+    let node = node_of(shared().await);
     let name = LockName::new(unique("sem-cancel")).unwrap();
     let owner = lockcore::OwnerId::random();
     let o = opts(30 * SEC);
@@ -1238,10 +1241,7 @@ async fn a_cancelled_permit_grant_is_freed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_release_hands_the_permit_to_the_head_waiter() {
     use backend_redis::node::Mode;
-    let redis = shared().await;
-    let config = RedisConfig::parse(&redis.url()).unwrap();
-    let node =
-        backend_redis::node::Node::open(&config, "127.0.0.1", redis.port(), false, "test").unwrap();
+    let node = node_of(shared().await);
     let name = LockName::new(unique("sem-hand")).unwrap();
     let o = opts(30 * SEC);
     let (holder, waiter) = (lockcore::OwnerId::random(), lockcore::OwnerId::random());

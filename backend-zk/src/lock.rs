@@ -36,7 +36,7 @@ use zookeeper_client as zk;
 use crate::BACKEND;
 use crate::config::ZkConfig;
 use crate::names::{self, Child, Layout, NodeKind, Request};
-use crate::session::{Session, acls, no_answer, timed, zk_error};
+use crate::session::{Session, acls, no_answer, timed, until, zk_error};
 
 /// How many times a create is retried when the lock's parent vanishes in between (the server
 /// removes empty containers).
@@ -695,15 +695,7 @@ impl ZkLock {
                 }
             }
         };
-        match deadline {
-            Some(d) => {
-                tokio::select! {
-                    woke = changed => Ok(woke),
-                    _ = tokio::time::sleep_until(d.into()) => Ok(Woke::Other),
-                }
-            }
-            None => Ok(changed.await),
-        }
+        Ok(until(deadline, changed).await.unwrap_or(Woke::Other))
     }
 
     /// Awaits the reply of a `check_and_watch_stat` already sent (the client sends a request

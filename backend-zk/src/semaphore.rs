@@ -41,7 +41,7 @@ use crate::lock::{
     session_ended, undo_attempt,
 };
 use crate::names::{self, Layout, Request};
-use crate::session::{acls, no_answer, timed, zk_error};
+use crate::session::{acls, no_answer, timed, until, zk_error};
 
 /// dlock's permit node name, before the owner id and the sequence.
 const DLOCK_PERMIT: &str = "permit-";
@@ -173,8 +173,8 @@ fn node_gone(client: &zk::Client, name: &LockName, when: &str) -> Error {
     }
 }
 
-/// Up to this many permits, a waiter in dlock's layout watches `permits` nodes ahead of its own
-/// (see [`ZkLock::wait_ahead`]); above it, the semaphore's children.
+/// Up to this many permits, a waiter in dlock's layout watches the `permits` nodes right ahead
+/// of its own (see [`ZkLock::wait_ahead`]); above it, the semaphore's children.
 const WATCH_AHEAD_MAX: usize = 16;
 
 /// The watches a waiter in dlock's layout keeps while it waits (see [`ZkLock::wait_ahead`]).
@@ -202,18 +202,7 @@ enum Woke {
 
 /// Waits until the watched children change (or the session's state does), or `deadline`.
 async fn wait_change(watcher: zk::OneshotWatcher, deadline: Option<Instant>) {
-    let changed = watcher.changed();
-    match deadline {
-        Some(d) => {
-            tokio::select! {
-                _ = changed => {}
-                _ = tokio::time::sleep_until(d.into()) => {}
-            }
-        }
-        None => {
-            changed.await;
-        }
-    }
+    until(deadline, watcher.changed()).await;
 }
 
 impl ZkLock {
@@ -560,32 +549,22 @@ impl ZkLock {
                     },
                 }
             };
-            let woke = match deadline {
-                Some(d) => {
-                    tokio::select! {
-                        woke = changed => woke,
-                        _ = tokio::time::sleep_until(d.into()) => return Ok(false),
-                    }
-                }
-                None => changed.await,
-            };
-            return Ok(match woke {
-                Woke::Own => {
+            match until(deadline, changed).await {
+                None | Some(Woke::Lost) => return Ok(false),
+                Some(Woke::FoundGone) => return Ok(true),
+                Some(Woke::Own) => {
                     // Its watch is spent.
                     watching.own = None;
-                    false
+                    return Ok(false);
                 }
-                Woke::FoundGone => true,
-                Woke::Lost => false,
-                Woke::Node(node, event) => {
+                Some(Woke::Node(node, event)) => {
                     watching.nodes.remove(&node);
                     // A node that went before the listing `ahead` comes from: nothing to do.
-                    if !ahead.iter().any(|n| n.node == node) {
-                        continue;
+                    if ahead.iter().any(|n| n.node == node) {
+                        return Ok(event == zk::EventType::NodeDeleted);
                     }
-                    event == zk::EventType::NodeDeleted
                 }
-            });
+            }
         }
     }
 

@@ -181,6 +181,17 @@ pub(crate) async fn timed<T>(limit: Duration, fut: impl Future<Output = T>) -> R
     tokio::time::timeout(limit, fut).await.map_err(|_| ())
 }
 
+/// Runs `fut` until `deadline` (for ever when `None`); `None` when the deadline came first.
+pub(crate) async fn until<T>(
+    deadline: Option<std::time::Instant>,
+    fut: impl Future<Output = T>,
+) -> Option<T> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d.into(), fut).await.ok(),
+        None => Some(fut.await),
+    }
+}
+
 /// The error for a request that got no answer within the timeout.
 pub(crate) fn no_answer(
     operation: &'static str,

@@ -959,14 +959,7 @@ async fn first_permit_waiter_holds_on_the_event_alone() {
         })
     };
     // Its watch on the holder's node and on its own.
-    let deadline = Instant::now() + 30 * SEC;
-    while watches(zk.addr()).await < before + 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the waiter never set its watches"
-        );
-        tokio::time::sleep(ms(20)).await;
-    }
+    await_watches(zk.addr(), before + 2, "the waiter").await;
     proxy.set(Fault::BlackholeRequests);
     let old = held.fencing_token();
     assert_eq!(held.release().await.expect("release"), Released::Released);

@@ -495,32 +495,20 @@ pub(crate) fn parse_permit(value: &Value, owner: OwnerId) -> Result<PermitAnswer
         ));
     }
     match items.first().and_then(int) {
-        Some(-1) => {}
-        Some(2) => {
-            return items
-                .get(1)
-                .and_then(int)
-                .filter(|t| *t > 0)
-                .map(|t| PermitAnswer::Acquire(AttemptReply::Handed(t as u64)))
-                .ok_or_else(|| format!("permit: bad handed token in {value:?}"));
-        }
-        _ => {
-            return parse_acquire(value, owner)
-                .map(|r| PermitAnswer::Acquire(AttemptReply::Now(r)));
-        }
+        Some(-1) => items
+            .get(1)
+            .and_then(int)
+            .and_then(|n| u64::try_from(n).ok())
+            .map(PermitAnswer::Counted)
+            .ok_or_else(|| format!("permit: bad count in {value:?}")),
+        Some(2) => items
+            .get(1)
+            .and_then(int)
+            .filter(|t| *t > 0)
+            .map(|t| PermitAnswer::Acquire(AttemptReply::Handed(t as u64)))
+            .ok_or_else(|| format!("permit: bad handed token in {value:?}")),
+        _ => parse_acquire(value, owner).map(|r| PermitAnswer::Acquire(AttemptReply::Now(r))),
     }
-    if !echoes(items.get(2), owner) {
-        return Err(format!(
-            "permit reply for another request (owner {:?})",
-            echoed(items.get(2))
-        ));
-    }
-    items
-        .get(1)
-        .and_then(int)
-        .and_then(|n| u64::try_from(n).ok())
-        .map(PermitAnswer::Counted)
-        .ok_or_else(|| format!("permit: bad count in {value:?}"))
 }
 
 /// The holders ZSET member of a permit, or of a reader of a read-write lock: `<owner id>:<token>`,

@@ -57,15 +57,12 @@ local pruned = prune(queue, alive, now) + redis.call('ZREMRANGEBYSCORE', shared,
 local writer = redis.call('EXISTS', lock) == 1
 local held = writer or (not read and redis.call('EXISTS', shared) == 1)
 
--- The grant: the exclusive lock, or a read hold that runs out at now + ttl. The member names the
--- token in decimal, as the client writes it (exact up to 2^53).
+-- The grant: the exclusive lock, or a read hold that runs out at now + ttl.
 local function grant_hold()
   if not read then
     return grant(lock, fence, owner, ttl, floor)
   end
-  local token = next_token(fence, floor)
-  redis.call('ZADD', shared, now + tonumber(ttl), owner .. ':' .. string.format('%d', token))
-  return token
+  return (grant_member(shared, fence, floor, owner, now + tonumber(ttl)))
 end
 
 -- How long the holds in the way last (a head waiter looks again then: expiry publishes nothing).

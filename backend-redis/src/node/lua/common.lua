@@ -80,6 +80,17 @@ local function next_token(fence, floor)
   return token
 end
 
+-- A member of a ZSET of holds (a semaphore's permits, a lock's readers) for `owner`: the next
+-- token of `fence` (see `next_token`), and the member `<owner>:<token>` in `holders`, running out
+-- at `until_ms` (server ms). The member names the token in decimal, as the client writes it
+-- (exact up to 2^53). Returns the token and the member.
+local function grant_member(holders, fence, floor, owner, until_ms)
+  local token = next_token(fence, floor)
+  local member = owner .. ':' .. string.format('%d', token)
+  redis.call('ZADD', holders, until_ms, member)
+  return token, member
+end
+
 -- Takes the lock for `owner`: the next fencing token, then the holder key with its ttl. Tokens
 -- are drawn only here, so while the lock is held the fence counter is its holder's token.
 local function grant(lock, fence, owner, ttl, floor)

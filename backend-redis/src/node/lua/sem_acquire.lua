@@ -52,11 +52,8 @@ end
 local free = live < permits
 
 -- A permit for `owner`: the semaphore's next token, and a member that runs out at now + ttl.
--- The member names the token in decimal, as the client writes it (exact up to 2^53).
 local function grant_permit()
-  local token = next_token(fence, floor)
-  redis.call('ZADD', holders, now + ttl, owner .. ':' .. string.format('%d', token))
-  return token
+  return (grant_member(holders, fence, floor, owner, now + ttl))
 end
 
 -- Until the earliest live permit runs out, when none is free (a head waiter looks again then:

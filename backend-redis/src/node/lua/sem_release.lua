@@ -66,13 +66,11 @@ while free > 0 do
   if (until_ms - now) * 2 < tonumber(ttl) then
     break
   end
-  local owner = string.sub(head, 1, 32)
-  local token = next_token(fence, floor)
-  redis.call('ZADD', holders, until_ms, owner .. ':' .. string.format('%d', token))
+  local _, member = grant_member(holders, fence, floor, string.sub(head, 1, 32), until_ms)
   redis.call('ZREM', queue, head)
   redis.call('ZREM', alive, head)
   redis.call('HDEL', terms, head)
-  tell(wakes, head, owner .. ':' .. string.format('%d', token))
+  tell(wakes, head, member)
   free = free - 1
   handed = handed + 1
 end
