@@ -308,6 +308,24 @@ impl ZkLock {
         self.inner.wake_reaper.notify_one();
     }
 
+    /// Brings this session's server up to date with the ensemble's leader (`sync`), so that the
+    /// reads that follow see every change that completed before, also one another client made
+    /// through another server (a follower may otherwise serve a read from before it). For the
+    /// reads that report state to a caller, not for the recipe's own (its writes order them).
+    pub(crate) async fn caught_up(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        name: &LockName,
+        op: &'static str,
+    ) -> Result<()> {
+        match timed(self.limit(), client.sync(path)).await {
+            Ok(Ok(()) | Err(zk::Error::NoNode)) => Ok(()),
+            Ok(Err(e)) => Err(zk_error(op, Some(name), e)),
+            Err(()) => Err(no_answer(op, Some(name), self.limit())),
+        }
+    }
+
     /// Lists `parent`'s children; `Ok(None)` when the parent does not exist.
     pub(crate) async fn children(
         &self,
@@ -1180,6 +1198,7 @@ impl DistributedLock for ZkLock {
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let parent = self.lock_path(name)?;
         let client = self.inner.session.client().await?;
+        self.caught_up(&client, &parent, name, "inspect").await?;
         let Some(children) = self.children(&client, &parent, name, "inspect").await? else {
             return Ok(None);
         };

@@ -761,6 +761,7 @@ impl ZkLock {
         let paths = self.sem_paths(name)?;
         let layout = self.layout();
         let client = self.inner.session.client().await?;
+        self.caught_up(&client, &paths.leases, name, OP).await?;
         let children = self.children(&client, &paths.leases, name, OP).await?;
         let data = match timed(self.limit(), client.get_data(&paths.count)).await {
             Ok(Ok((data, _))) => Some(data),
