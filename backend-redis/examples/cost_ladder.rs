@@ -85,7 +85,7 @@ async fn raw_pair(
         let (script, nkeys) = match step {
             1 => (&s.fenced, 2),
             2 => (&s.fair, 3),
-            _ => (&s.try_fast, 3),
+            _ => (&s.try_fast, 2),
         };
         let mut invocation = script.prepare_invoke();
         for key in [&lock, &fence, &queue].into_iter().take(nkeys) {

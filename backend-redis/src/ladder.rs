@@ -32,8 +32,8 @@ pub const FAIR_DELETE: &str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then ret
 /// that call them inline from bare redis-rs.
 #[derive(Clone, Debug)]
 pub struct RealScripts {
-    /// The fast path of a `try` acquire (`lua/try_fast.lua`): KEYS lock, fence, queue; ARGV
-    /// owner, ttl_ms, token floor.
+    /// The fast path of a `try` acquire (`lua/try_fast.lua`): KEYS lock, fence; ARGV owner,
+    /// ttl_ms, token floor.
     pub try_fast: Script,
     /// The owner- and token-checked release (`lua/release.lua`): KEYS lock, fence, queue,
     /// alive; ARGV owner, token, wakes, client id.

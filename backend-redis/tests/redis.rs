@@ -1540,17 +1540,32 @@ async fn read_holds_share_the_locks_keys_and_counter() {
                 Some(r2.fencing_token().to_string()),
                 "readers draw from the lock's counter"
             );
-            for key in [lock, queue] {
-                assert_eq!(
-                    redis.command(&["EXISTS", &key]).await.unwrap(),
-                    RedisReply::Integer(0),
-                    "{key}"
-                );
-            }
+            assert_eq!(
+                redis.command(&["EXISTS", &queue]).await.unwrap(),
+                RedisReply::Integer(0)
+            );
+            assert_eq!(
+                redis
+                    .command(&["GET", &lock])
+                    .await
+                    .unwrap()
+                    .as_text()
+                    .as_deref(),
+                Some("-"),
+                "while readers hold, the lock key is reserved"
+            );
         }
         let r2t = r2.fencing_token();
         assert_eq!(r1.release().await.unwrap(), Released::Released);
         assert_eq!(r2.release().await.unwrap(), Released::Released);
+        if !url.starts_with("redis+cluster") {
+            let [lock, ..] = rw_keys(&name);
+            assert_eq!(
+                shared().await.command(&["EXISTS", &lock]).await.unwrap(),
+                RedisReply::Integer(0),
+                "the last reader's release with nobody queued deletes the reserved key"
+            );
+        }
         let w = b
             .try_write_lock(&name, &opts(30 * SEC))
             .await
@@ -1562,16 +1577,17 @@ async fn read_holds_share_the_locks_keys_and_counter() {
     }
 }
 
-/// A reader that crashed (its hold recorded but expired by the server's clock) does not block a
-/// writer, neither a `try` (which goes past the fast path to prune it) nor a queued writer
-/// behind a reader that runs out without releasing.
+/// A reader that crashed (its hold recorded but expired by the server's clock, and the lock key
+/// it reserved gone with it) does not block a writer, neither a `try` nor a queued writer behind
+/// a reader that runs out without releasing. The ghost readers are written as a reader's grant
+/// writes them: the member in `shared`, and the lock key RESERVED (`-`) for as long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_reader_does_not_block_a_writer() {
     use lockcore::ReadWriteExt;
     let redis = shared().await;
     let c = backend_redis::connect(&redis.url()).await.unwrap();
     let name = unique("rw-expired");
-    let [_, _, _, readers] = rw_keys(&name);
+    let [lock, _, _, readers] = rw_keys(&name);
     let ghost = format!("{}:7", "0".repeat(32));
     let past = (server_ms(redis).await - 1000).to_string();
     ok(redis, &["ZADD", &readers, &past, &ghost]).await;
@@ -1580,17 +1596,13 @@ async fn an_expired_reader_does_not_block_a_writer() {
         .await
         .unwrap()
         .expect("an expired reader does not hold");
-    assert_eq!(
-        members(redis, &readers).await,
-        Vec::<String>::new(),
-        "the expired reader was pruned"
-    );
     w.release().await.unwrap();
 
     // A live ghost reader that never releases: the writer queues, and gets in once the
     // reader's time is up (expiry publishes nothing; the writer looks again when it ends).
     let soon = (server_ms(redis).await + 1500).to_string();
     ok(redis, &["ZADD", &readers, &soon, &ghost]).await;
+    ok(redis, &["SET", &lock, "-", "PX", "1500"]).await;
     assert!(
         c.try_lock(&name, &opts(30 * SEC)).await.unwrap().is_none(),
         "the exclusive lock while a reader is live"
@@ -1807,4 +1819,147 @@ async fn read_leases_are_owner_checked_and_dropped_waits_leave_nothing() {
         redis.command(&["EXISTS", &readers]).await.unwrap(),
         RedisReply::Integer(0)
     );
+}
+
+// ---- The lock key says whether anyone waits ----
+
+/// The lock key's value as text (`None` when absent).
+async fn lock_value(redis: &Redis, key: &str) -> Option<String> {
+    redis.command(&["GET", key]).await.unwrap().as_text()
+}
+
+/// The lock key tells a `SET NX` whether it may take the lock: a holder nobody queued behind is
+/// plain (its owner id) and its release deletes the key; a queued waiter marks the holder; the
+/// release of a marked holder leaves the key reserved for the queue, so a newcomer's `try` is
+/// refused until the head takes it, and the head's grant is plain again once nobody else waits.
+/// A marked holder whose lease runs out unreleased leaves the key in place while its waiter is
+/// live, so a newcomer's `try` still cannot jump the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_key_keeps_the_queue_from_a_set_nx() {
+    use backend_redis::node::{Mode, lease};
+    use std::time::Instant;
+    let redis = shared().await;
+    let node = node_of(redis);
+    let refused = |reply: &AcquireReply| matches!(reply, AcquireReply::Waiting { .. });
+
+    let name = LockName::new(unique("marked")).unwrap();
+    let [lock, ..] = rw_keys(name.as_str());
+    let [a, b, c] = [(); 3].map(|_| lockcore::OwnerId::random());
+    let o = opts(30 * SEC);
+    let started = Instant::now();
+    let AcquireReply::Granted(ta) = node.try_once(&name, a, &o, 0).await.unwrap() else {
+        panic!("a takes the free lock");
+    };
+    assert_eq!(lock_value(redis, &lock).await, Some(a.to_string()), "plain");
+    let queued = node.acquire(&name, b, &o, Mode::Wait, 0).await.unwrap();
+    assert!(
+        matches!(queued, AcquireReply::Waiting { rank: 0, .. }),
+        "{queued:?}"
+    );
+    let value = lock_value(redis, &lock).await.unwrap();
+    assert!(value.starts_with(&format!("{a}+")), "marked: {value}");
+    assert!(
+        node.release(&lease(&name, a, ta, started, &o))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        lock_value(redis, &lock).await.as_deref(),
+        Some("-"),
+        "reserved"
+    );
+    assert!(
+        refused(&node.try_once(&name, c, &o, 0).await.unwrap()),
+        "c jumped b"
+    );
+    let AcquireReply::Granted(tb) = node.acquire(&name, b, &o, Mode::Wait, 0).await.unwrap() else {
+        panic!("the head takes the reserved lock");
+    };
+    assert!(tb > ta);
+    assert_eq!(
+        lock_value(redis, &lock).await,
+        Some(b.to_string()),
+        "plain again"
+    );
+    assert!(
+        node.release(&lease(&name, b, tb, started, &o))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        lock_value(redis, &lock).await,
+        None,
+        "a plain release deletes"
+    );
+
+    // A marked lease that runs out unreleased: the key stays while its waiter is live.
+    let short = opts(Duration::from_millis(200));
+    for _ in 0..5 {
+        let name = LockName::new(unique("marked-expiry")).unwrap();
+        let [lock, _, queue, _] = rw_keys(name.as_str());
+        let alive = queue.replace(":queue", ":alive");
+        let [a, b, c] = [(); 3].map(|_| lockcore::OwnerId::random());
+        let granted = node.try_once(&name, a, &short, 0).await.unwrap();
+        assert!(matches!(granted, AcquireReply::Granted(_)), "{granted:?}");
+        let queued = node.acquire(&name, b, &o, Mode::Wait, 0).await.unwrap();
+        assert!(refused(&queued), "{queued:?}");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        // The waiter's liveness must outlast the next requests by a wide margin, or this round
+        // proves nothing (a stalled machine): then try again with new names.
+        let entries = members(redis, &alive).await;
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        let until = redis
+            .command(&["ZSCORE", &alive, &entries[0]])
+            .await
+            .unwrap();
+        let until: u64 = until.as_text().unwrap().parse().unwrap();
+        if until < server_ms(redis).await + 1000 {
+            continue;
+        }
+        assert!(
+            lock_value(redis, &lock).await.is_some(),
+            "the key outlives the lease"
+        );
+        let info = node.inspect(&name).await.unwrap();
+        assert!(info.holder.is_none(), "the lease ran out: {info:?}");
+        assert!(
+            refused(&node.try_once(&name, c, &o, 0).await.unwrap()),
+            "a newcomer jumped a live waiter after the holder's lease ran out"
+        );
+        let granted = node.acquire(&name, b, &o, Mode::Wait, 0).await.unwrap();
+        assert!(matches!(granted, AcquireReply::Granted(_)), "{granted:?}");
+        return;
+    }
+    panic!("five rounds in a row stalled past the waiter's liveness");
+}
+
+/// A reader renewed past its first ttl keeps the lock key reserved as long, so a writer's `try`
+/// (a `SET NX` first) stays out for as long as the reader holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_reader_keeps_writers_out_past_its_first_ttl() {
+    use lockcore::ReadWriteExt;
+    let redis = shared().await;
+    let (a, b) = (
+        backend_redis::connect(&redis.url()).await.unwrap(),
+        backend_redis::connect(&redis.url()).await.unwrap(),
+    );
+    let name = unique("renewed-reader");
+    let ttl = Duration::from_millis(600);
+    let renewed = AcquireOptions::new()
+        .ttl(ttl)
+        .keep_alive(KeepAlive::renew())
+        .wait(Wait::For(30 * SEC));
+    let r = a.read_lock(&name, &renewed).await.expect("reader");
+    for _ in 0..4 {
+        tokio::time::sleep(ttl / 2).await;
+        assert!(r.lost_reason().is_none(), "the reader's renewals failed");
+        assert!(
+            b.try_lock(&name, &opts(30 * SEC)).await.unwrap().is_none(),
+            "a writer got in while a renewed reader held"
+        );
+    }
+    assert_eq!(r.release().await.unwrap(), Released::Released);
+    let w = b.try_lock(&name, &opts(30 * SEC)).await.unwrap();
+    assert!(w.is_some(), "the writer once the reader left");
+    w.unwrap().release().await.unwrap();
 }

@@ -78,13 +78,13 @@ async fn inline_pair(
         } else {
             scripts.fair.prepare_invoke()
         };
-        call.key(&lock)
-            .key(&fence)
-            .key(&queue)
-            .arg(OWNER)
-            .arg(10_000);
+        call.key(&lock).key(&fence);
         if real_acquire {
-            call.arg(0);
+            // The real fast script needs no queue key: the lock key itself says whether
+            // anyone waits.
+            call.arg(OWNER).arg(10_000).arg(0);
+        } else {
+            call.key(&queue).arg(OWNER).arg(10_000);
         }
         async move {
             match call.invoke_async::<redis::Value>(&mut con).await? {

@@ -413,11 +413,11 @@ impl Node {
         scripts::parse_acquire(&value, owner).map_err(|e| protocol_error("acquire", Some(name), e))
     }
 
-    /// One `try` for `owner` that never jumps the queue: the short fast script (free, nobody
-    /// queued, no reader: three commands), and the full acquire script in [`Mode::Try`] only
-    /// when someone is queued or a read hold is recorded (it prunes dead waiters and expired
-    /// readers and never jumps live ones). A refusal carries the node's fence counter, as the
-    /// full script's does.
+    /// One `try` for `owner` that never jumps the queue: the short fast script (`SET NX PX` and
+    /// the token; the lock key exists while anyone waits or reads, see `lua/common.lua`), and
+    /// the full acquire script in [`Mode::Try`] only when the key says someone may be queued
+    /// or reading (it prunes dead waiters and expired readers and never jumps live ones). A
+    /// refusal carries the node's fence counter, as the full script's does.
     ///
     /// # Cancel safety
     /// As [`acquire`](Node::acquire).
@@ -433,10 +433,7 @@ impl Node {
     ) -> Result<AcquireReply> {
         let keys = self.keys(name);
         let fast = keys
-            .call(
-                &scripts::TRY_FAST,
-                &[Key::Lock, Key::Fence, Key::Queue, Key::Readers],
-            )
+            .call(&scripts::TRY_FAST, &[Key::Lock, Key::Fence])
             .owner_arg(owner)
             .arg(millis(opts.ttl_value()))
             .arg(floor);
@@ -648,7 +645,7 @@ impl Node {
             // wakes the head (a writer, if anyone).
             keys.call(
                 &scripts::SEM_RELEASE,
-                &[Key::Readers, Key::Queue, Key::Alive],
+                &[Key::Readers, Key::Queue, Key::Alive, Key::Lock],
             )
             .arg(scripts::permit_member(lease.owner(), lease.token().0))
             .arg(&*self.wakes_of(lease.name()))
@@ -675,14 +672,15 @@ impl Node {
     fn extend_call(&self, lease: &Lease, ttl: Duration) -> Call {
         let keys = self.keys(lease.name());
         if is_permit(lease) || is_reader(lease) {
-            // A reader's hold is a member of the same shape as a permit's, on the lock's keys.
-            let holders = if is_reader(lease) {
-                Key::Readers
+            // A reader's hold is a member of the same shape as a permit's, on the lock's keys;
+            // the lock key, RESERVED while a reader holds, is kept as long.
+            let holders: &[Key] = if is_reader(lease) {
+                &[Key::Readers, Key::Lock]
             } else {
-                Key::SemHolders
+                &[Key::SemHolders]
             };
             return keys
-                .call(&scripts::SEM_EXTEND, &[holders])
+                .call(&scripts::SEM_EXTEND, holders)
                 .arg(scripts::permit_member(lease.owner(), lease.token().0))
                 .arg(millis(ttl));
         }

@@ -54,21 +54,29 @@ end
 local now = now_ms()
 -- Dead waiters leave the queue, expired readers the read holds (by the server's clock).
 local pruned = prune(queue, alive, now) + redis.call('ZREMRANGEBYSCORE', shared, '-inf', now)
-local writer = redis.call('EXISTS', lock) == 1
+local value = redis.call('GET', lock)
+local holder, deadline = holder_of(value, now)
+local writer = holder ~= nil
 local held = writer or (not read and redis.call('EXISTS', shared) == 1)
 
--- The grant: the exclusive lock, or a read hold that runs out at now + ttl.
+-- The grant: the exclusive lock, or a read hold that runs out at now + ttl (the lock key then
+-- stays, RESERVED, at least as long, so no `SET NX` takes the lock from under a reader).
 local function grant_hold()
   if not read then
-    return grant(lock, fence, owner, ttl, floor)
+    return grant(lock, fence, queue, alive, owner, ttl, floor, now)
   end
+  if value and not writer and value ~= RESERVED then
+    -- A marked lease that ran out: nobody holds.
+    redis.call('SET', lock, RESERVED, 'KEEPTTL')
+  end
+  keep_for(lock, tonumber(ttl))
   return (grant_member(shared, fence, floor, owner, now + tonumber(ttl)))
 end
 
 -- How long the holds in the way last (a head waiter looks again then: expiry publishes nothing).
 local function blocked_ms()
   if writer then
-    return redis.call('PTTL', lock)
+    return holder_ms(lock, deadline, now)
   end
   if held then
     local last = redis.call('ZRANGE', shared, -1, -1, 'WITHSCORES')
@@ -121,5 +129,11 @@ if turn then
   return {1, token, owner}
 end
 rank = queue_up(queue, alive, seq, entry, rank, now + alive_ms)
+-- Someone waits now: a plain holder becomes marked (its release must look at the queue), and the
+-- lock key stays at least as long as this waiter is live.
+if writer and not deadline then
+  redis.call('SET', lock, marked(holder, now + redis.call('PTTL', lock)), 'KEEPTTL')
+end
+keep_for(lock, alive_ms)
 wake_if_pruned()
 return {0, blocked_ms(), owner, rank, redis.call('GET', fence) or 0}

@@ -11,6 +11,7 @@
 -- Returns 1 if a lock (or read hold) granted to the owner was deleted, else 0.
 --@common
 local owner = ARGV[1]
+local now = now_ms()
 local read = ARGV[6] == '1'
 local entry = owner .. ARGV[2]
 if read then
@@ -29,12 +30,13 @@ if read then
       released = 1
     end
   end
-elseif redis.call('GET', KEYS[1]) == owner
+  unreserve(KEYS[1], KEYS[2], KEYS[5], now)
+elseif holder_of(redis.call('GET', KEYS[1]), now) == owner
     and (ARGV[5] == '0' or redis.call('GET', KEYS[4]) ~= ARGV[5]) then
-  redis.call('DEL', KEYS[1])
+  vacate(KEYS[1], KEYS[2])
   released = 1
 end
 if removed == 1 or released == 1 then
-  wake_head(KEYS[1], KEYS[2], ARGV[3])
+  wake_head(KEYS[1], KEYS[2], ARGV[3], now)
 end
 return released

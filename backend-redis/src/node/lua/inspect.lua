@@ -4,9 +4,15 @@
 -- lock is held the last token is its holder's (tokens are drawn only by a grant). Read-only:
 -- expired readers are not reported.
 --@common
-local v = redis.call('GET', KEYS[1]) or ''
-local fence = tonumber(redis.call('GET', KEYS[2]) or '-1')
 local now = now_ms()
+local v, deadline = holder_of(redis.call('GET', KEYS[1]), now)
+local pttl = -2
+if v then
+  pttl = holder_ms(KEYS[1], deadline, now)
+else
+  v = ''
+end
+local fence = tonumber(redis.call('GET', KEYS[2]) or '-1')
 local after = string.format('(%d', now)
 -- The holder is not a waiter, though a Redlock holder keeps its queue entry until it releases.
 local live = 0
@@ -24,5 +30,5 @@ for i = 1, #readers, 2 do
     oldest, oldest_token, left = readers[i], token, tonumber(readers[i + 1]) - now
   end
 end
-return {v, redis.call('PTTL', KEYS[1]), fence, live, redis.call('ZCARD', KEYS[3]), #readers / 2,
+return {v, pttl, fence, live, redis.call('ZCARD', KEYS[3]), #readers / 2,
   oldest, left}

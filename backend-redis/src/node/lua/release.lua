@@ -1,20 +1,27 @@
 -- RELEASE: KEYS lock, fence, queue, alive; ARGV owner, token, wakes (channel prefix), client id
--- Deletes the lock only if it is this lease's: the lock key holds its owner id and the fence its
--- token (tokens are drawn only by a grant, so while a lock is held the fence is its holder's
--- token). Then takes the holder's own queue entry out (a Redlock waiter keeps its entry through
--- the vote, see `acquire`), and wakes the head waiter, if any.
+-- Frees the lock only if it is this lease's: the lock key names its owner id and the fence holds
+-- its token (tokens are drawn only by a grant, so while a lock is held the fence is its holder's
+-- token). A plain holder (see `common.lua`) had nobody queue behind it, so its key is deleted and
+-- that is all. A marked one takes its own queue entry out (a Redlock waiter keeps its entry
+-- through the vote, see `acquire`), leaves the key RESERVED for the queue (deleted if nobody
+-- live is left in it), and wakes the head waiter.
 -- Returns 1 when released, 0 when the lease was no longer current.
 local held = redis.call('MGET', KEYS[1], KEYS[2])
-if held[1] ~= ARGV[1] or held[2] ~= ARGV[2] then
+if held[2] ~= ARGV[2] then
   return 0
 end
-redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[3]) == 0 then
+if held[1] == ARGV[1] then
+  redis.call('DEL', KEYS[1])
   return 1
 end
 --@common
-prune(KEYS[3], KEYS[4], now_ms())
+local now = now_ms()
+if holder_of(held[1], now) ~= ARGV[1] then
+  return 0
+end
+prune(KEYS[3], KEYS[4], now)
 redis.call('ZREM', KEYS[3], ARGV[1] .. ARGV[4])
 redis.call('ZREM', KEYS[4], ARGV[1] .. ARGV[4])
-wake_head(KEYS[1], KEYS[3], ARGV[3])
+vacate(KEYS[1], KEYS[3])
+wake_first(KEYS[3], ARGV[3])
 return 1

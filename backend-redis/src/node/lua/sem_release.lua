@@ -1,4 +1,5 @@
--- SEM_RELEASE: KEYS holders, queue, alive, then for a permit: count, fence, terms
+-- SEM_RELEASE: KEYS holders, queue, alive, then for a permit: count, fence, terms; for a reader:
+--              the lock
 --              ARGV member (`<owner id>:<token>`), wakes (channel prefix), last ('1': the lock's
 --              readers, see below)
 -- Frees the permit only if it is this lease's and has not run out: the member names both the
@@ -19,7 +20,8 @@
 -- A reader of a read-write lock is released by this script too, on the lock's `shared` ZSET and
 -- queue, with last = '1': a writer at the head needs every reader gone, so only the last
 -- reader's release wakes it (a reader never waits for readers; no writer holds while a reader
--- does, so the lock is free then). Nothing is handed over there.
+-- does, so the lock is free then). Nothing is handed over there. The last reader's release with
+-- nobody queued deletes the RESERVED lock key (see `common.lua`).
 -- Returns 1 when released, 0 when the lease was no longer current (an expired member is pruned).
 --@common
 local holders, queue, alive, wakes = KEYS[1], KEYS[2], KEYS[3], ARGV[2]
@@ -31,6 +33,9 @@ end
 redis.call('ZREM', holders, ARGV[1])
 if tonumber(expires) <= now then
   return 0
+end
+if ARGV[3] == '1' then
+  unreserve(KEYS[4], queue, holders, now)
 end
 if redis.call('EXISTS', queue) == 0 then
   return 1
