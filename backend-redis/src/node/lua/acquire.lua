@@ -63,7 +63,7 @@ local held = writer or (not read and redis.call('EXISTS', shared) == 1)
 -- stays, RESERVED, at least as long, so no `SET NX` takes the lock from under a reader).
 local function grant_hold()
   if not read then
-    return grant(lock, fence, queue, alive, owner, ttl, floor, now)
+    return grant(lock, fence, queue, owner, ttl, floor, now, alive_ms)
   end
   if value and not writer and value ~= RESERVED then
     -- A marked lease that ran out: nobody holds.
@@ -130,10 +130,15 @@ if turn then
 end
 rank = queue_up(queue, alive, seq, entry, rank, now + alive_ms)
 -- Someone waits now: a plain holder becomes marked (its release must look at the queue), and the
--- lock key stays at least as long as this waiter is live.
+-- lock key stays at least as long as this waiter is live. A value this code did not write (not
+-- an owner id with an expiry) is left exactly as it is.
 if writer and not deadline then
-  redis.call('SET', lock, marked(holder, now + redis.call('PTTL', lock)), 'KEEPTTL')
+  local left = redis.call('PTTL', lock)
+  if #holder == 32 and left > 0 then
+    redis.call('SET', lock, marked(holder, now + left), 'PX', math.max(left, alive_ms))
+  end
+else
+  keep_for(lock, alive_ms)
 end
-keep_for(lock, alive_ms)
 wake_if_pruned()
 return {0, blocked_ms(), owner, rank, redis.call('GET', fence) or 0}

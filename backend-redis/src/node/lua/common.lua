@@ -143,15 +143,6 @@ local function keep_for(lock, ms)
   end
 end
 
--- How long the last live waiter of `alive` stays live, in ms (0 when none).
-local function waiters_ms(alive, now)
-  local last = redis.call('ZRANGE', alive, -1, -1, 'WITHSCORES')
-  if last[2] and tonumber(last[2]) > now then
-    return tonumber(last[2]) - now
-  end
-  return 0
-end
-
 -- Frees the lock key of its holder: deleted when nobody is queued, else left RESERVED with the
 -- key's expiry (which already covers every live waiter).
 local function vacate(lock, queue)
@@ -163,16 +154,16 @@ local function vacate(lock, queue)
 end
 
 -- Takes the lock for `owner` at server time `now`: the next fencing token, then the holder key,
--- plain with the lease's ttl when nobody is queued, else marked, the key kept while the last
--- live waiter is. Tokens are drawn only here, so while the lock is held the fence counter is its
--- holder's token.
-local function grant(lock, fence, queue, alive, owner, ttl, floor, now)
+-- plain with the lease's ttl when nobody is queued, else marked, the key kept at least
+-- `alive_ms` (every waiter refreshes its liveness to at most that far ahead). Tokens are drawn
+-- only here, so while the lock is held the fence counter is its holder's token.
+local function grant(lock, fence, queue, owner, ttl, floor, now, alive_ms)
   local token = next_token(fence, floor)
   ttl = tonumber(ttl)
   if redis.call('EXISTS', queue) == 0 then
     redis.call('SET', lock, owner, 'PX', ttl)
   else
-    redis.call('SET', lock, marked(owner, now + ttl), 'PX', math.max(ttl, waiters_ms(alive, now)))
+    redis.call('SET', lock, marked(owner, now + ttl), 'PX', math.max(ttl, alive_ms))
   end
   return token
 end
