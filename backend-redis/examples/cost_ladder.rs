@@ -1,9 +1,10 @@
 //! What each guarantee of the Redis backend costs an uncontended acquire + release.
 //!
 //! Starts from `dlock bench`'s raw floor (`SET NX PX`, then an `EVALSHA` compare-and-delete)
-//! and adds one thing per step: drawing a fencing token in the acquire, the FIFO queue check,
-//! the owner echo in the acquire's reply, the token check in the release (these last two make
-//! the backend's real scripts, as `backend_redis::ladder::RealScripts` hands them out), then
+//! and adds one thing per step: drawing a fencing token in the acquire, the FIFO queue check as
+//! an `EXISTS queue` in both scripts, then the backend's real acquire (the owner echo in its
+//! reply; FIFO kept by the lock key's form instead of the `EXISTS`) and its real release (the
+//! token check; no `EXISTS`), as `backend_redis::ladder::RealScripts` hands them out, then
 //! this backend through `DistributedLock`, then lockcore's `lock()` and guard. The steps
 //! alternate in blocks of 200 pairs, in a new order each round, so they see the same machine
 //! load; each prints its median, mean and p90 pair, and its pairs/s relative to the floor's
@@ -32,8 +33,8 @@ const STEPS: [&str; 7] = [
     "floor: SET NX PX + EVALSHA GET/DEL",
     "+ token: acquire script SET NX PX + INCR",
     "+ fairness: EXISTS queue in acquire and release",
-    "+ owner echo in the acquire reply (real try script)",
-    "+ token check in release: MGET lock fence (real release)",
+    "+ owner echo, FIFO by the lock key (real try script)",
+    "+ token check, no EXISTS: MGET lock fence (real release)",
     "this backend: try_acquire + release",
     "lockcore: lock() + guard.release()",
 ];
@@ -49,17 +50,6 @@ struct Scripts {
 
 fn keys(step: usize) -> [String; 4] {
     ["lock", "fence", "queue", "alive"].map(|k| format!("{{ladder-{step}}}:{k}"))
-}
-
-fn token_of(reply: &redis::Value) -> Result<i64, String> {
-    match reply {
-        redis::Value::Int(t) if *t > 0 => Ok(*t),
-        redis::Value::Array(items) => match items.first() {
-            Some(redis::Value::Int(t)) if *t > 0 => Ok(*t),
-            _ => Err(format!("not granted: {reply:?}")),
-        },
-        other => Err(format!("not granted: {other:?}")),
-    }
 }
 
 /// One acquire + release of `step` with raw commands (steps 0 to 4).
@@ -97,7 +87,7 @@ async fn raw_pair(
             invocation.arg(0);
         }
         let reply: redis::Value = invocation.invoke_async(con).await?;
-        let token = token_of(&reply)?;
+        let token = ladder::granted_token(&reply)?;
         if step == 4 {
             let released: i64 = s
                 .release

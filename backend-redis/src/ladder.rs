@@ -28,6 +28,27 @@ pub const FAIR: &str = "if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end
 /// wake its head). KEYS lock, queue; ARGV owner.
 pub const FAIR_DELETE: &str = "if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('DEL', KEYS[1]) if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end return 2";
 
+/// The token of a granting reply of a ladder step's acquire: a positive integer (the floors'
+/// scripts), or the real fast script's `<owner id>:<token>`, whose echo must be [`OWNER`] (the
+/// check the backend makes, so the step pays for it too).
+///
+/// # Errors
+/// A reply that is not a grant, or that echoes another owner.
+pub fn granted_token(reply: &redis::Value) -> Result<i64, Failure> {
+    match reply {
+        redis::Value::Int(t) if *t > 0 => Ok(*t),
+        redis::Value::BulkString(b) => match b.split_at_checked(OWNER.len() + 1) {
+            Some((echo, token)) if echo.starts_with(OWNER.as_bytes()) && echo.ends_with(b":") => {
+                std::str::from_utf8(token)?
+                    .parse::<i64>()
+                    .map_err(Failure::from)
+            }
+            _ => Err(format!("not granted: {reply:?}").into()),
+        },
+        other => Err(format!("not granted: {other:?}").into()),
+    }
+}
+
 /// The backend's own scripts, exactly as it sends them (shared helpers included), for steps
 /// that call them inline from bare redis-rs.
 #[derive(Clone, Debug)]

@@ -86,20 +86,7 @@ async fn inline_pair(
         } else {
             call.key(&queue).arg(OWNER).arg(10_000);
         }
-        async move {
-            match call.invoke_async::<redis::Value>(&mut con).await? {
-                redis::Value::Int(t) if t > 0 => Ok(t),
-                redis::Value::Array(items) => match (items.first(), items.get(1)) {
-                    (Some(redis::Value::Int(t)), Some(redis::Value::BulkString(o)))
-                        if o.as_slice() == OWNER.as_bytes() =>
-                    {
-                        Ok(*t)
-                    }
-                    _ => Err(Failure::from(format!("not granted: {items:?}"))),
-                },
-                other => Err(format!("not granted: {other:?}").into()),
-            }
-        }
+        async move { ladder::granted_token(&call.invoke_async::<redis::Value>(&mut con).await?) }
     }))
     .await;
     let tokens = tokens.into_iter().collect::<Result<Vec<i64>, _>>()?;

@@ -427,13 +427,29 @@ pub(crate) fn parse_acquire(value: &Value, owner: OwnerId) -> Result<AcquireRepl
 
 /// Decodes the fast try script's reply: `Some(reply)`, or `None` when someone is queued and
 /// the full script must decide. A refusal carries the holder's fence; only a grant carries (and
-/// must echo) the owner.
+/// must echo) the owner, as the one string `<owner id>:<token>`.
 pub(crate) fn parse_try_fast(
     value: &Value,
     owner: OwnerId,
 ) -> Result<Option<AcquireReply>, String> {
     match value {
         Value::Int(-1) => Ok(None),
+        Value::BulkString(b) => {
+            let (echo, token) = b.split_at_checked(32).unwrap_or((b, &[]));
+            if echo != owner_hex(owner).as_slice() {
+                return Err(format!(
+                    "acquire reply for another request ({:?})",
+                    String::from_utf8_lossy(b)
+                ));
+            }
+            token
+                .strip_prefix(b":")
+                .and_then(|t| std::str::from_utf8(t).ok())
+                .and_then(|t| t.parse::<u64>().ok())
+                .filter(|t| *t > 0)
+                .map(|t| Some(AcquireReply::Granted(t)))
+                .ok_or_else(|| format!("acquire: bad token in {value:?}"))
+        }
         Value::Array(items) if items.first().and_then(int) == Some(0) => {
             Ok(Some(AcquireReply::Waiting {
                 pttl: -1,
@@ -444,20 +460,6 @@ pub(crate) fn parse_try_fast(
                     .and_then(|f| u64::try_from(f).ok())
                     .unwrap_or(0),
             }))
-        }
-        Value::Array(items) => {
-            if !echoes(items.get(1), owner) {
-                return Err(format!(
-                    "acquire reply for another request (owner {:?})",
-                    echoed(items.get(1))
-                ));
-            }
-            items
-                .first()
-                .and_then(int)
-                .filter(|t| *t > 0)
-                .map(|t| Some(AcquireReply::Granted(t as u64)))
-                .ok_or_else(|| format!("acquire: bad token in {value:?}"))
         }
         other => Err(format!("unexpected acquire reply {other:?}")),
     }
@@ -888,15 +890,28 @@ mod tests {
     #[test]
     fn fast_try_reply_grants_only_with_the_owner_and_refuses_with_the_fence() {
         let owner = OwnerId(7);
-        let granted = Value::Array(vec![
-            Value::Int(42),
-            Value::BulkString(owner.to_string().into_bytes()),
-        ]);
+        let granted = Value::BulkString(format!("{owner}:42").into_bytes());
         assert_eq!(
             parse_try_fast(&granted, owner),
             Ok(Some(AcquireReply::Granted(42)))
         );
         assert!(parse_try_fast(&granted, OwnerId(8)).is_err());
+        for bad in [
+            format!("{owner}:0"),
+            format!("{owner}:"),
+            format!("{owner}42"),
+            format!("{owner}:4x"),
+            "short:42".to_owned(),
+        ] {
+            let reply = Value::BulkString(bad.clone().into_bytes());
+            assert!(parse_try_fast(&reply, owner).is_err(), "{bad}");
+        }
+        // The old two-element grant is not a grant.
+        let old = Value::Array(vec![
+            Value::Int(42),
+            Value::BulkString(owner.to_string().into_bytes()),
+        ]);
+        assert!(parse_try_fast(&old, owner).is_err());
         // Held: the counter comes back as GET returns it (a bulk string), or 0 if never set.
         let held = Value::Array(vec![Value::Int(0), Value::BulkString(b"17".to_vec())]);
         assert_eq!(

@@ -1,6 +1,8 @@
 -- TRY (fast path of an exclusive `try` acquire): KEYS lock, fence; ARGV owner, ttl_ms, token
 -- floor (0 = none)
--- Returns {token, owner} when granted (the lock key was absent), {0, fence} when a plain holder
+-- Returns `<owner>:<token>` when granted (the lock key was absent; one string, the cheapest reply
+-- for Redis to build from Lua, where a table reply is several times dearer), {0, fence} when a
+-- plain holder
 -- holds it (nobody queued or reading; fence: the counter's value, the holder's token; Redlock's
 -- acquirer takes a token above every fence it hears of), -1 when the key is marked or RESERVED:
 -- someone may be queued or reading (the caller then runs `acquire` in `try` mode, which drops
@@ -16,7 +18,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     token = tonumber(ARGV[3])
     redis.call('SET', KEYS[2], ARGV[3])
   end
-  return {token, ARGV[1]}
+  return ARGV[1] .. ':' .. string.format('%d', token)
 end
 -- A plain holder is any value but RESERVED (`-`) or a marked one (`+` after the owner id).
 local held = redis.call('MGET', KEYS[1], KEYS[2])
