@@ -65,11 +65,8 @@ local function grant_hold()
   if not read then
     return grant(lock, fence, queue, owner, ttl, floor, now, alive_ms)
   end
-  if value and not writer and value ~= RESERVED then
-    -- A marked lease that ran out: nobody holds.
-    redis.call('SET', lock, RESERVED, 'KEEPTTL')
-  end
-  keep_for(lock, tonumber(ttl))
+  -- No lease holds here (absent, RESERVED, or a marked lease that ran out).
+  redis.call('SET', lock, RESERVED, 'PX', math.max(tonumber(ttl), redis.call('PTTL', lock)))
   return (grant_member(shared, fence, floor, owner, now + tonumber(ttl)))
 end
 

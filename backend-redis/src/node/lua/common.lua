@@ -69,7 +69,6 @@ local function wake_first(queue, wakes)
   end
 end
 
-
 -- The next fencing token of `fence`: INCR, or `floor` (a decimal string, '0' for none) when
 -- that is higher, and the counter moves there with it.
 local function next_token(fence, floor)

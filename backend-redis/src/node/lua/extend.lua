@@ -17,6 +17,7 @@ local now = now_ms()
 if holder_of(held[1], now) ~= ARGV[1] then
   return 0
 end
-redis.call('SET', KEYS[1], marked(ARGV[1], now + tonumber(ARGV[3])), 'KEEPTTL')
-keep_for(KEYS[1], tonumber(ARGV[3]))
+local ttl = tonumber(ARGV[3])
+local keep = math.max(ttl, redis.call('PTTL', KEYS[1]))
+redis.call('SET', KEYS[1], marked(ARGV[1], now + ttl), 'PX', keep)
 return 1
