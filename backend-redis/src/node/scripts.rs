@@ -435,19 +435,17 @@ pub(crate) fn parse_try_fast(
     match value {
         Value::Int(-1) => Ok(None),
         Value::BulkString(b) => {
-            let (echo, token) = b.split_at_checked(32).unwrap_or((b, &[]));
-            if echo != owner_hex(owner).as_slice() {
+            let (echo, token) = std::str::from_utf8(b)
+                .ok()
+                .and_then(split_member)
+                .ok_or_else(|| format!("acquire: bad grant {value:?}"))?;
+            if echo.as_bytes() != owner_hex(owner).as_slice() {
                 return Err(format!(
-                    "acquire reply for another request ({:?})",
-                    String::from_utf8_lossy(b)
+                    "acquire reply for another request (owner {echo:?})"
                 ));
             }
-            token
-                .strip_prefix(b":")
-                .and_then(|t| std::str::from_utf8(t).ok())
-                .and_then(|t| t.parse::<u64>().ok())
-                .filter(|t| *t > 0)
-                .map(|t| Some(AcquireReply::Granted(t)))
+            (token > 0)
+                .then_some(Some(AcquireReply::Granted(token)))
                 .ok_or_else(|| format!("acquire: bad token in {value:?}"))
         }
         Value::Array(items) if items.first().and_then(int) == Some(0) => {
@@ -519,6 +517,13 @@ pub(crate) fn permit_member(owner: OwnerId, token: u64) -> String {
     format!("{owner}:{token}")
 }
 
+/// The owner id and token of a member `<owner id>:<token>` as [`permit_member`] writes it (also
+/// the fast try's grant), or `None` when `member` is not one.
+fn split_member(member: &str) -> Option<(&str, u64)> {
+    let (owner, token) = member.split_once(':')?;
+    Some((owner, token.parse().ok()?))
+}
+
 /// One live permit, as a node's semaphore inspect reports it; or one live reader of a
 /// read-write lock, as a node's inspect reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -556,10 +561,10 @@ pub(crate) fn parse_sem_inspect(value: &Value) -> Result<SemaphoreReply, String>
     let mut holders = Vec::with_capacity(items.len().saturating_sub(4) / 2);
     for pair in items.get(4..).unwrap_or_default().chunks(2) {
         let member = pair.first().and_then(text).ok_or_else(bad)?;
-        let (owner, token) = member.split_once(':').ok_or_else(bad)?;
+        let (owner, token) = split_member(&member).ok_or_else(bad)?;
         holders.push(PermitReply {
             owner: owner.to_owned(),
-            token: token.parse().map_err(|_| bad())?,
+            token,
             remaining_ms: pair
                 .get(1)
                 .and_then(int)
@@ -605,12 +610,12 @@ pub(crate) fn parse_inspect(value: &Value) -> Result<InspectReply, String> {
     let holder = (!holder.is_empty()).then_some(holder);
     let fence = items.get(2).and_then(int).ok_or_else(bad)?;
     let member = items.get(6).and_then(text).ok_or_else(bad)?;
-    let oldest_reader = match member.split_once(':') {
+    let oldest_reader = match split_member(&member) {
         None if member.is_empty() => None,
         None => return Err(bad()),
         Some((owner, token)) => Some(PermitReply {
             owner: owner.to_owned(),
-            token: token.parse().map_err(|_| bad())?,
+            token,
             remaining_ms: items
                 .get(7)
                 .and_then(int)
