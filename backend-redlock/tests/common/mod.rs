@@ -91,20 +91,24 @@ pub async fn vacate(node: &Redis, name: &str) {
 pub async fn nothing_left(set: &RedisSet, name: &str) {
     let key = lock_key(name);
     let queue = key.replace(":lock", ":queue");
-    within(10 * SEC, "the failed acquire's clean-up", async {
-        loop {
-            let mut clean = true;
-            for node in set.nodes() {
-                let holder = get(node, &key).await;
-                clean &= holder.is_none() || holder.as_deref() == Some("blocker");
-                clean &= !exists(node, &queue).await;
+    within(
+        10 * SEC,
+        "no key or queue of the name left on any node",
+        async {
+            loop {
+                let mut clean = true;
+                for node in set.nodes() {
+                    let holder = get(node, &key).await;
+                    clean &= holder.is_none() || holder.as_deref() == Some("blocker");
+                    clean &= !exists(node, &queue).await;
+                }
+                if clean {
+                    break;
+                }
+                tokio::time::sleep(ms(20)).await;
             }
-            if clean {
-                break;
-            }
-            tokio::time::sleep(ms(20)).await;
-        }
-    })
+        },
+    )
     .await;
 }
 
