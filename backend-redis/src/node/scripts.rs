@@ -5,7 +5,8 @@
 //! `{<prefix>:<escaped name>}`, so they live in one slot. Wake-ups go to a channel of the
 //! head waiter's client (the node's wake-up hub): its own plain channel, which belongs to no
 //! slot, or in a Redis 7 Cluster a shard channel under the lock's hash tag, in the lock's slot.
-//! The shared helpers of `lua/common.lua` are pasted at each script's `--@common` line.
+//! The shared helpers of `lua/queue.lua` and `lua/common.lua` are pasted at each script's
+//! `--@common` line.
 
 use std::sync::LazyLock;
 
@@ -18,8 +19,16 @@ pub(crate) struct Lua {
     pub(crate) sha: String,
 }
 
-/// The node's shared Lua helpers (`lua/common.lua`): the clock, the FIFO queue, the wake-up.
-pub(crate) const COMMON: &str = include_str!("lua/common.lua");
+/// The FIFO queue's Lua helpers (`lua/queue.lua`): the clock, the queue, the wake-up. The Tair
+/// emulation's scripts take these alone.
+pub(crate) const QUEUE: &str = include_str!("lua/queue.lua");
+
+/// The node's shared Lua helpers: [`QUEUE`], then `lua/common.lua` (tokens, the lock key's
+/// forms, grants), which builds on them.
+pub(crate) const COMMON: &str = concat!(
+    include_str!("lua/queue.lua"),
+    include_str!("lua/common.lua")
+);
 
 impl Lua {
     /// `body` with the node's shared helpers ([`COMMON`]) inserted at its `--@common` line, so

@@ -24,10 +24,10 @@ const KEYS: [&str; 5] = [
     ":tair:seq",
 ];
 
-/// A script with the node's helpers (the queue's among them) and the emulation's own pasted at
-/// its `--@tair` line.
+/// A script with the node's queue helpers and the emulation's own pasted at its `--@tair` line
+/// (not the node's other helpers: Redis defines each helper on every call).
 fn tair_script(body: &str) -> Lua {
-    let prelude = format!("{}\n{}", scripts::COMMON, include_str!("lua/common.lua"));
+    let prelude = format!("{}\n{}", scripts::QUEUE, include_str!("lua/common.lua"));
     Lua::with_prelude(body, "--@tair", &prelude)
 }
 

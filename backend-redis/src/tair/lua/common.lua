@@ -1,5 +1,5 @@
--- Shared by the Tair emulation's scripts, after the node's helpers (`now_ms`, the FIFO queue's
--- `prune`, `wake_first`, `writer_ahead`, `queue_up`: see `node/lua/common.lua`).
+-- Shared by the Tair emulation's scripts, after the node's queue helpers (`now_ms`, the FIFO
+-- queue's `prune`, `wake_first`, `writer_ahead`, `queue_up`: see `node/lua/queue.lua`).
 --
 -- One hash per lock name (KEYS[1]):
 --   locked   1 while locked (judged together with expire: locked only if expire lies ahead)
