@@ -15,8 +15,6 @@
 //!   max-only write-back, and a majority must hold the token. Any later majority shares a node
 //!   with that one, so the next token is larger, as long as no node loses its counter.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,18 +54,13 @@ enum Decision {
     Undo,
 }
 
-/// One node's acquire request, owning what it needs, so that a request still on its way when
-/// the vote ends can be finished instead of dropped (see [`Masters::settle`]).
-type Request = Pin<Box<dyn Future<Output = (usize, Vote)> + Send>>;
-
 /// The votes of one attempt.
 struct Tally {
     granted: Vec<(usize, u64)>,
     /// `(node, pttl, rank, fence)`.
     refused: Vec<(usize, i64, i64, u64)>,
     failed: Vec<(usize, String)>,
-    /// Nodes whose answer the vote did not wait for (it could no longer be won, or a majority
-    /// granted and the grace ran out).
+    /// Nodes whose answer the vote did not wait for (it could no longer be won).
     unheard: Vec<usize>,
 }
 
@@ -90,36 +83,35 @@ impl Masters {
     /// fence counter, and the more counters the token is above, the more node losses fencing
     /// survives. Once a majority granted, the others get a grace as long as the majority took
     /// (at least [`MIN_GRACE`](crate::MIN_GRACE)). A vote that can no longer be won ends at once. Nodes not heard
-    /// are listed in [`Tally::unheard`]; their requests, not yet answered, come back beside it.
+    /// are listed in [`Tally::unheard`].
     async fn vote(
-        self: &Arc<Self>,
+        &self,
         name: &LockName,
         owner: OwnerId,
         opts: &AcquireOptions,
         mode: Mode,
-    ) -> (Tally, Vec<Request>) {
+    ) -> Tally {
         let limit = self.node_limit(opts.ttl_value());
-        let mut pending: FuturesUnordered<Request> = (0..self.nodes.len())
-            .map(|i| {
-                let (masters, name, opts) = (self.clone(), name.clone(), opts.clone());
-                Box::pin(async move {
-                    let node = &masters.nodes[i].node;
-                    // No floor on the nodes: the acquirer lifts the token to it and the
-                    // write-back carries it (see `decide`).
-                    let reply = if mode == Mode::Try {
-                        node.try_once(&name, owner, &opts, 0).await
-                    } else {
-                        node.acquire(&name, owner, &opts, mode, 0).await
-                    };
-                    let vote = match reply {
-                        Ok(AcquireReply::Granted(token)) => Vote::Granted(token),
-                        Ok(AcquireReply::Waiting { pttl, rank, fence }) => {
-                            Vote::Refused { pttl, rank, fence }
-                        }
-                        Err(e) => Vote::Failed(e.to_string()),
-                    };
-                    (i, vote)
-                }) as Request
+        let mut pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| async move {
+                // No floor on the nodes: the acquirer lifts the token to it and the
+                // write-back carries it (see `decide`).
+                let reply = if mode == Mode::Try {
+                    n.node.try_once(name, owner, opts, 0).await
+                } else {
+                    n.node.acquire(name, owner, opts, mode, 0).await
+                };
+                let vote = match reply {
+                    Ok(AcquireReply::Granted(token)) => Vote::Granted(token),
+                    Ok(AcquireReply::Waiting { pttl, rank, fence }) => {
+                        Vote::Refused { pttl, rank, fence }
+                    }
+                    Err(e) => Vote::Failed(e.to_string()),
+                };
+                (i, vote)
             })
             .collect();
         let mut tally = Tally {
@@ -147,7 +139,7 @@ impl Masters {
         })
         .await;
         tally.unheard = (0..heard.len()).filter(|&i| !heard[i]).collect();
-        (tally, pending.into_iter().collect())
+        tally
     }
 
     /// Carries out `decision` on the nodes: gives back what this attempt left where the
@@ -163,19 +155,11 @@ impl Masters {
     /// grant of a node that stays silent is undone by that attempt's own settling. The others
     /// run in a task of their own (this acquisition is over).
     ///
-    /// After a won vote the `late` requests (of the nodes not heard) are first given `limit` to
-    /// finish, in the background: one to a node whose connection was still being set up (just
-    /// after connect, or after a reconnect) has not been sent yet, and dropping it would leave
-    /// the lease on fewer nodes than answer, so that losing one holder could lose it. Then the
-    /// undo runs beside the winner's next requests, and it spares a late grant holding the
-    /// winning token: an extend checks owner and token on each node, counts such a grant, and
-    /// may leave another node unextended once a majority said yes; deleting the late grant
-    /// after that would leave the extended lease on a minority. (A late grant with another
-    /// token is never counted by extend or release, so it goes.) A lost vote drops its late
-    /// requests instead: its undo must follow at once, ahead of the next attempt's requests.
-    // The tally is read by `decide` across awaits, so it must be `Sync`; the late requests
-    // are not, and travel beside it.
-    #[allow(clippy::too_many_arguments)]
+    /// After a won vote the undo runs beside the winner's next requests, so it spares a late
+    /// grant holding the winning token: an extend checks owner and token on each node, counts
+    /// such a grant, and may leave another node unextended once a majority said yes; deleting
+    /// the late grant after that would leave the extended lease on a minority. (A late grant
+    /// with another token is never counted by extend or release, so it goes.)
     async fn settle(
         self: &Arc<Self>,
         name: &LockName,
@@ -183,7 +167,6 @@ impl Masters {
         mode: Mode,
         decision: Decision,
         tally: &Tally,
-        late: Vec<Request>,
         limit: Duration,
     ) {
         let queued = mode != Mode::Try;
@@ -203,28 +186,8 @@ impl Masters {
         if undo.is_empty() {
             return;
         }
-        let late = match decision {
-            Decision::Keep(_) => late,
-            Decision::Retry | Decision::Undo => Vec::new(),
-        };
         let (inner, name) = (self.clone(), name.clone());
         let work = async move {
-            let answers = join_all(late.into_iter().map(|r| tokio::time::timeout(limit, r))).await;
-            // A late grant below the winning token is lifted to it, as the write-back lifts
-            // the granting nodes' counters, so that the undo below spares it as part of the
-            // lease (extend and release check the token on each node).
-            if let Some(token) = spare {
-                join_all(
-                    answers
-                        .into_iter()
-                        .filter_map(|answer| match answer {
-                            Ok((i, Vote::Granted(t))) if t < token.0 => Some(i),
-                            _ => None,
-                        })
-                        .map(|i| inner.nodes[i].node.fence_max(&name, token.0)),
-                )
-                .await;
-            }
             join_all(undo.into_iter().map(|i| {
                 let (node, name) = (&inner.nodes[i], &name);
                 async move {
@@ -383,13 +346,13 @@ pub(crate) async fn attempt(
     let started = Instant::now();
     // Dropped before the vote is settled: everything this attempt may have left goes.
     let guard = arm(masters, name, owner);
-    let (tally, late) = masters.vote(name, owner, opts, mode).await;
+    let tally = masters.vote(name, owner, opts, mode).await;
     let (decision, outcome) = masters
         .decide(name, owner, opts, mode, started, &tally)
         .await;
     let limit = masters.node_limit(opts.ttl_value());
     masters
-        .settle(name, owner, mode, decision, &tally, late, limit)
+        .settle(name, owner, mode, decision, &tally, limit)
         .await;
     let _ = guard.disarm();
     outcome
