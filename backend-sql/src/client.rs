@@ -1,8 +1,8 @@
 //! One client of a dialect: its pool and rules, its statements, its configuration and the
 //! dialect's own state; and the statements that both a single attempt and the queue run.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
 
 use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::{
@@ -66,6 +66,28 @@ pub(crate) fn reader(
     granted(name, owner, fence, started, opts).with_handle(READ)
 }
 
+/// The handle that marks a lock's lease granted from the queue: others were queued when it
+/// was granted, so its release rings the doorbell of the queue's head (see `crate::bell`).
+pub(crate) const QUEUED: &str = "queued";
+
+/// The lease of a lock granted from the queue to `owner` with fence `fence`, marked so.
+pub(crate) fn queued(
+    name: &LockName,
+    owner: OwnerId,
+    fence: i64,
+    started: Instant,
+    opts: &AcquireOptions,
+) -> Lease {
+    granted(name, owner, fence, started, opts).with_handle(QUEUED)
+}
+
+/// How long after releasing a lock granted from the queue a waiting acquire of the same name
+/// joins the queue at once (see `Client::joins_first`).
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
+/// How many names `Client::joins_first` remembers before it drops the old ones.
+const CONTENDED_NAMES: usize = 1024;
+
 /// What one attempt's statement hands back: whether it granted, and how many tries it took (a
 /// retry may have followed a lost reply to a grant).
 pub(crate) trait Outcome: Send + 'static {
@@ -104,6 +126,12 @@ pub(crate) struct Client<D: Dialect> {
     pub(crate) local: Arc<Waiters>,
     /// Whether waiters poll (no notifications: MySQL, SQLite).
     polls: bool,
+    /// Where waiters poll and other processes may share the store: the key of the store's
+    /// doorbells (see `crate::bell`), [`local`]'s key.
+    bells: Option<Arc<str>>,
+    /// The names whose lock this client last released from a grant out of the queue, and when
+    /// (see [`joins_first`](Self::joins_first)).
+    contended: std::sync::Mutex<std::collections::HashMap<LockName, Instant>>,
 }
 
 impl<D: Dialect> Client<D> {
@@ -114,7 +142,9 @@ impl<D: Dialect> Client<D> {
         // The URL without its options (credentials are redacted already) and the table.
         let store = config.redacted.split('?').next().unwrap_or_default();
         let polls = D::WAIT == WaitMechanism::Poll;
-        let local = local(&format!("{store}#{}", config.table));
+        let store = format!("{store}#{}", config.table);
+        let local = local(&store);
+        let bells = (polls && dialect.shared_across_processes()).then(|| store.into());
         Ok(Client {
             core,
             sql,
@@ -124,6 +154,8 @@ impl<D: Dialect> Client<D> {
             dialect,
             local,
             polls,
+            bells,
+            contended: Default::default(),
         })
     }
 
@@ -197,7 +229,66 @@ impl<D: Dialect> Client<D> {
             return Ok(Released::NotHeld);
         }
         self.freed(lease.name(), permits);
+        if lease.handle() == Some(QUEUED) {
+            self.ring_head(lease.name());
+            self.note_contended(lease);
+        }
         Ok(Released::Released)
+    }
+
+    /// Where the dialect has doorbells (see `crate::bell`): looks up the live head of `name`'s
+    /// queue in the background and rings its doorbell. Best effort: an error only leaves the
+    /// head to its polling.
+    fn ring_head(&self, name: &LockName) {
+        let Some(key) = self.bells.clone() else {
+            return;
+        };
+        let (core, head, name) = (self.core.clone(), self.sql.head.clone(), name.clone());
+        tokio::spawn(async move {
+            match core.reply("look up the head", &head, Args::of(&name)).await {
+                Ok(reply) => {
+                    if let Some(ticket) = reply.value() {
+                        crate::bell::ring(&key, ticket);
+                    }
+                }
+                Err(e) => tracing::debug!(lock = %name, error = %e, "no doorbell rung"),
+            }
+        });
+    }
+
+    /// Remembers that `lease`, granted from the queue, was just released (see
+    /// [`joins_first`](Self::joins_first)).
+    pub(crate) fn note_contended(&self, lease: &Lease) {
+        let mut contended = self
+            .contended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if contended.len() >= CONTENDED_NAMES {
+            contended.retain(|_, at| at.elapsed() < CONTENDED_FOR);
+        }
+        contended.insert(lease.name().clone(), Instant::now());
+    }
+
+    /// Whether a waiting acquire of `name`'s lock should join the queue without its plain
+    /// attempt first: this client released a lock of the name granted from the queue within
+    /// [`CONTENDED_FOR`], so others are most likely still queued and the attempt, refused while
+    /// they are, would only be one more write (on SQLite one more turn of the file's one
+    /// writer, taken when the head's grant needs it). Joining first costs an uncontended
+    /// acquire two more statements, once.
+    pub(crate) fn joins_first(&self, name: &LockName) -> bool {
+        let mut contended = self
+            .contended
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        contended
+            .remove(name)
+            .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+    }
+
+    /// Binds the doorbell of the waiter with `ticket` where the dialect has doorbells (see
+    /// `crate::bell`).
+    pub(crate) fn bell(&self, ticket: i64) -> Option<crate::bell::Bell> {
+        crate::bell::Bell::bind(self.bells.as_deref()?, ticket)
     }
 
     /// One attempt (`DistributedLock::try_acquire`), also a waiting acquire's first.

@@ -68,8 +68,9 @@ pub struct Core<DB: Database> {
     /// How the server's own errors are handled (the dialect's error classes).
     pub(crate) classify: fn(&dyn DatabaseError) -> Class,
     /// SQLite: the write turn of the database file, shared by every client of the file in this
-    /// process (see `dialect::sqlite::write_turn`); `None` where the server queues writers.
-    pub(crate) turn: Option<Arc<tokio::sync::Mutex<()>>>,
+    /// process and ordered between processes (see `crate::turn`); `None` where the server
+    /// queues writers.
+    pub(crate) turn: Option<Arc<crate::turn::WriteTurn>>,
 }
 
 // By hand: a derive would require `DB: Clone`, which the driver marker types are not.
@@ -119,10 +120,10 @@ impl<DB: Database> Core<DB> {
         let mut stale = 0;
         loop {
             let once = async {
-                // Writers of this process take turns here, in arrival order, rather than in
-                // SQLite's busy handler, which sleeps 1, 2, 5, 10 ms and more between tries.
+                // Writers take turns here, in arrival order, rather than in SQLite's busy
+                // handler, which sleeps 1, 2, 5, 10 ms and more between tries.
                 let _turn = match self.turn.as_ref().filter(|_| writes) {
-                    Some(turn) => Some(turn.lock().await),
+                    Some(turn) => Some(turn.take().await),
                     None => None,
                 };
                 let conn = self.pool.acquire().await?;

@@ -191,9 +191,14 @@ pub struct Statements {
     pub enqueue: Stmt,
     /// Extends a waiter's liveness. Never revives an expired waiter (it rejoins at the tail).
     pub refresh: Stmt,
+    /// The ticket of the queue's live head (see `crate::bell`), if any.
+    pub head: Stmt,
     /// Leaves the queue, dropping expired waiters of the name. `None` where a grant dequeues in
     /// the same statement and leaving is [`leave`](Self::leave).
     pub dequeue: Option<Stmt>,
+    /// Whether a waiter's grant has also deleted its waiter row (PostgreSQL's statement,
+    /// SQLite's triggers), so no [`dequeue`](Self::dequeue) follows it.
+    pub grant_dequeues: bool,
     /// Leaves the queue, frees a lease granted to the waiter, and wakes the others, in one
     /// statement that counts the freed leases. `None`: [`dequeue`](Self::dequeue), then
     /// [`release_owner`](Self::release_owner).
@@ -404,9 +409,14 @@ impl Statements {
                 "UPDATE {w} SET expires_at = {expiry} \
                  WHERE name = $name AND waiter = $owner AND expires_at > {now}"
             )),
+            head: s.row(&format!(
+                "SELECT ticket FROM {w} WHERE name = $name AND expires_at > {now} \
+                 ORDER BY ticket LIMIT 1"
+            )),
             dequeue: Some(s.done(&format!(
                 "DELETE FROM {w} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
             ))),
+            grant_dequeues: false,
             leave: None,
             floor_release: release.clone(),
             release,

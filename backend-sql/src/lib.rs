@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod bell;
 mod client;
 mod common;
 pub mod config;
@@ -9,6 +10,7 @@ mod queue;
 mod read;
 mod semaphore;
 mod statement;
+mod turn;
 mod wake;
 
 use std::sync::Arc;

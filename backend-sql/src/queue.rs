@@ -10,7 +10,8 @@
 //! lease row is free and no live waiter with a smaller ticket is queued for the name, then a
 //! sleep until a release notification (PostgreSQL) or the next poll (MySQL, SQLite; a release
 //! made in the same process wakes the waiter there nearest the head at once, see
-//! `crate::wake::local`).
+//! `crate::wake::local`, and one made in another process of the host rings the head's doorbell,
+//! see `crate::bell`).
 //!
 //! A waiter that crashes stops refreshing its row; once its liveness deadline passes (by the
 //! database's clock) it no longer counts for anyone, and the next dequeue or enqueue on the name
@@ -29,7 +30,7 @@ use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::wait::Backoff;
 use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 
-use crate::client::{Client, granted, permit, reader};
+use crate::client::{Client, permit, queued, reader};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::Dialect;
 use crate::statement::Args;
@@ -160,8 +161,9 @@ impl<D: Dialect> Client<D> {
         })
     }
 
-    /// After a grant: deletes the waiter's rows where `attempt` did not (the lock on MySQL and
-    /// SQLite; a permit's and a reader's grant always have).
+    /// After a grant: deletes the waiter's rows where `attempt` did not (the lock on MySQL; a
+    /// permit's and a reader's grant always have, and so has the lock's on PostgreSQL and
+    /// SQLite: see `Statements::grant_dequeues`).
     async fn dequeue(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<()> {
         if kind != Kind::Lock {
             return Ok(());
@@ -242,6 +244,9 @@ pub(crate) async fn acquire<D: Dialect>(
     let floor = floor_of(D::BACKEND, opts)?;
     // Uncontended (or the queue is empty and the lock free): one round trip, no queue row.
     let first = match kind {
+        // (The queue's first round makes the attempt instead; never for an acquire that
+        // would not wait.)
+        Kind::Lock if deadline.is_none_or(|d| Instant::now() < d) && q.joins_first(name) => None,
         Kind::Lock => q.try_acquire(name, opts).await?,
         Kind::Read => q.try_acquire_read(name, opts).await?,
         Kind::Permits(permits) => q.try_acquire_permit(name, permits, opts).await?,
@@ -274,6 +279,10 @@ pub(crate) async fn acquire<D: Dialect>(
     };
     let mut ticket = q.join(name, waiter, kind).await?;
     q.joined(name, waiter, permits, ticket, terms);
+    // Where the dialect polls, a release in another process of this host rings it (see
+    // `crate::bell`); a permit waiter's queue has tickets of its own, and none.
+    let bell_for = |ticket| (!permits).then(|| q.bell(ticket)).flatten();
+    let mut bell = bell_for(ticket);
     let mut refreshed = Instant::now();
     let mut pace = Pace::new(Instant::now());
     // Whether a wake-up (not a timer) started this round: a release or a grant named this
@@ -302,6 +311,7 @@ pub(crate) async fn acquire<D: Dialect>(
                         tracing::debug!(backend = D::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
                         ticket = q.join(name, waiter, kind).await?;
                         q.joined(name, waiter, permits, ticket, terms);
+                        bell = bell_for(ticket);
                         pace = Pace::new(Instant::now());
                     }
                     refreshed = Instant::now();
@@ -327,7 +337,9 @@ pub(crate) async fn acquire<D: Dialect>(
         joined = false;
         let (ahead, holder_left) = match attempt {
             Attempt::Granted(fence) => {
-                q.dequeue(name, waiter, kind).await?;
+                if !q.sql.grant_dequeues {
+                    q.dequeue(name, waiter, kind).await?;
+                }
                 let _left = cleanup.disarm();
                 // Readers right behind may share now, a permit may be left for the next (this
                 // waiter no longer counts as queued here). After a hand-over, only if the
@@ -338,7 +350,7 @@ pub(crate) async fn acquire<D: Dialect>(
                     q.freed(name, permits);
                 }
                 return Ok(Some(match kind {
-                    Kind::Lock => granted(name, waiter, fence, started, opts),
+                    Kind::Lock => queued(name, waiter, fence, started, opts),
                     Kind::Read => reader(name, waiter, fence, started, opts),
                     Kind::Permits(_) => permit(name, waiter, fence, started, opts),
                 }));
@@ -375,8 +387,15 @@ pub(crate) async fn acquire<D: Dialect>(
         let holder_gone = holder_left.map(|left| now + left + Duration::from_millis(1));
         let sooner = [holder_gone, Some(refreshed + REFRESH), deadline];
         let until = sooner.into_iter().flatten().fold(now + step, Instant::min);
+        let rung = async {
+            match &bell {
+                Some(bell) => bell.rung().await,
+                None => std::future::pending().await,
+            }
+        };
         woken = tokio::select! {
             _ = &mut notified => true,
+            _ = rung => true,
             _ = tokio::time::sleep_until(until.into()) => false,
         };
     }

@@ -266,6 +266,7 @@ impl Dialect for Postgres {
         // statement.
         sql.probe = None;
         sql.dequeue = None;
+        sql.grant_dequeues = true;
         // Joins the tail; drops expired waiters of the name on the way.
         sql.enqueue = s.row(&format!(
             "WITH gc AS (DELETE FROM {w} WHERE name = $name AND expires_at <= {NOW}), {ASYNC} \

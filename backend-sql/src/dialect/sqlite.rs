@@ -1,13 +1,12 @@
 //! SQLite, the embedded default: one database file in WAL mode shared by every process on the
 //! host, `INSERT .. SELECT .. ON CONFLICT DO UPDATE .. WHERE expired RETURNING fence`, a FIFO
 //! queue of waiter rows (see [`crate::queue`]), polling waiters.
-//! "database is locked" is retried inside, within the `timeout` budget. The writers of one
-//! process take turns on the file before they reach SQLite ([`write_turn`]).
+//! "database is locked" is retried inside, within the `timeout` budget. Writers take turns on
+//! the file before they reach SQLite, in this process and between processes ([`write_turn`]).
+//! A waiter's grant leaves the queue in the same statement (two triggers on the lease table).
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lockcore::wait::Backoff;
@@ -20,6 +19,7 @@ use super::{Dialect, Statements, create_tables};
 use crate::common::{Class, Core};
 use crate::config::{SqlConfig, SqlitePath, Target};
 use crate::statement::{Sql, Stmt, Style};
+use crate::turn::write_turn;
 
 const BACKEND: &str = "sqlite";
 
@@ -95,19 +95,6 @@ async fn switch_to_wal(conn: &mut SqliteConnection, deadline: Instant) -> Result
             }
         }
     }
-}
-
-/// The write turn of the database `file` in this process: every statement and transaction that
-/// writes takes it first (see `Core::run_as`), so this process's writers queue in order instead
-/// of meeting in SQLite's busy handler, which sleeps between its tries (1, 2, 5, 10 ms and
-/// more: under contention a grant waited up to 200 ms there). Writers in other processes still
-/// meet this one's in the busy handler.
-fn write_turn(file: &Path) -> Arc<tokio::sync::Mutex<()>> {
-    static TURNS: LazyLock<Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>> =
-        LazyLock::new(Mutex::default);
-    let key = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
-    let mut turns = TURNS.lock().unwrap_or_else(PoisonError::into_inner);
-    turns.entry(key).or_default().clone()
 }
 
 impl Dialect for Sqlite {
@@ -214,6 +201,15 @@ impl Dialect for Sqlite {
         "CREATE TABLE IF NOT EXISTS {w} (ticket INTEGER PRIMARY KEY, name TEXT NOT NULL, \
          waiter TEXT NOT NULL, expires_at INTEGER NOT NULL)",
         "CREATE INDEX IF NOT EXISTS \"{q}_by_name\" ON {w} (name, ticket)",
+        // A grant (an insert of the row, or a take-over that sets its owner) dequeues its
+        // owner in the same statement, and drops the name's expired waiters on the way: the
+        // waiter's grant and its leaving the queue are one write (one commit), not two.
+        "CREATE TRIGGER IF NOT EXISTS \"{q}_dequeue_on_insert\" AFTER INSERT ON {t} \
+         WHEN NEW.owner IS NOT NULL BEGIN DELETE FROM {w} WHERE name = NEW.name \
+         AND (waiter = NEW.owner OR expires_at <= CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)); END",
+        "CREATE TRIGGER IF NOT EXISTS \"{q}_dequeue_on_grant\" AFTER UPDATE OF owner ON {t} \
+         WHEN NEW.owner IS NOT NULL BEGIN DELETE FROM {w} WHERE name = NEW.name \
+         AND (waiter = NEW.owner OR expires_at <= CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)); END",
         // Semaphores: the fence of each (never reset by release or expiry), and the row whose
         // write serialises the semaphore's grants and joins (SQLite's one writer at a time).
         "CREATE TABLE IF NOT EXISTS {s} (name TEXT NOT NULL PRIMARY KEY, fence INTEGER NOT NULL)",
@@ -279,5 +275,10 @@ impl Dialect for Sqlite {
 
     fn shared_across_processes(&self) -> bool {
         !self.memory
+    }
+
+    fn adapt(_s: &Sql, sql: &mut Statements) {
+        // The triggers above dequeue a granted waiter.
+        sql.grant_dequeues = true;
     }
 }

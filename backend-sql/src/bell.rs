@@ -1,0 +1,116 @@
+//! Doorbells: how a release wakes the head of the queue in *another process on the same host*
+//! where the dialect has no notifications (MySQL, SQLite).
+//!
+//! Without them a waiter in another process finds a release only on its next look (see
+//! `queue::Pace`), a step that is at best a millisecond and grows with the wait. With them:
+//! * a queued waiter binds a datagram socket at an address made of the store (the client's
+//!   registry key, [`crate::wake::local`]'s: the URL without options, and the table) and its
+//!   ticket, and wakes when a datagram arrives there;
+//! * the release of a lease that was granted from the queue (so that others were likely queued
+//!   behind it) looks up the ticket of the queue's live head, in the background after the
+//!   release returned, and sends an empty datagram to that address.
+//!
+//! A doorbell only hastens a look; nothing depends on it. A ring that reaches nobody (the
+//! head is on another host, in another network namespace, or reached the store by another URL;
+//! a client of an older version; an uncontended grant, which rings nobody), that comes late,
+//! or that a stranger sends, costs a look or leaves the waiter to its polling, as before.
+//!
+//! The addresses are Linux's abstract socket names (no file, gone with the socket; scoped by
+//! network namespace). Elsewhere there is no doorbell and waiters poll.
+
+/// The address of the doorbell of the waiter with `ticket` in the queue of the store `key`:
+/// `dlock-bell/<FNV-1a of key, 16 hex digits>/<ticket>` (the hash keeps the address within
+/// the 107 bytes an abstract name may have, and is the same in every process and version).
+fn address(key: &str, ticket: i64) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("dlock-bell/{hash:016x}/{ticket}")
+}
+
+#[cfg(target_os = "linux")]
+mod imp {
+    use std::io;
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    use std::sync::LazyLock;
+
+    /// A waiter's bound doorbell; unbound when dropped.
+    pub struct Bell {
+        socket: tokio::net::UnixDatagram,
+    }
+
+    impl Bell {
+        /// Binds the doorbell of `ticket` in the queue of store `key`. `None` if the address
+        /// is taken (a waiter of a ticket that was given out again, rarely) or sockets fail:
+        /// the waiter then polls.
+        pub fn bind(key: &str, ticket: i64) -> Option<Bell> {
+            let bind = || -> io::Result<Bell> {
+                let addr = SocketAddr::from_abstract_name(super::address(key, ticket))?;
+                let socket = UnixDatagram::bind_addr(&addr)?;
+                socket.set_nonblocking(true)?;
+                let socket = tokio::net::UnixDatagram::from_std(socket)?;
+                Ok(Bell { socket })
+            };
+            bind()
+                .inspect_err(|e| tracing::debug!(error = %e, ticket, "no doorbell; polling"))
+                .ok()
+        }
+
+        /// Waits for a ring, then takes every ring queued meanwhile (they all say the same).
+        ///
+        /// # Cancel safety
+        /// Cancel safe: a ring not yet received stays queued for the next call.
+        pub async fn rung(&self) {
+            let mut buf = [0u8; 1];
+            let _ = self.socket.recv(&mut buf).await;
+            while self.socket.try_recv(&mut buf).is_ok() {}
+        }
+    }
+
+    /// The socket rings are sent from: one per process, never bound.
+    static SENDER: LazyLock<Option<UnixDatagram>> = LazyLock::new(|| {
+        let socket = UnixDatagram::unbound().ok()?;
+        socket.set_nonblocking(true).ok()?;
+        Some(socket)
+    });
+
+    /// Rings the doorbell of `ticket` in the queue of store `key`, without waiting: best
+    /// effort (nobody there, or a full queue, is nothing to report).
+    pub fn ring(key: &str, ticket: i64) {
+        let Some(sender) = SENDER.as_ref() else {
+            return;
+        };
+        if let Ok(addr) = SocketAddr::from_abstract_name(super::address(key, ticket)) {
+            let _ = sender.send_to_addr(&[], &addr);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod imp {
+    /// No doorbells here (see the module docs): never bound.
+    pub struct Bell(std::convert::Infallible);
+
+    impl Bell {
+        /// Always `None`: waiters poll.
+        pub fn bind(_key: &str, _ticket: i64) -> Option<Bell> {
+            None
+        }
+
+        /// Never called: no `Bell` exists.
+        pub async fn rung(&self) {
+            match self.0 {}
+        }
+    }
+
+    /// Nothing to ring.
+    pub fn ring(_key: &str, _ticket: i64) {}
+}
+
+pub(crate) use imp::{Bell, ring};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,206 @@
+//! Doorbells: the addresses, a ring between two sockets, and on a SQLite file (the dialect whose
+//! clients always share one host) the release that rings the head of the queue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lockcore::{AcquireOptions, KeepAlive, LockName, OwnerId, Released, Wait};
+
+use super::*;
+use crate::client::{Client, QUEUED};
+use crate::dialect::sqlite::Sqlite;
+use crate::queue::{Kind, LIVENESS};
+use crate::statement::Args;
+
+#[test]
+fn addresses_differ_by_store_and_ticket_and_fit_an_abstract_name() {
+    let a = address("sqlite:///tmp/a.db#dlock_leases", 7);
+    assert_eq!(a, address("sqlite:///tmp/a.db#dlock_leases", 7));
+    assert_ne!(a, address("sqlite:///tmp/b.db#dlock_leases", 7));
+    assert_ne!(a, address("sqlite:///tmp/a.db#dlock_leases", 8));
+    let long = address(&"x".repeat(4096), i64::MAX);
+    assert!(long.len() < 107, "{long}");
+}
+
+/// Fails instead of hanging.
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// Long enough for a ring that was sent to have arrived.
+const QUIET: Duration = Duration::from_millis(200);
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_ring_wakes_the_bound_waiter_and_only_it() {
+    let key = format!("test-{}", OwnerId::random());
+    let bell = Bell::bind(&key, 1).expect("bound");
+    let other = Bell::bind(&key, 2).expect("bound");
+    // The address is taken while the first is bound.
+    assert!(Bell::bind(&key, 1).is_none());
+    ring(&key, 1);
+    ring(&key, 1);
+    tokio::time::timeout(LIMIT, bell.rung())
+        .await
+        .expect("rung");
+    // Both rings were taken by the one wake-up; the other waiter heard nothing.
+    assert!(tokio::time::timeout(QUIET, bell.rung()).await.is_err());
+    assert!(tokio::time::timeout(QUIET, other.rung()).await.is_err());
+    // Unbound when dropped: the address can be bound again, and ringing nobody is fine.
+    drop(bell);
+    ring(&key, 1);
+    assert!(Bell::bind(&key, 1).is_some());
+}
+
+async fn sqlite_client(dir: &tempfile::TempDir) -> Arc<Client<Sqlite>> {
+    let url = format!("sqlite://{}/bell.db", dir.path().display());
+    let config = crate::config::SqlConfig::parse(&url).expect("a SQLite URL");
+    Arc::new(Client::<Sqlite>::connect(&config).await.expect("connect"))
+}
+
+fn opts(wait: Wait) -> AcquireOptions {
+    AcquireOptions::new()
+        .ttl(Duration::from_secs(30))
+        .keep_alive(KeepAlive::Off)
+        .wait(wait)
+}
+
+/// The waiter rows of `name`, live or not.
+async fn waiters(client: &Client<Sqlite>, name: &LockName) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM dlock_leases_waiters WHERE name = ?1")
+        .bind(name.as_str())
+        .fetch_one(&client.core.pool)
+        .await
+        .expect("count the waiter rows")
+}
+
+/// Queues a waiter row as a waiter in another process would; its ticket.
+async fn foreign_waiter(client: &Client<Sqlite>, name: &LockName) -> i64 {
+    let args = Args::of(name).owner(OwnerId::random()).ttl(LIVENESS);
+    let reply = client.core.reply("enqueue", &client.sql.enqueue, args);
+    reply.await.expect("enqueue").value().expect("a ticket")
+}
+
+/// The release of a lock granted from the queue looks up the queue's live head and rings its
+/// doorbell, and only its; the waiter's grant left the queue in the same statement (SQLite's
+/// triggers), so the head is the next waiter, not the one just granted. A lock granted by a
+/// plain attempt rings nobody.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_release_from_the_queue_rings_the_head_in_another_process() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let client = sqlite_client(&dir).await;
+    let name = LockName::new("rung").expect("a name");
+    let first = client
+        .try_acquire(&name, &opts(Wait::No))
+        .await
+        .expect("try")
+        .expect("free");
+    assert_ne!(first.handle(), Some(QUEUED));
+    let waiter = {
+        let (client, name) = (client.clone(), name.clone());
+        tokio::spawn(async move {
+            crate::queue::acquire(&client, &name, Kind::Lock, &opts(Wait::Forever), None).await
+        })
+    };
+    let queued = async {
+        while waiters(&client, &name).await < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, queued).await.expect("queued");
+    // Another process's waiters, queued behind: the first one is the head once the waiter
+    // here is granted.
+    let (head, behind) = (
+        foreign_waiter(&client, &name).await,
+        foreign_waiter(&client, &name).await,
+    );
+    let (head_bell, behind_bell) = (
+        client.bell(head).expect("the head's doorbell"),
+        client.bell(behind).expect("a doorbell"),
+    );
+    // A plain grant's release rings nobody.
+    assert_eq!(
+        client
+            .release_row(&client.sql.release, &first, false)
+            .await
+            .unwrap(),
+        Released::Released
+    );
+    let granted = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("granted in time")
+        .expect("task")
+        .expect("no store error")
+        .expect("a lease");
+    assert!(tokio::time::timeout(QUIET, head_bell.rung()).await.is_err());
+    assert_eq!(granted.handle(), Some(QUEUED));
+    assert_eq!(
+        waiters(&client, &name).await,
+        2,
+        "the grant left only the other process's waiters queued"
+    );
+
+    let released = client.release_row(&client.sql.release, &granted, false);
+    assert_eq!(released.await.unwrap(), Released::Released);
+    tokio::time::timeout(LIMIT, head_bell.rung())
+        .await
+        .expect("the head was rung");
+    assert!(
+        tokio::time::timeout(QUIET, behind_bell.rung())
+            .await
+            .is_err()
+    );
+}
+
+/// After releasing a lock granted from the queue, a waiting acquire of the name joins the queue
+/// without its plain attempt, and is granted all the same when nobody else waits; an acquire
+/// that would not wait still makes its attempt.
+#[tokio::test]
+async fn after_a_contended_release_a_waiting_acquire_joins_first_and_is_granted() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let client = sqlite_client(&dir).await;
+    let name = LockName::new("joins-first").expect("a name");
+    let contended = |client: &Client<Sqlite>| {
+        let lease = crate::client::queued(
+            &name,
+            OwnerId::random(),
+            1,
+            std::time::Instant::now(),
+            &opts(Wait::No),
+        );
+        // As if that lease had just been released: what the release records.
+        client.note_contended(&lease);
+    };
+
+    contended(&client);
+    assert!(client.joins_first(&name));
+    assert!(!client.joins_first(&name), "remembered once");
+
+    contended(&client);
+    let forever = opts(Wait::Forever);
+    let waited = crate::queue::acquire(&client, &name, Kind::Lock, &forever, None);
+    let lease = tokio::time::timeout(LIMIT, waited)
+        .await
+        .expect("granted in time")
+        .expect("no store error")
+        .expect("a lease");
+    assert_eq!(
+        lease.handle(),
+        Some(QUEUED),
+        "granted from the queue it joined"
+    );
+    assert_eq!(waiters(&client, &name).await, 0);
+    client
+        .release_row(&client.sql.release, &lease, false)
+        .await
+        .unwrap();
+
+    contended(&client);
+    let now = Some(std::time::Instant::now());
+    let no = opts(Wait::No);
+    let tried = crate::queue::acquire(&client, &name, Kind::Lock, &no, now);
+    let lease = tried
+        .await
+        .expect("no store error")
+        .expect("the plain attempt");
+    assert_ne!(lease.handle(), Some(QUEUED));
+}
