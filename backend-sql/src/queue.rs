@@ -380,6 +380,10 @@ pub(crate) async fn acquire<D: Dialect>(
         let behind = kind != Kind::Lock && q.behind_another_here(name, waiter, permits);
         let step = if listening || behind {
             RECHECK
+        } else if bell.is_some() {
+            // Rung when the lock is released from the queue: the looks are for the releases
+            // that do not ring (see `crate::bell`), and need not load the store as often.
+            pace.step(now, ahead).max(RUNG_STEP_MIN)
         } else {
             pace.step(now, ahead)
         };
@@ -403,6 +407,9 @@ pub(crate) async fn acquire<D: Dialect>(
 
 /// The shortest look-again step of a polling waiter.
 const STEP_MIN: Duration = Duration::from_millis(1);
+
+/// The shortest look-again step of a polling waiter with a doorbell.
+const RUNG_STEP_MIN: Duration = Duration::from_millis(4);
 
 /// The longest look-again step of a polling waiter.
 const STEP_MAX: Duration = Duration::from_millis(100);

@@ -365,6 +365,11 @@ async fn token_floor_and_chosen_owner_on_every_granting_statement(kind: Kind) {
         (Some(waiter_owner.to_string()), 500),
         "the row records the waiter's owner and the floor"
     );
+    assert_eq!(
+        raw.waiter_rows(n.as_str()).await,
+        0,
+        "the granted waiter left the queue before its acquire returned"
+    );
     got.release().await.expect("release");
 
     // A low floor changes nothing; plain grants continue above the floor.
@@ -2605,7 +2610,18 @@ async fn a_dml_only_account_uses_existing_tables(kind: Kind) {
     let lock = take(&c, &n, Duration::from_secs(30))
         .await
         .expect("the lock");
+    // A queued waiter's grant (on MySQL a stored procedure, where the account may call one).
+    let waiter = {
+        let (c, n) = (client(&as_account(&db)).await, n.clone());
+        tokio::spawn(async move { c.lock(n.as_str(), &waiting(Duration::from_secs(30))).await })
+    };
+    until_queued(&c, &n, 1).await;
     assert_eq!(c.release(&lock).await.unwrap(), Released::Released);
+    let granted = within(Duration::from_secs(30), "the waiter's grant", waiter)
+        .await
+        .expect("task")
+        .expect("the waiter's lock");
+    granted.release().await.expect("release");
     let p = permit(&c, &n, 2, opts(Duration::from_secs(30)))
         .await
         .expect("try a permit")

@@ -44,7 +44,12 @@ fn insert(s: &Sql, fence: &str) -> String {
 /// twice as much per statement. A grant's fence is GREATEST(fence + 1, token floor) (0 = no
 /// floor).
 fn gated(s: &Sql, gate: &str) -> Stmt {
-    s.done(&format!(
+    s.done(&gated_text(s, gate))
+}
+
+/// [`gated`]'s template.
+fn gated_text(s: &Sql, gate: &str) -> String {
+    format!(
         "{} ON DUPLICATE KEY UPDATE \
          fence = IF(({TAKEABLE}) AND NOT EXISTS (SELECT 1 FROM {} AS w \
          WHERE w.name = $name{gate} AND w.expires_at > NOW(6)), \
@@ -53,8 +58,11 @@ fn gated(s: &Sql, gate: &str) -> Stmt {
          expires_at = IF(owner <=> $owner, NOW(6) + INTERVAL $ttl MICROSECOND, expires_at)",
         insert(s, "GREATEST(1, $floor)"),
         s.w
-    ))
+    )
 }
+
+/// A queued waiter's gate: no live waiter with a smaller ticket is queued.
+const WAITER_GATE: &str = " AND w.ticket < $ticket AND w.waiter <> $owner";
 
 /// The semaphore row's lock (see [`Dialect::semaphore_lock`]) on table `sem`: with `bump`, the
 /// new fence is the OK packet's insert id (see `insert`), which `LAST_INSERT_ID()` also reads
@@ -118,7 +126,7 @@ impl Dialect for MySql {
         };
         let core = connect_server::<Self>(config, opts, sql).await?.0;
         let s = Sql::new(Self::STYLE, &config.table);
-        routines::install(&core, &s, &mut sql.permits).await;
+        routines::install(&core, &s, sql).await;
         Ok((core, MySql))
     }
 
@@ -198,7 +206,6 @@ impl Dialect for MySql {
     }
 
     fn wait_acquire(s: &Sql) -> Stmt {
-        // Only when no live waiter with a smaller ticket is queued.
-        gated(s, " AND w.ticket < $ticket AND w.waiter <> $owner")
+        gated(s, WAITER_GATE)
     }
 }

@@ -1,4 +1,5 @@
-//! MySQL's and MariaDB's semaphore grant and join as stored procedures, one round trip each.
+//! MySQL's and MariaDB's semaphore grant and join, and a queued waiter's grant of the lock, as
+//! stored procedures, one round trip each.
 //!
 //! Sent statement by statement, the grant transaction is six round trips (begin, the semaphore
 //! row's lock, the look, the grant, the dequeue, the commit), and it holds the row's lock for
@@ -22,9 +23,9 @@
 
 use sqlx::Executor;
 
-use super::{MySql, semaphore_lock};
+use super::{MySql, WAITER_GATE, gated_text, semaphore_lock};
 use crate::common::{Core, aux_table};
-use crate::dialect::{PermitStatements, PermitTemplates, recorded};
+use crate::dialect::{PermitTemplates, Statements, recorded};
 use crate::statement::Sql;
 
 /// The state the look reads into (see `PermitStatements::state`).
@@ -148,6 +149,28 @@ fn hand_body(s: &Sql) -> String {
     )
 }
 
+/// A queued waiter's attempt at the lock and, when it is granted, its leaving the queue (with
+/// the name's expired waiters), in one transaction: sent as two statements they were two
+/// commits, each waiting for the log flush, between a release and the next holder. One row:
+/// the fence if granted, else NULL; and NULL (MySQL reports no holder's time left).
+fn grant_lock_body(s: &Sql) -> String {
+    format!(
+        "BEGIN \
+         DECLARE v_fence BIGINT; \
+         {ON_ERROR} \
+         {BEGIN} \
+         {attempt}; \
+         SET v_fence = LAST_INSERT_ID(); \
+         IF v_fence > 0 THEN DELETE FROM {w} WHERE name = $name \
+         AND (waiter = $owner OR expires_at <= NOW(6)); END IF; \
+         COMMIT; \
+         SELECT IF(v_fence > 0, v_fence, NULL), NULL; \
+         END",
+        attempt = gated_text(s, WAITER_GATE),
+        w = s.w,
+    )
+}
+
 /// A stored procedure: its name (with the hash of its text) and its `CREATE PROCEDURE`.
 struct Routine {
     name: String,
@@ -190,7 +213,7 @@ impl Routine {
                 true
             }
             Err(e) => {
-                tracing::debug!(backend = "mysql", routine = %self.name, error = %e, "cannot create the semaphore's stored procedure; sending its statements one by one");
+                tracing::debug!(backend = "mysql", routine = %self.name, error = %e, "cannot create a stored procedure; sending its statements one by one");
                 false
             }
         }
@@ -208,9 +231,24 @@ fn fnv1a(text: &str) -> u32 {
 const OWNER: &str =
     "p_name VARBINARY(1024), p_owner CHAR(32) CHARACTER SET ascii COLLATE ascii_bin";
 
-/// Creates the procedures where missing and has `permits` call those that are there (else it
-/// keeps the statements): the grant and the join together, and the hand-over.
-pub(super) async fn install(core: &Core<sqlx::MySql>, s: &Sql, permits: &mut PermitStatements) {
+/// Creates the procedures where missing and has `sql` call those that are there (else it keeps
+/// the statements): a waiter's grant of the lock; the semaphore's grant and join together, and
+/// its hand-over.
+pub(super) async fn install(core: &Core<sqlx::MySql>, s: &Sql, sql: &mut Statements) {
+    let lock = Routine::new(
+        s,
+        "grant_lock",
+        &format!("{OWNER}, p_ttl BIGINT, p_floor BIGINT, p_ticket BIGINT"),
+        &grant_lock_body(s),
+    );
+    if lock.install(core).await {
+        sql.wait_acquire = s.row(&format!(
+            "CALL `{}`($name, $owner, $ttl, $floor, $ticket)",
+            lock.name
+        ));
+        sql.grant_dequeues = true;
+    }
+    let permits = &mut sql.permits;
     let grant = Routine::new(
         s,
         "grant_permit",
