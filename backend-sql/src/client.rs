@@ -66,20 +66,10 @@ pub(crate) fn reader(
     granted(name, owner, fence, started, opts).with_handle(READ)
 }
 
-/// The handle that marks a lock's lease granted from the queue: others were queued when it
-/// was granted, so its release rings the doorbell of the queue's head (see `crate::bell`).
+/// The handle that marks a lock's lease granted from the queue (`granted(..).with_handle`):
+/// others were queued when it was granted, so its release rings the doorbell of the queue's
+/// head (see `crate::bell`).
 pub(crate) const QUEUED: &str = "queued";
-
-/// The lease of a lock granted from the queue to `owner` with fence `fence`, marked so.
-pub(crate) fn queued(
-    name: &LockName,
-    owner: OwnerId,
-    fence: i64,
-    started: Instant,
-    opts: &AcquireOptions,
-) -> Lease {
-    granted(name, owner, fence, started, opts).with_handle(QUEUED)
-}
 
 /// How long after releasing a lock granted from the queue a waiting acquire of the same name
 /// joins the queue at once (see `Client::joins_first`).

@@ -30,7 +30,7 @@ use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::wait::Backoff;
 use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 
-use crate::client::{Client, permit, queued, reader};
+use crate::client::{Client, QUEUED, granted, permit, reader};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::Dialect;
 use crate::statement::Args;
@@ -350,7 +350,7 @@ pub(crate) async fn acquire<D: Dialect>(
                     q.freed(name, permits);
                 }
                 return Ok(Some(match kind {
-                    Kind::Lock => queued(name, waiter, fence, started, opts),
+                    Kind::Lock => granted(name, waiter, fence, started, opts).with_handle(QUEUED),
                     Kind::Read => reader(name, waiter, fence, started, opts),
                     Kind::Permits(_) => permit(name, waiter, fence, started, opts),
                 }));

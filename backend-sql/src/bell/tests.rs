@@ -160,13 +160,9 @@ async fn after_a_contended_release_a_waiting_acquire_joins_first_and_is_granted(
     let client = sqlite_client(&dir).await;
     let name = LockName::new("joins-first").expect("a name");
     let contended = |client: &Client<Sqlite>| {
-        let lease = crate::client::queued(
-            &name,
-            OwnerId::random(),
-            1,
-            std::time::Instant::now(),
-            &opts(Wait::No),
-        );
+        let now = std::time::Instant::now();
+        let lease = crate::client::granted(&name, OwnerId::random(), 1, now, &opts(Wait::No))
+            .with_handle(QUEUED);
         // As if that lease had just been released: what the release records.
         client.note_contended(&lease);
     };
