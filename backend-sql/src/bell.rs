@@ -19,15 +19,11 @@
 //! network namespace). Elsewhere there is no doorbell and waiters poll.
 
 /// The address of the doorbell of the waiter with `ticket` in the queue of the store `key`:
-/// `dlock-bell/<FNV-1a of key, 16 hex digits>/<ticket>` (the hash keeps the address within
-/// the 107 bytes an abstract name may have, and is the same in every process and version).
+/// `dlock-bell/<FNV-1a of key, 8 hex digits>/<ticket>` (the hash keeps the address within the
+/// 107 bytes an abstract name may have, and is the same in every process and version; two
+/// stores whose keys collide only cost each other a look).
 fn address(key: &str, ticket: i64) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in key.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("dlock-bell/{hash:016x}/{ticket}")
+    format!("dlock-bell/{:08x}/{ticket}", crate::common::fnv1a(key))
 }
 
 #[cfg(target_os = "linux")]

@@ -325,6 +325,14 @@ pub(crate) fn queue_table(table: &str) -> String {
     aux_table(table, "_waiters")
 }
 
+/// FNV-1a, 32 bits: a short name that is the same in every process and version (table names,
+/// routine names, doorbell addresses).
+pub(crate) fn fnv1a(text: &str) -> u32 {
+    text.bytes().fold(0x811c_9dc5, |h: u32, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
 /// The table `suffix` names next to lease table `table`: `<table><suffix>`, or, where that would
 /// pass the 63-byte identifier limit, a prefix of `table`, `_`, an 8-hex-digit FNV-1a hash of
 /// the whole table name, and `suffix` (63 bytes in all). The suffixes in use (`_waiters`,
@@ -335,11 +343,7 @@ pub(crate) fn aux_table(table: &str, suffix: &str) -> String {
     if table.len() + suffix.len() <= MAX {
         return format!("{table}{suffix}");
     }
-    let mut hash: u32 = 0x811c_9dc5;
-    for b in table.bytes() {
-        hash ^= u32::from(b);
-        hash = hash.wrapping_mul(0x0100_0193);
-    }
+    let hash = fnv1a(table);
     // Table names are validated ASCII identifiers, so byte slicing is on a char boundary.
     let keep = MAX - suffix.len() - 9;
     format!("{}_{hash:08x}{suffix}", &table[..keep])

@@ -24,7 +24,7 @@
 use sqlx::Executor;
 
 use super::{MySql, WAITER_GATE, gated_text, semaphore_lock};
-use crate::common::{Core, aux_table};
+use crate::common::{Core, aux_table, fnv1a};
 use crate::dialect::{PermitTemplates, Statements, recorded};
 use crate::statement::Sql;
 
@@ -218,13 +218,6 @@ impl Routine {
             }
         }
     }
-}
-
-/// FNV-1a, 32 bits: a name suffix that changes with a routine's text.
-fn fnv1a(text: &str) -> u32 {
-    text.bytes().fold(0x811c_9dc5, |h: u32, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
 }
 
 /// The arguments of a procedure that names a lock and an owner.
