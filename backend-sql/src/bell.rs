@@ -64,6 +64,19 @@ mod imp {
             let _ = self.socket.recv(&mut buf).await;
             while self.socket.try_recv(&mut buf).is_ok() {}
         }
+
+        /// Takes every ring queued now, without waiting; whether there was one. A ring is
+        /// queued at the receiver before [`ring`] returns, so this tells at once whether one
+        /// was sent.
+        #[cfg(test)]
+        pub fn try_rung(&self) -> bool {
+            let mut buf = [0u8; 1];
+            let mut rung = false;
+            while self.socket.try_recv(&mut buf).is_ok() {
+                rung = true;
+            }
+            rung
+        }
     }
 
     /// The socket rings are sent from: one per process, never bound.
