@@ -10,7 +10,8 @@ use lockcore::{FencingToken, LockInfo, LockName, Result};
 use crate::masters::{Flow, Masters, gather};
 
 /// Each node's view (holder, time left, fence, waiters) in [`LockInfo::details`], the
-/// holder a majority names, the highest fence heard, and the most live waiters any node
+/// holder a majority names, its token (the highest fence among the nodes that hold it; with no
+/// such holder, the highest fence heard), and the most live waiters any node
 /// counts; a quorum error when fewer than a majority answer.
 pub(crate) async fn inspect(masters: &Masters, name: &LockName) -> Result<Option<LockInfo>> {
     let limit = masters.node_limit(masters.defaults.ttl);
@@ -37,7 +38,8 @@ pub(crate) async fn inspect(masters: &Masters, name: &LockName) -> Result<Option
         return Err(masters.quorum_error("inspect", answered));
     }
     let mut details = Vec::with_capacity(views.len());
-    let mut holders: Vec<(String, i64)> = Vec::new();
+    // (owner, ms left, that node's fence) of each node that names a holder.
+    let mut holders: Vec<(String, i64, Option<u64>)> = Vec::new();
     let (mut token, mut waiters, mut seen) = (None::<u64>, 0usize, false);
     for (node, view) in masters.nodes.iter().zip(&views) {
         let line = match view {
@@ -49,7 +51,7 @@ pub(crate) async fn inspect(masters: &Masters, name: &LockName) -> Result<Option
                 let fence = v.fence.map_or("none".to_owned(), |f| f.to_string());
                 match &v.holder {
                     Some(h) => {
-                        holders.push((h.clone(), v.pttl));
+                        holders.push((h.clone(), v.pttl, v.fence));
                         format!(
                             "node {}: held by {h} ({} ms left), fence {fence}, {} waiting",
                             node.addr, v.pttl, v.live_waiters
@@ -68,21 +70,21 @@ pub(crate) async fn inspect(masters: &Masters, name: &LockName) -> Result<Option
         return Ok(None);
     }
     // The holder is the owner a majority of nodes name; its lease lasts while a majority
-    // still holds it: the quorum-th longest remaining time among them.
+    // still holds it: the quorum-th longest remaining time among them. Its token is the
+    // highest fence among the nodes that hold it: a node the holder's vote left out may have
+    // counted other clients' refused attempts since, so its fence can be above the holder's.
     let mut holder = None;
     let mut remaining = None;
-    for (candidate, _) in &holders {
-        let mut left: Vec<i64> = holders
-            .iter()
-            .filter(|(h, _)| h == candidate)
-            .map(|(_, pttl)| *pttl)
-            .collect();
+    for (candidate, _, _) in &holders {
+        let theirs = || holders.iter().filter(|(h, _, _)| h == candidate);
+        let mut left: Vec<i64> = theirs().map(|(_, pttl, _)| *pttl).collect();
         if left.len() >= masters.quorum {
             left.sort_unstable_by(|a, b| b.cmp(a));
             remaining = u64::try_from(left[masters.quorum - 1])
                 .ok()
                 .map(Duration::from_millis);
             holder = Some(candidate.clone());
+            token = theirs().filter_map(|(_, _, fence)| *fence).max();
             break;
         }
     }
