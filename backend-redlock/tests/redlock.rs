@@ -297,6 +297,46 @@ async fn a_split_vote_keeps_the_waiters_places_and_releases_leave_no_entries() {
 
 /// A waiter that wins keeps its queue entries until it releases (see the test above); `inspect`
 /// does not count the holder among the waiters meanwhile, and the release takes the entries out.
+/// A lease held on a bare majority: the node its vote left out has counted other clients'
+/// refused attempts since, so its fence is above the holder's. `inspect` reports the holder's
+/// token (the highest fence among the nodes that hold it), not the highest fence heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reports_the_holders_token_not_a_left_out_nodes_fence() {
+    let set = RedisSet::start(3, &[]).await.expect("kit masters");
+    let client = connect(&url_of(&addrs(&set), "node_timeout=1s")).await;
+    let name = "bare-majority";
+    let g = client
+        .try_lock(name, &once(30 * SEC))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let held = g.lease().token().0;
+    // Node 2 as the vote's left-out node would be: no holder, a counter moved on by others.
+    let key = lock_key(name);
+    let fence = key.replace("}:lock", "}:fence");
+    let left_out = set.nodes()[2].addr();
+    redis_command(left_out, &["DEL", &key]).await.expect("DEL");
+    let ahead = (held + 5).to_string();
+    redis_command(left_out, &["SET", &fence, &ahead])
+        .await
+        .expect("SET");
+    let info = client
+        .inspect(&LockName::new(name).unwrap())
+        .await
+        .expect("inspect")
+        .expect("known");
+    assert_eq!(info.holder, Some(g.lease().owner().to_string()));
+    assert_eq!(info.token, Some(FencingToken(held)), "{:?}", info.details);
+    assert!(
+        info.details
+            .iter()
+            .any(|d| d.contains(&format!("fence {ahead}"))),
+        "the left-out node's own fence is still shown: {:?}",
+        info.details
+    );
+    g.release().await.expect("release");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_that_waited_is_not_counted_as_a_waiter() {
     let set = RedisSet::start(3, &[]).await.expect("kit masters");
