@@ -7,8 +7,11 @@
 //!   registry key, [`crate::wake::local`]'s: the URL without options, and the table) and its
 //!   ticket, and wakes when a datagram arrives there;
 //! * the release of a lease that was granted from the queue (so that others were likely queued
-//!   behind it) looks up the ticket of the queue's live head, in the background after the
-//!   release returned, and sends an empty datagram to that address.
+//!   behind it) sends an empty datagram to the address of the queue's live head. Where the
+//!   grant's own statement named the waiter left at the head (MySQL's grant procedure,
+//!   SQLite's grant), the release rings that ticket at once; otherwise, or when nobody is
+//!   bound there any more (that waiter left), it looks the head up in the background after the
+//!   release returned.
 //!
 //! A doorbell only hastens a look; nothing depends on it. A ring that reaches nobody (the
 //! head is on another host, in another network namespace, or reached the store by another URL;
@@ -87,14 +90,14 @@ mod imp {
     });
 
     /// Rings the doorbell of `ticket` in the queue of store `key`, without waiting: best
-    /// effort (nobody there, or a full queue, is nothing to report).
-    pub fn ring(key: &str, ticket: i64) {
+    /// effort. Whether a bound doorbell took the ring (`false`: nobody there, or its queue is
+    /// full; nothing to report, but the caller may look for whoever else should hear it).
+    pub fn ring(key: &str, ticket: i64) -> bool {
         let Some(sender) = SENDER.as_ref() else {
-            return;
+            return false;
         };
-        if let Ok(addr) = SocketAddr::from_abstract_name(super::address(key, ticket)) {
-            let _ = sender.send_to_addr(&[], &addr);
-        }
+        SocketAddr::from_abstract_name(super::address(key, ticket))
+            .is_ok_and(|addr| sender.send_to_addr(&[], &addr).is_ok())
     }
 }
 
@@ -116,7 +119,9 @@ mod imp {
     }
 
     /// Nothing to ring.
-    pub fn ring(_key: &str, _ticket: i64) {}
+    pub fn ring(_key: &str, _ticket: i64) -> bool {
+        false
+    }
 }
 
 pub(crate) use imp::{Bell, ring};

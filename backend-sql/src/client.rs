@@ -68,8 +68,28 @@ pub(crate) fn reader(
 
 /// The handle that marks a lock's lease granted from the queue (`granted(..).with_handle`):
 /// others were queued when it was granted, so its release rings the doorbell of the queue's
-/// head (see `crate::bell`).
+/// head (see `crate::bell`). See [`queued`] for the handle that also names that head.
 pub(crate) const QUEUED: &str = "queued";
+
+/// The handle of a lock's lease granted from the queue: [`QUEUED`], followed by the ticket of
+/// the waiter left at the head when the grant's statement says (`queued 42`), which its
+/// release rings without looking the head up.
+pub(crate) fn queued(next: Option<i64>) -> std::sync::Arc<str> {
+    match next {
+        Some(ticket) => format!("{QUEUED} {ticket}").into(),
+        None => QUEUED.into(),
+    }
+}
+
+/// What a lease's handle says of the queue (see [`queued`]): `None` if the lease was not
+/// granted from it, else the head's ticket where the grant named one.
+fn queued_head(handle: Option<&str>) -> Option<Option<i64>> {
+    let rest = handle?.strip_prefix(QUEUED)?;
+    match rest.strip_prefix(' ') {
+        Some(ticket) => Some(ticket.parse().ok()),
+        None => rest.is_empty().then_some(None),
+    }
+}
 
 /// How long after releasing a lock granted from the queue a waiting acquire of the same name
 /// joins the queue at once (see `Client::joins_first`).
@@ -219,23 +239,28 @@ impl<D: Dialect> Client<D> {
             return Ok(Released::NotHeld);
         }
         self.freed(lease.name(), permits);
-        if lease.handle() == Some(QUEUED) {
-            self.ring_head(lease.name());
+        if let Some(head) = queued_head(lease.handle()) {
+            self.ring_head(lease.name(), lease.owner(), head);
             self.note_contended(lease);
         }
         Ok(Released::Released)
     }
 
-    /// Where the dialect has doorbells (see `crate::bell`): looks up the live head of `name`'s
-    /// queue in the background and rings its doorbell. Best effort: an error only leaves the
-    /// head to its polling.
-    fn ring_head(&self, name: &LockName) {
+    /// Where the dialect has doorbells (see `crate::bell`): rings the doorbell of `head` (the
+    /// waiter the grant left at the head of `name`'s queue) or, when there is none or nobody is
+    /// bound there any more, looks up the live head in the background and rings that. Best
+    /// effort: an error only leaves the head to its polling.
+    fn ring_head(&self, name: &LockName, owner: OwnerId, head: Option<i64>) {
         let Some(key) = self.bells.clone() else {
             return;
         };
+        if head.is_some_and(|ticket| crate::bell::ring(&key, ticket)) {
+            return;
+        }
         let (core, head, name) = (self.core.clone(), self.sql.head.clone(), name.clone());
         tokio::spawn(async move {
-            match core.reply("look up the head", &head, Args::of(&name)).await {
+            let args = Args::of(&name).owner(owner);
+            match core.reply("look up the head", &head, args).await {
                 Ok(reply) => {
                     if let Some(ticket) = reply.value() {
                         crate::bell::ring(&key, ticket);

@@ -172,6 +172,17 @@ pub fn held(lease: &Lease) -> Args<'_> {
         .fence(fence_of(lease))
 }
 
+/// The ticket of the live waiter at the head of `$name`'s lock queue other than `$owner`, a
+/// query that also serves as a subquery: the doorbell a release rings (see `crate::bell`).
+pub fn head_of<D: Dialect>(s: &Sql) -> String {
+    format!(
+        "SELECT ticket FROM {} WHERE name = $name AND waiter <> $owner AND expires_at > {} \
+         ORDER BY ticket LIMIT 1",
+        s.w,
+        D::NOW
+    )
+}
+
 /// The statements of one client, built once with the validated table name.
 pub struct Statements {
     pub create: Vec<Stmt>,
@@ -182,6 +193,9 @@ pub struct Statements {
     pub gc_queue: Stmt,
     pub acquire: Stmt,
     pub floor_acquire: Stmt,
+    /// A queued waiter's attempt: the fence if granted, the holder's time left in µs where the
+    /// dialect reports it, and, where it says, the ticket of the live waiter left at the head
+    /// of the queue after this grant (the doorbell its release rings: see `crate::bell`).
     pub wait_acquire: Stmt,
     /// Read-only look before a waiter writes (a reader never waits for SQLite's write lock):
     /// live waiters ahead of it, and the holder's time left in µs. `None` where
@@ -409,10 +423,7 @@ impl Statements {
                 "UPDATE {w} SET expires_at = {expiry} \
                  WHERE name = $name AND waiter = $owner AND expires_at > {now}"
             )),
-            head: s.row(&format!(
-                "SELECT ticket FROM {w} WHERE name = $name AND expires_at > {now} \
-                 ORDER BY ticket LIMIT 1"
-            )),
+            head: s.row(&head_of::<D>(&s)),
             dequeue: Some(s.done(&format!(
                 "DELETE FROM {w} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
             ))),

@@ -290,7 +290,7 @@ impl<D: Dialect> Client<D> {
         let needs_undo = |g: &Grant| matches!(g, Grant::Granted(_));
         Ok(
             match detached(D::BACKEND, name, statement, needs_undo, undo).await? {
-                Grant::Granted(fence) => Attempt::Granted(fence),
+                Grant::Granted(fence) => Attempt::Granted { fence, head: None },
                 Grant::Blocked { ahead, holder_left } => Attempt::Blocked {
                     ahead: Some(ahead),
                     holder_left,

@@ -533,7 +533,7 @@ impl<D: Dialect> Client<D> {
         let needs_undo = |g: &Grant| matches!(g, Grant::Granted(_));
         let undo = self.leave_later(name, waiter, Kind::Permits(permits));
         match detached(D::BACKEND, name, statement, needs_undo, undo).await? {
-            Grant::Granted(fence) => Ok(Attempt::Granted(fence)),
+            Grant::Granted(fence) => Ok(Attempt::Granted { fence, head: None }),
             Grant::Blocked { ahead, holder_left } => {
                 let ahead = Some(ahead);
                 Ok(Attempt::Blocked { ahead, holder_left })

@@ -181,34 +181,39 @@ impl Raw {
 
     /// Waiter rows of `name`, live or expired.
     async fn waiter_rows(&self, name: &str) -> i64 {
+        i64::try_from(self.tickets(name).await.len()).expect("a count")
+    }
+
+    /// The tickets of `name`'s waiter rows, live or not, in queue order.
+    async fn tickets(&self, name: &str) -> Vec<i64> {
         let w = format!("{TABLE}_waiters");
         match self {
             Raw::Pg(p) => {
                 sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT count(*) FROM \"{w}\" WHERE name = $1"
+                    "SELECT ticket FROM \"{w}\" WHERE name = $1 ORDER BY ticket"
                 )))
                 .bind(name)
-                .fetch_one(p)
+                .fetch_all(p)
                 .await
             }
             Raw::My(p) => {
                 sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT COUNT(*) FROM `{w}` WHERE name = ?"
+                    "SELECT ticket FROM `{w}` WHERE name = ? ORDER BY ticket"
                 )))
                 .bind(name.as_bytes())
-                .fetch_one(p)
+                .fetch_all(p)
                 .await
             }
             Raw::Lite(p) => {
                 sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT count(*) FROM \"{w}\" WHERE name = ?1"
+                    "SELECT ticket FROM \"{w}\" WHERE name = ?1 ORDER BY ticket"
                 )))
                 .bind(name)
-                .fetch_one(p)
+                .fetch_all(p)
                 .await
             }
         }
-        .expect("raw waiter count")
+        .expect("raw waiter tickets")
     }
 
     /// Deletes every waiter row of `name`.
@@ -304,7 +309,45 @@ per_dialect!(
     cancelled_waiters_leave_no_row,
     dead_waiter_blocks_only_until_its_liveness,
     token_floor_and_chosen_owner_on_every_granting_statement,
+    a_grant_from_the_queue_names_the_next_head,
 );
+
+/// A waiter granted from the queue gets a lease marked as such, and where the dialect rings
+/// doorbells (MySQL's grant procedure, SQLite's grant), the mark names the live waiter left at
+/// the head, so that the release rings it without looking it up (see the crate's `bell`
+/// module). PostgreSQL notifies instead and names none.
+async fn a_grant_from_the_queue_names_the_next_head(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let (a, b) = (client(&url).await, client(&url).await);
+    let raw = Raw::connect(&url).await;
+    let n = name("named-head");
+    let holder = a
+        .try_lock(n.as_str(), &opts(Duration::from_secs(30)))
+        .await
+        .expect("try")
+        .expect("free");
+    let waiter = {
+        let (b, n) = (b.clone(), n.clone());
+        tokio::spawn(async move { b.lock(n.as_str(), &waiting(Duration::from_secs(30))).await })
+    };
+    until_queued(&a, &n, 1).await;
+    // Behind it, a waiter in another process (never granted here: it only waits).
+    raw.insert_waiter(n.as_str(), 60.0).await;
+    let behind = *raw.tickets(n.as_str()).await.last().expect("a ticket");
+    holder.release().await.expect("release");
+    let got = within(Duration::from_secs(30), "the waiter's grant", waiter)
+        .await
+        .expect("task")
+        .expect("acquire");
+    let expected = match kind {
+        Kind::Postgres => "queued".to_owned(),
+        Kind::Sqlite | Kind::MariaDb => format!("queued {behind}"),
+    };
+    assert_eq!(got.lease().handle(), Some(expected.as_str()));
+    assert_eq!(raw.tickets(n.as_str()).await, [behind]);
+    assert_eq!(got.release().await.expect("release"), Released::Released);
+    raw.delete_waiters(n.as_str()).await;
+}
 
 /// A token floor and a chosen owner reach every statement that grants: the insert of a new row
 /// and the take-over of the plain acquire, and a queued waiter's attempt. The fence column

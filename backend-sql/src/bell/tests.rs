@@ -33,8 +33,8 @@ async fn a_ring_wakes_the_bound_waiter_and_only_it() {
     let other = Bell::bind(&key, 2).expect("bound");
     // The address is taken while the first is bound.
     assert!(Bell::bind(&key, 1).is_none());
-    ring(&key, 1);
-    ring(&key, 1);
+    assert!(ring(&key, 1), "a bound doorbell takes the ring");
+    assert!(ring(&key, 1));
     tokio::time::timeout(LIMIT, bell.rung())
         .await
         .expect("rung");
@@ -44,7 +44,7 @@ async fn a_ring_wakes_the_bound_waiter_and_only_it() {
     assert!(!other.try_rung());
     // Unbound when dropped: the address can be bound again, and ringing nobody is fine.
     drop(bell);
-    ring(&key, 1);
+    assert!(!ring(&key, 1), "nobody took the ring");
     assert!(Bell::bind(&key, 1).is_some());
 }
 
@@ -77,10 +77,10 @@ async fn foreign_waiter(client: &Client<Sqlite>, name: &LockName) -> i64 {
     reply.await.expect("enqueue").value().expect("a ticket")
 }
 
-/// The release of a lock granted from the queue looks up the queue's live head and rings its
-/// doorbell, and only its; the waiter's grant left the queue in the same statement (SQLite's
-/// triggers), so the head is the next waiter, not the one just granted. A lock granted by a
-/// plain attempt rings nobody.
+/// The release of a lock granted from the queue rings the doorbell of the head its grant named,
+/// and only its; the waiter's grant left the queue in the same statement (SQLite's triggers),
+/// so the head is the next waiter, not the one just granted. A lock granted by a plain attempt
+/// rings nobody.
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn a_release_from_the_queue_rings_the_head_in_another_process() {
@@ -132,12 +132,17 @@ async fn a_release_from_the_queue_rings_the_head_in_another_process() {
     // The plain grant's release did not take the branch that rings (the one that also notes
     // the name as contended); the queued grant's release below does.
     assert!(!client.joins_first(&name));
-    assert_eq!(granted.handle(), Some(QUEUED));
+    // The grant named the waiter it left at the head.
+    let named = format!("{QUEUED} {head}");
+    assert_eq!(granted.handle(), Some(named.as_str()));
     assert_eq!(
         waiters(&client, &name).await,
         2,
         "the grant left only the other process's waiters queued"
     );
+    // The head's row goes (its doorbell stays bound): a release that looked the head up now
+    // would ring the one behind; the one the grant named is rung without a look.
+    delete_waiter(&client, head).await;
 
     let released = client.release_row(&client.sql.release, &granted, false);
     assert_eq!(released.await.unwrap(), Released::Released);
@@ -147,6 +152,43 @@ async fn a_release_from_the_queue_rings_the_head_in_another_process() {
     // One ring, sent to the head alone.
     assert!(!behind_bell.try_rung());
     assert!(client.joins_first(&name));
+}
+
+/// When nobody is bound at the doorbell the grant named any more (that waiter left), the
+/// release looks up the live head and rings it instead.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_release_whose_named_head_left_rings_the_live_head() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let client = sqlite_client(&dir).await;
+    let name = LockName::new("left").expect("a name");
+    let held = client
+        .try_acquire(&name, &opts(Wait::No))
+        .await
+        .expect("try")
+        .expect("free");
+    let (gone, live) = (
+        foreign_waiter(&client, &name).await,
+        foreign_waiter(&client, &name).await,
+    );
+    delete_waiter(&client, gone).await;
+    let live_bell = client.bell(live).expect("a doorbell");
+    // As if granted from the queue with `gone` then at its head.
+    let held = held.with_handle(crate::client::queued(Some(gone)));
+    let released = client.release_row(&client.sql.release, &held, false);
+    assert_eq!(released.await.unwrap(), Released::Released);
+    tokio::time::timeout(LIMIT, live_bell.rung())
+        .await
+        .expect("the live head was rung after the look-up");
+}
+
+/// Deletes the waiter row with `ticket`, as its leaving the queue would.
+async fn delete_waiter(client: &Client<Sqlite>, ticket: i64) {
+    sqlx::query("DELETE FROM dlock_leases_waiters WHERE ticket = ?1")
+        .bind(ticket)
+        .execute(&client.core.pool)
+        .await
+        .expect("delete the waiter row");
 }
 
 /// After releasing a lock granted from the queue, a waiting acquire of the name joins the queue

@@ -15,7 +15,7 @@ use sqlx::Connection;
 use sqlx::error::DatabaseError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePoolOptions};
 
-use super::{Dialect, Statements, create_tables};
+use super::{Dialect, Statements, create_tables, head_of};
 use crate::common::{Class, Core};
 use crate::config::{SqlConfig, SqlitePath, Target};
 use crate::statement::{Sql, Stmt, Style};
@@ -51,13 +51,14 @@ fn upsert(fence: &str) -> String {
 }
 
 /// An acquire that inserts the row or takes it over, never while a live waiter (`ahead`: one
-/// queued before us) is queued for the name. The fence becomes MAX(fence + 1, floor).
-fn gated(s: &Sql, ahead: &str) -> Stmt {
+/// queued before us) is queued for the name. The fence becomes MAX(fence + 1, floor);
+/// `returning` adds columns after it.
+fn gated(s: &Sql, ahead: &str, returning: &str) -> Stmt {
     s.row(&format!(
         "INSERT INTO {} (name, owner, fence, expires_at) \
          SELECT $name, $owner, MAX(1, $floor), {NOW_MS} + $ttl \
          WHERE NOT EXISTS (SELECT 1 FROM {} AS w \
-         WHERE w.name = $name{ahead} AND w.expires_at > {NOW_MS}) {}",
+         WHERE w.name = $name{ahead} AND w.expires_at > {NOW_MS}) {}{returning}",
         s.t,
         s.w,
         upsert("MAX(fence + 1, $floor)")
@@ -253,7 +254,7 @@ impl Dialect for Sqlite {
     }
 
     fn acquire(s: &Sql) -> Stmt {
-        gated(s, "")
+        gated(s, "", "")
     }
 
     const FLOOR: &'static str = "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence (without the \
@@ -270,7 +271,10 @@ impl Dialect for Sqlite {
 
     fn wait_acquire(s: &Sql) -> Stmt {
         // A queued waiter's attempt: only when no live waiter with a smaller ticket is queued.
-        gated(s, " AND w.ticket < $ticket AND w.waiter <> $owner")
+        // A grant also names the waiter then at the head (the triggers above have dequeued
+        // this one, which the subquery leaves out either way).
+        let head = format!(", NULL, ({})", head_of::<Self>(s));
+        gated(s, " AND w.ticket < $ticket AND w.waiter <> $owner", &head)
     }
 
     fn shared_across_processes(&self) -> bool {

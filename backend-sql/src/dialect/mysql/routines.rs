@@ -25,7 +25,7 @@ use sqlx::Executor;
 
 use super::{MySql, WAITER_GATE, gated_text, semaphore_lock};
 use crate::common::{Core, aux_table, fnv1a};
-use crate::dialect::{PermitTemplates, Statements, recorded};
+use crate::dialect::{PermitTemplates, Statements, head_of, recorded};
 use crate::statement::Sql;
 
 /// The state the look reads into (see `PermitStatements::state`).
@@ -152,7 +152,9 @@ fn hand_body(s: &Sql) -> String {
 /// A queued waiter's attempt at the lock and, when it is granted, its leaving the queue (with
 /// the name's expired waiters), in one transaction: sent as two statements they were two
 /// commits, each waiting for the log flush, between a release and the next holder. One row:
-/// the fence if granted, else NULL; and NULL (MySQL reports no holder's time left).
+/// the fence if granted, else NULL; NULL (MySQL reports no holder's time left); and when
+/// granted, the ticket of the live waiter now at the head, whose doorbell the release will
+/// ring without looking it up (see `crate::bell`).
 fn grant_lock_body(s: &Sql) -> String {
     format!(
         "BEGIN \
@@ -164,10 +166,12 @@ fn grant_lock_body(s: &Sql) -> String {
          IF v_fence > 0 THEN DELETE FROM {w} WHERE name = $name \
          AND (waiter = $owner OR expires_at <= NOW(6)); END IF; \
          COMMIT; \
-         SELECT IF(v_fence > 0, v_fence, NULL), NULL; \
+         IF v_fence > 0 THEN SELECT v_fence, NULL, ({head}); \
+         ELSE SELECT NULL, NULL, NULL; END IF; \
          END",
         attempt = gated_text(s, WAITER_GATE),
         w = s.w,
+        head = head_of::<MySql>(s),
     )
 }
 
