@@ -11,7 +11,11 @@
 //!   grant's own statement named the waiter left at the head (MySQL's grant procedure,
 //!   SQLite's grant), the release rings that ticket at once; otherwise, or when nobody is
 //!   bound there any more (that waiter left), it looks the head up in the background after the
-//!   release returned.
+//!   release returned;
+//! * a semaphore's permit waiter binds one the same way, at the permit queue's addresses (the
+//!   store's key with `#permits`: its tickets are another table's); the release of a permit
+//!   granted from the queue that does not hand the permit to a waiter of its own process
+//!   looks up the permit queue's live head and rings it.
 //!
 //! A doorbell only hastens a look; nothing depends on it. A ring that reaches nobody (the
 //! head is on another host, in another network namespace, or reached the store by another URL;

@@ -30,9 +30,29 @@ pub(crate) fn granted(
 /// The handle that marks a permit's lease, so that release and extend find its row.
 pub(crate) const PERMIT: &str = "permit";
 
+/// The handle of a permit's lease granted from the queue (others were queued then): its
+/// release rings the doorbell of the permit queue's head (see `crate::bell`).
+pub(crate) const PERMIT_QUEUED: &str = "permit queued";
+
 /// Whether `lease` is a permit's.
 pub(crate) fn is_permit(lease: &Lease) -> bool {
-    lease.handle() == Some(PERMIT)
+    matches!(lease.handle(), Some(PERMIT | PERMIT_QUEUED))
+}
+
+/// The doorbell keys of a store (see `Client::bells`).
+struct Bells {
+    lock: Arc<str>,
+    permits: Arc<str>,
+}
+
+impl Bells {
+    /// The lock queue's key, or with `permits` the permit queue's.
+    fn of(&self, permits: bool) -> &Arc<str> {
+        match permits {
+            true => &self.permits,
+            false => &self.lock,
+        }
+    }
 }
 
 /// The lease of a permit granted to `owner` with fence `fence`, marked as a permit's.
@@ -136,9 +156,10 @@ pub(crate) struct Client<D: Dialect> {
     pub(crate) local: Arc<Waiters>,
     /// Whether waiters poll (no notifications: MySQL, SQLite).
     polls: bool,
-    /// Where waiters poll and other processes may share the store: the key of the store's
-    /// doorbells (see `crate::bell`), [`local`]'s key.
-    bells: Option<Arc<str>>,
+    /// Where waiters poll and other processes may share the store: the keys of the store's
+    /// doorbells (see `crate::bell`), the lock queue's ([`local`]'s key) and the permit
+    /// queue's (its tickets are another table's, so its addresses must differ).
+    bells: Option<Bells>,
     /// The names whose lock this client last released from a grant out of the queue, and when
     /// (see [`joins_first`](Self::joins_first)).
     contended: std::sync::Mutex<std::collections::HashMap<LockName, Instant>>,
@@ -154,7 +175,10 @@ impl<D: Dialect> Client<D> {
         let polls = D::WAIT == WaitMechanism::Poll;
         let store = format!("{store}#{}", config.table);
         let local = local(&store);
-        let bells = (polls && dialect.shared_across_processes()).then(|| store.into());
+        let bells = (polls && dialect.shared_across_processes()).then(|| Bells {
+            permits: format!("{store}#permits").into(),
+            lock: store.into(),
+        });
         Ok(Client {
             core,
             sql,
@@ -240,24 +264,37 @@ impl<D: Dialect> Client<D> {
         }
         self.freed(lease.name(), permits);
         if let Some(head) = queued_head(lease.handle()) {
-            self.ring_head(lease.name(), lease.owner(), head);
+            self.ring_head(lease.name(), lease.owner(), head, false);
             self.note_contended(lease);
+        } else if lease.handle() == Some(PERMIT_QUEUED) {
+            self.ring_head(lease.name(), lease.owner(), None, true);
         }
         Ok(Released::Released)
     }
 
     /// Where the dialect has doorbells (see `crate::bell`): rings the doorbell of `head` (the
-    /// waiter the grant left at the head of `name`'s queue) or, when there is none or nobody is
-    /// bound there any more, looks up the live head in the background and rings that. Best
-    /// effort: an error only leaves the head to its polling.
-    fn ring_head(&self, name: &LockName, owner: OwnerId, head: Option<i64>) {
-        let Some(key) = self.bells.clone() else {
+    /// waiter the grant left at the head of `name`'s queue, or with `permits` of its permit
+    /// queue) or, when there is none or nobody is bound there any more, looks up the live head
+    /// in the background and rings that. Best effort: an error only leaves the head to its
+    /// polling.
+    pub(crate) fn ring_head(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        head: Option<i64>,
+        permits: bool,
+    ) {
+        let Some(key) = self.bells.as_ref().map(|b| b.of(permits).clone()) else {
             return;
         };
         if head.is_some_and(|ticket| crate::bell::ring(&key, ticket)) {
             return;
         }
-        let (core, head, name) = (self.core.clone(), self.sql.head.clone(), name.clone());
+        let head = match permits {
+            true => self.sql.permits.head.clone(),
+            false => self.sql.head.clone(),
+        };
+        let (core, name) = (self.core.clone(), name.clone());
         tokio::spawn(async move {
             let args = Args::of(&name).owner(owner);
             match core.reply("look up the head", &head, args).await {
@@ -300,10 +337,10 @@ impl<D: Dialect> Client<D> {
             .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
     }
 
-    /// Binds the doorbell of the waiter with `ticket` where the dialect has doorbells (see
-    /// `crate::bell`).
-    pub(crate) fn bell(&self, ticket: i64) -> Option<crate::bell::Bell> {
-        crate::bell::Bell::bind(self.bells.as_deref()?, ticket)
+    /// Binds the doorbell of the waiter with `ticket` in the lock's queue (with `permits`, the
+    /// permit queue) where the dialect has doorbells (see `crate::bell`).
+    pub(crate) fn bell(&self, ticket: i64, permits: bool) -> Option<crate::bell::Bell> {
+        crate::bell::Bell::bind(self.bells.as_ref()?.of(permits), ticket)
     }
 
     /// One attempt (`DistributedLock::try_acquire`), also a waiting acquire's first.

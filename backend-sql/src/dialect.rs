@@ -172,13 +172,13 @@ pub fn held(lease: &Lease) -> Args<'_> {
         .fence(fence_of(lease))
 }
 
-/// The ticket of the live waiter at the head of `$name`'s lock queue other than `$owner`, a
-/// query that also serves as a subquery: the doorbell a release rings (see `crate::bell`).
-pub fn head_of<D: Dialect>(s: &Sql) -> String {
+/// The ticket of the live waiter other than `$owner` at the head of `$name`'s queue in the
+/// waiters table `queue` (the lock's or the semaphore's), a query that also serves as a
+/// subquery: the doorbell a release rings (see `crate::bell`).
+pub fn head_of<D: Dialect>(queue: &str) -> String {
     format!(
-        "SELECT ticket FROM {} WHERE name = $name AND waiter <> $owner AND expires_at > {} \
-         ORDER BY ticket LIMIT 1",
-        s.w,
+        "SELECT ticket FROM {queue} WHERE name = $name AND waiter <> $owner \
+         AND expires_at > {} ORDER BY ticket LIMIT 1",
         D::NOW
     )
 }
@@ -423,7 +423,7 @@ impl Statements {
                 "UPDATE {w} SET expires_at = {expiry} \
                  WHERE name = $name AND waiter = $owner AND expires_at > {now}"
             )),
-            head: s.row(&head_of::<D>(&s)),
+            head: s.row(&head_of::<D>(&s.w)),
             dequeue: Some(s.done(&format!(
                 "DELETE FROM {w} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
             ))),

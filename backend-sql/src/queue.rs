@@ -30,7 +30,7 @@ use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::wait::Backoff;
 use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 
-use crate::client::{Client, granted, permit, queued, reader};
+use crate::client::{Client, PERMIT_QUEUED, granted, permit, queued, reader};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::Dialect;
 use crate::statement::Args;
@@ -288,8 +288,8 @@ pub(crate) async fn acquire<D: Dialect>(
     let mut ticket = q.join(name, waiter, kind).await?;
     q.joined(name, waiter, permits, ticket, terms);
     // Where the dialect polls, a release in another process of this host rings it (see
-    // `crate::bell`); a permit waiter's queue has tickets of its own, and none.
-    let bell_for = |ticket| (!permits).then(|| q.bell(ticket)).flatten();
+    // `crate::bell`); a permit waiter's doorbell is the permit queue's.
+    let bell_for = |ticket| q.bell(ticket, permits);
     let mut bell = bell_for(ticket);
     let mut refreshed = Instant::now();
     let mut pace = Pace::new(Instant::now());
@@ -367,13 +367,17 @@ pub(crate) async fn acquire<D: Dialect>(
                         granted(name, waiter, fence, started, opts).with_handle(queued(head))
                     }
                     Kind::Read => reader(name, waiter, fence, started, opts),
-                    Kind::Permits(_) => permit(name, waiter, fence, started, opts),
+                    Kind::Permits(_) => {
+                        permit(name, waiter, fence, started, opts).with_handle(PERMIT_QUEUED)
+                    }
                 }));
             }
             Attempt::Blocked { ahead, holder_left } => (ahead, holder_left),
         };
         if std::mem::take(&mut first_look) {
-            expects_ring = bell.is_some() && ahead.is_some_and(|n| n > 0);
+            // The lock's only: a semaphore's holders may be plain grants from before anyone
+            // queued, whose releases ring nobody.
+            expects_ring = kind == Kind::Lock && bell.is_some() && ahead.is_some_and(|n| n > 0);
         }
 
         let now = Instant::now();

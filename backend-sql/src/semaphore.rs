@@ -59,7 +59,7 @@ use lockcore::{
     SemaphoreInfo, permits_mismatch,
 };
 
-use crate::client::{Client, permit};
+use crate::client::{Client, PERMIT_QUEUED, permit};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::held;
 use crate::dialect::{Dialect, PermitStatements};
@@ -429,8 +429,11 @@ impl<D: Dialect> Client<D> {
             return Ok(Released::NotHeld);
         }
         let Some(fence) = handover.fence else {
-            // Not handed: the next may be granted.
+            // Not handed (one of another process is ahead): the next may be granted.
             self.freed(name, true);
+            if lease.handle() == Some(PERMIT_QUEUED) {
+                self.ring_head(name, lease.owner(), None, true);
+            }
             return Ok(Released::Released);
         };
         let more = handover.free > 0;
@@ -459,6 +462,7 @@ impl<D: Dialect> Client<D> {
         let release = &self.sql.permits.release;
         if self.core.reply("release", release, args).await?.count() > 0 {
             self.freed(name, true);
+            self.ring_head(name, owner, None, true);
         }
         Ok(())
     }

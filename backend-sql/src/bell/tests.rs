@@ -112,8 +112,8 @@ async fn a_release_from_the_queue_rings_the_head_in_another_process() {
         foreign_waiter(&client, &name).await,
     );
     let (head_bell, behind_bell) = (
-        client.bell(head).expect("the head's doorbell"),
-        client.bell(behind).expect("a doorbell"),
+        client.bell(head, false).expect("the head's doorbell"),
+        client.bell(behind, false).expect("a doorbell"),
     );
     // A plain grant's release rings nobody.
     assert_eq!(
@@ -172,7 +172,7 @@ async fn a_release_whose_named_head_left_rings_the_live_head() {
         foreign_waiter(&client, &name).await,
     );
     delete_waiter(&client, gone).await;
-    let live_bell = client.bell(live).expect("a doorbell");
+    let live_bell = client.bell(live, false).expect("a doorbell");
     // As if granted from the queue with `gone` then at its head.
     let held = held.with_handle(crate::client::queued(Some(gone)));
     let released = client.release_row(&client.sql.release, &held, false);
@@ -239,4 +239,72 @@ async fn after_a_contended_release_a_waiting_acquire_joins_first_and_is_granted(
         .expect("no store error")
         .expect("the plain attempt");
     assert_ne!(lease.handle(), Some(QUEUED));
+}
+
+/// The permit waiter rows of `name`, live or not.
+async fn permit_waiters(client: &Client<Sqlite>, name: &LockName) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM dlock_leases_permit_queue WHERE name = ?1")
+        .bind(name.as_str())
+        .fetch_one(&client.core.pool)
+        .await
+        .expect("count the permit waiter rows")
+}
+
+/// A permit granted from the queue rings, on release, the doorbell of the permit queue's live
+/// head, a waiter of another process: at the permit queue's address, not at the lock queue's
+/// address of the same ticket. A release that hands the permit to this process's own waiter
+/// rings nobody.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_permit_from_the_queue_rings_the_permit_queues_head() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let client = sqlite_client(&dir).await;
+    let name = LockName::new("permits-rung").expect("a name");
+    let first = client
+        .try_acquire_permit(&name, 1, &opts(Wait::No))
+        .await
+        .expect("try")
+        .expect("free");
+    assert_eq!(first.handle(), Some(crate::client::PERMIT));
+    let waiter = {
+        let (client, name) = (client.clone(), name.clone());
+        tokio::spawn(async move {
+            let kind = Kind::Permits(1);
+            crate::queue::acquire(&client, &name, kind, &opts(Wait::Forever), None).await
+        })
+    };
+    let queued = async {
+        while permit_waiters(&client, &name).await < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, queued).await.expect("queued");
+    // Another process's permit waiter, behind this one.
+    let args = Args::of(&name)
+        .owner(OwnerId::random())
+        .ttl(LIVENESS)
+        .permits(1);
+    let enqueue = client
+        .core
+        .reply("enqueue", &client.sql.permits.enqueue, args);
+    let foreign = enqueue.await.expect("enqueue").value().expect("a ticket");
+    let foreign_bell = client.bell(foreign, true).expect("a permit doorbell");
+    let same_ticket_in_lock_queue = client.bell(foreign, false).expect("a lock doorbell");
+
+    // Handed to the waiter here, in the release's own transaction: nobody is rung.
+    client.release_permit(&first).await.expect("release");
+    let granted = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("granted in time")
+        .expect("task")
+        .expect("no store error")
+        .expect("a permit");
+    assert_eq!(granted.handle(), Some(crate::client::PERMIT_QUEUED));
+    assert!(!foreign_bell.try_rung());
+
+    client.release_permit(&granted).await.expect("release");
+    tokio::time::timeout(LIMIT, foreign_bell.rung())
+        .await
+        .expect("the permit queue's head was rung");
+    assert!(!same_ticket_in_lock_queue.try_rung());
 }

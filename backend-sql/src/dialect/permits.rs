@@ -73,6 +73,8 @@ pub struct PermitStatements {
     pub forget: Vec<Stmt>,
     /// Expired holder and waiter rows of every name, dropped when a client connects.
     pub gc_all: Vec<Stmt>,
+    /// The ticket of the permit queue's live head (see `crate::bell`), if any.
+    pub head: Stmt,
 }
 
 /// The grant's statements about the waiter `$next` that a release hands its permit to (see
@@ -250,6 +252,7 @@ impl PermitStatements {
                 s.done(&format!("DELETE FROM {p} WHERE expires_at <= {now}")),
                 s.done(&format!("DELETE FROM {v} WHERE expires_at <= {now}")),
             ],
+            head: s.row(&super::head_of::<D>(v)),
         }
     }
 }

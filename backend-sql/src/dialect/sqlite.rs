@@ -273,7 +273,7 @@ impl Dialect for Sqlite {
         // A queued waiter's attempt: only when no live waiter with a smaller ticket is queued.
         // A grant also names the waiter then at the head (the triggers above have dequeued
         // this one, which the subquery leaves out either way).
-        let head = format!(", NULL, ({})", head_of::<Self>(s));
+        let head = format!(", NULL, ({})", head_of::<Self>(&s.w));
         gated(s, " AND w.ticket < $ticket AND w.waiter <> $owner", &head)
     }
 

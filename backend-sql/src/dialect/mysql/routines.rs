@@ -171,7 +171,7 @@ fn grant_lock_body(s: &Sql) -> String {
          END",
         attempt = gated_text(s, WAITER_GATE),
         w = s.w,
-        head = head_of::<MySql>(s),
+        head = head_of::<MySql>(&s.w),
     )
 }
 
