@@ -2,7 +2,7 @@
 //! lock itself: a writer is any holder of the lease row, through the mutex's own statements.
 //!
 //! **Readers hold the lease row together.** While readers hold a name, its lease row's owner is
-//! [`READERS_OWNER`] and its `expires_at` the latest live reader's, so every writer statement
+//! [`READERS_OWNER`](crate::dialect::READERS_OWNER) and its `expires_at` the latest live reader's, so every writer statement
 //! (the mutex's acquire, which takes a row only when it is free or expired) sees the row held,
 //! unchanged. Each reader is a row of `<table>_readers` (name, owner, fence, expires_at); its
 //! lease is released and extended there, and the lease row follows: the last reader to go frees

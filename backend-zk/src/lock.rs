@@ -1090,7 +1090,7 @@ impl DistributedLock for ZkLock {
         self.renewed(lease, &path, stat.as_ref(), session, started, ttl)
     }
 
-    /// Renews many leases with one multi-read per [`MULTI_READ`] nodes, where `extend` reads
+    /// Renews many leases with one multi-read per `MULTI_READ` nodes, where `extend` reads
     /// each node's stat with a request of its own: a keep-alive batch of 10,000 leases is 10
     /// round trips, not 10,000. The checks are `extend`'s: the node is still this session's
     /// (its `czxid` is the lease's token and its ephemeral owner this session), and the client

@@ -1,6 +1,6 @@
 //! The shared dlock conformance suite, as a library.
 //!
-//! * [`registry`]: the one list of conformance cases ([`cases`]) and fault scenarios
+//! * [`registry`](mod@registry): the one list of conformance cases ([`cases`]) and fault scenarios
 //!   ([`faults`]), each with the capabilities it needs.
 //! * [`Target`]: a store to run them against (a label, how to connect, optionally how to start
 //!   private servers that fault scenarios may break, and one declaration per scenario:

@@ -24,7 +24,7 @@ pub enum Kind {
 /// says why a store without it is not tested.
 #[derive(Clone, Copy)]
 pub struct Needs {
-    /// Shown when the predicate rejects a store: "needs <label>".
+    /// Shown when the predicate rejects a store: "needs `<label>`".
     pub label: &'static str,
     /// Whether the store admits the case.
     pub admits: fn(&Capabilities) -> bool,

@@ -50,7 +50,7 @@ pub async fn fencing_tokens_increase_across_expiry(ctx: Ctx) {
     gb.release().await.expect("release");
 }
 
-/// A store that honours token floors ([`AcquireOptions::token_floor`]) hands out a token of at
+/// A store that honours token floors ([`AcquireOptions::token_floor`](lockcore::AcquireOptions::token_floor)) hands out a token of at
 /// least the floor and moves its counter there, so plain acquisitions after it get higher
 /// tokens; a floor below the counter changes nothing. Other stores refuse a floor with
 /// `Unsupported` before any I/O.

@@ -1,4 +1,4 @@
-//! One `pub async fn` per conformance case, in one file per area. Each takes a [`Ctx`]
+//! One `pub async fn` per conformance case, in one file per area. Each takes a [`Ctx`](crate::Ctx)
 //! (independent clients, unique names) and panics with a message naming what went wrong. The
 //! helpers here are the ones cases of several areas share.
 

@@ -214,7 +214,7 @@ impl ServerControl for ZooKeeper {
         Self::restart(self).await
     }
 
-    /// Always an error: see [`zk_cannot_kill_connections`].
+    /// Always an error: ZooKeeper has no admin command that ends a client's connection.
     async fn kill_client_connections(&self) -> KitResult<usize> {
         Err(zk_cannot_kill_connections())
     }
@@ -228,7 +228,7 @@ impl ServerControl for ZkNode {
         Self::restart(self).await
     }
 
-    /// Always an error: see [`zk_cannot_kill_connections`].
+    /// Always an error: ZooKeeper has no admin command that ends a client's connection.
     async fn kill_client_connections(&self) -> KitResult<usize> {
         Err(zk_cannot_kill_connections())
     }

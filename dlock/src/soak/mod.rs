@@ -5,11 +5,11 @@
 //! freezes everything of that client (its work, its keep-alive, its connections) as a stopped
 //! process would be, while the others go on. Clients take a random name, write through that
 //! name's [`FencedResource`] with their token at once, hold for a random time around the ttl
-//! (renewing), write again, and release. The nemesis ([`nemesis`]) applies faults from the kit,
+//! (renewing), write again, and release. The nemesis (`nemesis`) applies faults from the kit,
 //! alone or two or three at once, for durations around the ttl, aimed at renewals and hand-offs
 //! half the time, and heals them.
 //!
-//! What is judged ([`judge`]): no two holders' validity windows overlap and tokens grow with
+//! What is judged (`judge`): no two holders' validity windows overlap and tokens grow with
 //! acquisition order (the history checker); no write made within its holder's validity is
 //! refused (that would mean a newer holder existed); nothing is left held or queued once every
 //! client has ended; and the nemesis did enough (fault counts). Stale writes the fenced
