@@ -262,6 +262,14 @@ impl<D: Dialect> Client<D> {
         if freed.count() == 0 {
             return Ok(Released::NotHeld);
         }
+        self.released(lease, permits);
+        Ok(Released::Released)
+    }
+
+    /// After `lease` was freed: tells this process's waiters (see [`freed`](Self::freed))
+    /// and, for a lease granted from the queue, rings the doorbell of the queue's head (see
+    /// [`ring_head`](Self::ring_head)).
+    pub(crate) fn released(&self, lease: &Lease, permits: bool) {
         self.freed(lease.name(), permits);
         if let Some(head) = queued_head(lease.handle()) {
             self.ring_head(lease.name(), lease.owner(), head, false);
@@ -269,7 +277,6 @@ impl<D: Dialect> Client<D> {
         } else if lease.handle() == Some(PERMIT_QUEUED) {
             self.ring_head(lease.name(), lease.owner(), None, true);
         }
-        Ok(Released::Released)
     }
 
     /// Where the dialect has doorbells (see `crate::bell`): rings the doorbell of `head` (the

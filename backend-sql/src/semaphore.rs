@@ -59,7 +59,7 @@ use lockcore::{
     SemaphoreInfo, permits_mismatch,
 };
 
-use crate::client::{Client, PERMIT_QUEUED, permit};
+use crate::client::{Client, permit};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::held;
 use crate::dialect::{Dialect, PermitStatements};
@@ -430,10 +430,7 @@ impl<D: Dialect> Client<D> {
         }
         let Some(fence) = handover.fence else {
             // Not handed (one of another process is ahead): the next may be granted.
-            self.freed(name, true);
-            if lease.handle() == Some(PERMIT_QUEUED) {
-                self.ring_head(name, lease.owner(), None, true);
-            }
+            self.released(lease, true);
             return Ok(Released::Released);
         };
         let more = handover.free > 0;
