@@ -11,7 +11,8 @@
 //!   grant's own statement named the waiter left at the head (MySQL's grant procedure,
 //!   SQLite's grant), the release rings that ticket at once; otherwise, or when nobody is
 //!   bound there any more (that waiter left), it looks the head up in the background after the
-//!   release returned;
+//!   release returned; a read hold granted from the queue rings the same head (a writer waiting
+//!   for the readers to leave) on its release, looked up the same way;
 //! * a semaphore's permit waiter binds one the same way, at the permit queue's addresses (the
 //!   store's key with `#permits`: its tickets are another table's); the release of a permit
 //!   granted from the queue that does not hand the permit to a waiter of its own process

@@ -70,9 +70,14 @@ pub(crate) fn permit(
 /// and extend find its row.
 pub(crate) const READ: &str = "read";
 
+/// The handle of a read hold granted from the queue (a writer held or was queued then): its
+/// release rings the doorbell of the lock queue's head, a writer waiting for the readers to
+/// leave (see `crate::bell`).
+pub(crate) const READ_QUEUED: &str = "read queued";
+
 /// Whether `lease` is a reader's.
 pub(crate) fn is_read(lease: &Lease) -> bool {
-    lease.handle() == Some(READ)
+    matches!(lease.handle(), Some(READ | READ_QUEUED))
 }
 
 /// The lease of a read hold granted to `owner` with fence `fence`, marked as a reader's.
@@ -276,6 +281,8 @@ impl<D: Dialect> Client<D> {
             self.note_contended(lease);
         } else if lease.handle() == Some(PERMIT_QUEUED) {
             self.ring_head(lease.name(), lease.owner(), None, true);
+        } else if lease.handle() == Some(READ_QUEUED) {
+            self.ring_head(lease.name(), lease.owner(), None, false);
         }
     }
 

@@ -30,7 +30,7 @@ use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::wait::Backoff;
 use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 
-use crate::client::{Client, PERMIT_QUEUED, granted, permit, queued, reader};
+use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, permit, queued, reader};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::Dialect;
 use crate::statement::Args;
@@ -366,7 +366,9 @@ pub(crate) async fn acquire<D: Dialect>(
                     Kind::Lock => {
                         granted(name, waiter, fence, started, opts).with_handle(queued(head))
                     }
-                    Kind::Read => reader(name, waiter, fence, started, opts),
+                    Kind::Read => {
+                        reader(name, waiter, fence, started, opts).with_handle(READ_QUEUED)
+                    }
                     Kind::Permits(_) => {
                         permit(name, waiter, fence, started, opts).with_handle(PERMIT_QUEUED)
                     }
@@ -439,7 +441,7 @@ const RUNG_STEP_MIN: Duration = Duration::from_millis(4);
 /// ahead of it when it joined. While the queue is not empty no plain attempt is granted (it
 /// cannot jump a live waiter), so every holder this waiter waits behind was granted from the
 /// queue, and each such release rings the head (the one its grant named, or the one it looks
-/// up). Its looks are then only for what does not ring: a holder that crashed (its expiry cuts
+/// up; a read hold's release looks it up). Its looks are then only for what does not ring: a holder that crashed (its expiry cuts
 /// the step short anyway), a ring that went astray, or a plain holder still holding after
 /// every waiter ahead left. They are most of a polling dialect's statements otherwise (about
 /// four per grant with 8 waiters), and each one slows the hand-overs they wait for.

@@ -334,7 +334,7 @@ impl<D: Dialect> Client<D> {
             })
             .await?;
         Ok(if gone {
-            self.freed(lease.name(), false);
+            self.released(lease, false);
             Released::Released
         } else {
             Released::NotHeld

@@ -308,3 +308,51 @@ async fn a_permit_from_the_queue_rings_the_permit_queues_head() {
         .expect("the permit queue's head was rung");
     assert!(!same_ticket_in_lock_queue.try_rung());
 }
+
+/// A read hold granted from the queue rings, on release, the doorbell of the lock queue's live
+/// head (a writer of another process waiting for the readers to leave); a writer's plain
+/// grant, released, rings nobody.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_read_hold_from_the_queue_rings_the_writer_behind() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let client = sqlite_client(&dir).await;
+    let name = LockName::new("readers-rung").expect("a name");
+    let writer = client
+        .try_acquire(&name, &opts(Wait::No))
+        .await
+        .expect("try")
+        .expect("free");
+    let reading = {
+        let (client, name) = (client.clone(), name.clone());
+        tokio::spawn(async move {
+            crate::queue::acquire(&client, &name, Kind::Read, &opts(Wait::Forever), None).await
+        })
+    };
+    let queued = async {
+        while waiters(&client, &name).await < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, queued).await.expect("queued");
+    // A writer of another process, behind the reader.
+    let behind = foreign_waiter(&client, &name).await;
+    let behind_bell = client.bell(behind, false).expect("a doorbell");
+
+    let released = client.release_row(&client.sql.release, &writer, false);
+    assert_eq!(released.await.unwrap(), Released::Released);
+    let reader = tokio::time::timeout(LIMIT, reading)
+        .await
+        .expect("granted in time")
+        .expect("task")
+        .expect("no store error")
+        .expect("a read hold");
+    assert_eq!(reader.handle(), Some(crate::client::READ_QUEUED));
+    assert!(!behind_bell.try_rung(), "the plain grant's release rang");
+
+    let released = client.release_read(&reader).await.expect("release");
+    assert_eq!(released, Released::Released);
+    tokio::time::timeout(LIMIT, behind_bell.rung())
+        .await
+        .expect("the writer behind was rung");
+}
