@@ -54,6 +54,19 @@ async fn sqlite_client(dir: &tempfile::TempDir) -> Arc<Client<Sqlite>> {
     Arc::new(Client::<Sqlite>::connect(&config).await.expect("connect"))
 }
 
+/// A SQLite client on a database of its own (gone with the directory), and a name.
+async fn fresh(name: &str) -> (tempfile::TempDir, Arc<Client<Sqlite>>, LockName) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let client = sqlite_client(&dir).await;
+    (dir, client, LockName::new(name).expect("a name"))
+}
+
+/// `name`'s lock, taken by a plain attempt.
+async fn plain_lock(client: &Arc<Client<Sqlite>>, name: &LockName) -> lockcore::Lease {
+    let taken = client.try_acquire(name, &opts(Wait::No)).await;
+    taken.expect("try").expect("free")
+}
+
 fn opts(wait: Wait) -> AcquireOptions {
     AcquireOptions::new()
         .ttl(Duration::from_secs(30))
@@ -63,11 +76,50 @@ fn opts(wait: Wait) -> AcquireOptions {
 
 /// The waiter rows of `name`, live or not.
 async fn waiters(client: &Client<Sqlite>, name: &LockName) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM dlock_leases_waiters WHERE name = ?1")
+    queue_rows(client, name, false).await
+}
+
+/// The rows of `name` in the lock's queue or, with `permits`, the permit queue, live or not.
+async fn queue_rows(client: &Client<Sqlite>, name: &LockName, permits: bool) -> i64 {
+    let query = match permits {
+        true => "SELECT count(*) FROM dlock_leases_permit_queue WHERE name = ?1",
+        false => "SELECT count(*) FROM dlock_leases_waiters WHERE name = ?1",
+    };
+    sqlx::query_scalar(query)
         .bind(name.as_str())
         .fetch_one(&client.core.pool)
         .await
-        .expect("count the waiter rows")
+        .expect("count the queue's rows")
+}
+
+type Waiting = tokio::task::JoinHandle<lockcore::Result<Option<lockcore::Lease>>>;
+
+/// A waiting acquire of `kind` on `name` by this process, spawned, once its row is queued.
+async fn queued_waiter(client: &Arc<Client<Sqlite>>, name: &LockName, kind: Kind) -> Waiting {
+    let task = {
+        let (client, name) = (client.clone(), name.clone());
+        tokio::spawn(async move {
+            crate::queue::acquire(&client, &name, kind, &opts(Wait::Forever), None).await
+        })
+    };
+    let permits = matches!(kind, Kind::Permits(_));
+    let queued = async {
+        while queue_rows(client, name, permits).await < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, queued).await.expect("queued");
+    task
+}
+
+/// The lease a [`queued_waiter`] was granted.
+async fn granted_to(waiter: Waiting) -> lockcore::Lease {
+    tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("granted in time")
+        .expect("task")
+        .expect("no store error")
+        .expect("a lease")
 }
 
 /// Queues a waiter row as a waiter in another process would; its ticket.
@@ -84,27 +136,10 @@ async fn foreign_waiter(client: &Client<Sqlite>, name: &LockName) -> i64 {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn a_release_from_the_queue_rings_the_head_in_another_process() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let client = sqlite_client(&dir).await;
-    let name = LockName::new("rung").expect("a name");
-    let first = client
-        .try_acquire(&name, &opts(Wait::No))
-        .await
-        .expect("try")
-        .expect("free");
+    let (_dir, client, name) = fresh("rung").await;
+    let first = plain_lock(&client, &name).await;
     assert_ne!(first.handle(), Some(QUEUED));
-    let waiter = {
-        let (client, name) = (client.clone(), name.clone());
-        tokio::spawn(async move {
-            crate::queue::acquire(&client, &name, Kind::Lock, &opts(Wait::Forever), None).await
-        })
-    };
-    let queued = async {
-        while waiters(&client, &name).await < 1 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(LIMIT, queued).await.expect("queued");
+    let waiter = queued_waiter(&client, &name, Kind::Lock).await;
     // Another process's waiters, queued behind: the first one is the head once the waiter
     // here is granted.
     let (head, behind) = (
@@ -123,12 +158,7 @@ async fn a_release_from_the_queue_rings_the_head_in_another_process() {
             .unwrap(),
         Released::Released
     );
-    let granted = tokio::time::timeout(LIMIT, waiter)
-        .await
-        .expect("granted in time")
-        .expect("task")
-        .expect("no store error")
-        .expect("a lease");
+    let granted = granted_to(waiter).await;
     // The plain grant's release did not take the branch that rings (the one that also notes
     // the name as contended); the queued grant's release below does.
     assert!(!client.joins_first(&name));
@@ -159,14 +189,8 @@ async fn a_release_from_the_queue_rings_the_head_in_another_process() {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn a_release_whose_named_head_left_rings_the_live_head() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let client = sqlite_client(&dir).await;
-    let name = LockName::new("left").expect("a name");
-    let held = client
-        .try_acquire(&name, &opts(Wait::No))
-        .await
-        .expect("try")
-        .expect("free");
+    let (_dir, client, name) = fresh("left").await;
+    let held = plain_lock(&client, &name).await;
     let (gone, live) = (
         foreign_waiter(&client, &name).await,
         foreign_waiter(&client, &name).await,
@@ -196,9 +220,7 @@ async fn delete_waiter(client: &Client<Sqlite>, ticket: i64) {
 /// that would not wait still makes its attempt.
 #[tokio::test]
 async fn after_a_contended_release_a_waiting_acquire_joins_first_and_is_granted() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let client = sqlite_client(&dir).await;
-    let name = LockName::new("joins-first").expect("a name");
+    let (_dir, client, name) = fresh("joins-first").await;
     let contended = |client: &Client<Sqlite>| {
         let now = std::time::Instant::now();
         let lease = crate::client::granted(&name, OwnerId::random(), 1, now, &opts(Wait::No))
@@ -241,15 +263,6 @@ async fn after_a_contended_release_a_waiting_acquire_joins_first_and_is_granted(
     assert_ne!(lease.handle(), Some(QUEUED));
 }
 
-/// The permit waiter rows of `name`, live or not.
-async fn permit_waiters(client: &Client<Sqlite>, name: &LockName) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM dlock_leases_permit_queue WHERE name = ?1")
-        .bind(name.as_str())
-        .fetch_one(&client.core.pool)
-        .await
-        .expect("count the permit waiter rows")
-}
-
 /// A permit granted from the queue rings, on release, the doorbell of the permit queue's live
 /// head, a waiter of another process: at the permit queue's address, not at the lock queue's
 /// address of the same ticket. A release that hands the permit to this process's own waiter
@@ -257,28 +270,14 @@ async fn permit_waiters(client: &Client<Sqlite>, name: &LockName) -> i64 {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn a_permit_from_the_queue_rings_the_permit_queues_head() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let client = sqlite_client(&dir).await;
-    let name = LockName::new("permits-rung").expect("a name");
+    let (_dir, client, name) = fresh("permits-rung").await;
     let first = client
         .try_acquire_permit(&name, 1, &opts(Wait::No))
         .await
         .expect("try")
         .expect("free");
     assert_eq!(first.handle(), Some(crate::client::PERMIT));
-    let waiter = {
-        let (client, name) = (client.clone(), name.clone());
-        tokio::spawn(async move {
-            let kind = Kind::Permits(1);
-            crate::queue::acquire(&client, &name, kind, &opts(Wait::Forever), None).await
-        })
-    };
-    let queued = async {
-        while permit_waiters(&client, &name).await < 1 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(LIMIT, queued).await.expect("queued");
+    let waiter = queued_waiter(&client, &name, Kind::Permits(1)).await;
     // Another process's permit waiter, behind this one.
     let args = Args::of(&name)
         .owner(OwnerId::random())
@@ -293,12 +292,7 @@ async fn a_permit_from_the_queue_rings_the_permit_queues_head() {
 
     // Handed to the waiter here, in the release's own transaction: nobody is rung.
     client.release_permit(&first).await.expect("release");
-    let granted = tokio::time::timeout(LIMIT, waiter)
-        .await
-        .expect("granted in time")
-        .expect("task")
-        .expect("no store error")
-        .expect("a permit");
+    let granted = granted_to(waiter).await;
     assert_eq!(granted.handle(), Some(crate::client::PERMIT_QUEUED));
     assert!(!foreign_bell.try_rung());
 
@@ -315,38 +309,16 @@ async fn a_permit_from_the_queue_rings_the_permit_queues_head() {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn a_read_hold_from_the_queue_rings_the_writer_behind() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let client = sqlite_client(&dir).await;
-    let name = LockName::new("readers-rung").expect("a name");
-    let writer = client
-        .try_acquire(&name, &opts(Wait::No))
-        .await
-        .expect("try")
-        .expect("free");
-    let reading = {
-        let (client, name) = (client.clone(), name.clone());
-        tokio::spawn(async move {
-            crate::queue::acquire(&client, &name, Kind::Read, &opts(Wait::Forever), None).await
-        })
-    };
-    let queued = async {
-        while waiters(&client, &name).await < 1 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    tokio::time::timeout(LIMIT, queued).await.expect("queued");
+    let (_dir, client, name) = fresh("readers-rung").await;
+    let writer = plain_lock(&client, &name).await;
+    let reading = queued_waiter(&client, &name, Kind::Read).await;
     // A writer of another process, behind the reader.
     let behind = foreign_waiter(&client, &name).await;
     let behind_bell = client.bell(behind, false).expect("a doorbell");
 
     let released = client.release_row(&client.sql.release, &writer, false);
     assert_eq!(released.await.unwrap(), Released::Released);
-    let reader = tokio::time::timeout(LIMIT, reading)
-        .await
-        .expect("granted in time")
-        .expect("task")
-        .expect("no store error")
-        .expect("a read hold");
+    let reader = granted_to(reading).await;
     assert_eq!(reader.handle(), Some(crate::client::READ_QUEUED));
     assert!(!behind_bell.try_rung(), "the plain grant's release rang");
 
