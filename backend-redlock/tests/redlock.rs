@@ -13,7 +13,7 @@ use std::sync::Arc;
 use backend_redis::config::RedisConfig;
 use backend_redlock::RedlockLock;
 use conformance_tests::kit::{RedisSet, redis_command};
-use lockcore::{DistributedLock, FencingToken, LockExt, LockName, Released, Wait};
+use lockcore::{DistributedLock, FencingToken, LockExt, Released, Wait};
 
 use common::*;
 
@@ -193,11 +193,7 @@ async fn a_release_on_the_nodes_wakes_the_waiter_and_inspect_shows_every_node() 
         .await
         .expect("acquire")
         .expect("free");
-    let info = holder
-        .inspect(&LockName::new(name).unwrap())
-        .await
-        .expect("inspect")
-        .expect("known");
+    let info = inspect(&*holder, name).await;
     assert_eq!(info.holder, Some(g.lease().owner().to_string()));
     assert_eq!(info.details.len(), 3, "{:?}", info.details);
     // A majority at least (a node slower than the vote's grace is left out and undone).
@@ -320,11 +316,7 @@ async fn inspect_reports_the_holders_token_not_a_left_out_nodes_fence() {
     redis_command(left_out, &["SET", &fence, &ahead])
         .await
         .expect("SET");
-    let info = client
-        .inspect(&LockName::new(name).unwrap())
-        .await
-        .expect("inspect")
-        .expect("known");
+    let info = inspect(&*client, name).await;
     assert_eq!(info.holder, Some(g.lease().owner().to_string()));
     assert_eq!(info.token, Some(FencingToken(held)), "{:?}", info.details);
     assert!(
@@ -368,12 +360,7 @@ async fn a_holder_that_waited_is_not_counted_as_a_waiter() {
         .await
         .expect("task")
         .expect("the waiter acquires");
-    let lock = LockName::new(name).expect("name");
-    let info = holder
-        .inspect(&lock)
-        .await
-        .expect("inspect")
-        .expect("known");
+    let info = inspect(&*holder, name).await;
     assert_eq!(info.holder, Some(second.lease().owner().to_string()));
     assert!(
         !queue_entries(&set.nodes()[0], name).await.is_empty()

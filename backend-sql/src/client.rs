@@ -275,14 +275,17 @@ impl<D: Dialect> Client<D> {
     /// and, for a lease granted from the queue, rings the doorbell of the queue's head (see
     /// [`ring_head`](Self::ring_head)).
     pub(crate) fn released(&self, lease: &Lease, permits: bool) {
-        self.freed(lease.name(), permits);
-        if let Some(head) = queued_head(lease.handle()) {
-            self.ring_head(lease.name(), lease.owner(), head, false);
-            self.note_contended(lease);
-        } else if lease.handle() == Some(PERMIT_QUEUED) {
-            self.ring_head(lease.name(), lease.owner(), None, true);
-        } else if lease.handle() == Some(READ_QUEUED) {
-            self.ring_head(lease.name(), lease.owner(), None, false);
+        let (name, owner) = (lease.name(), lease.owner());
+        self.freed(name, permits);
+        match lease.handle() {
+            Some(PERMIT_QUEUED) => self.ring_head(name, owner, None, true),
+            Some(READ_QUEUED) => self.ring_head(name, owner, None, false),
+            handle => {
+                if let Some(head) = queued_head(handle) {
+                    self.ring_head(name, owner, head, false);
+                    self.note_contended(lease);
+                }
+            }
         }
     }
 

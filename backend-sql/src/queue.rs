@@ -30,7 +30,7 @@ use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::wait::Backoff;
 use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 
-use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, permit, queued, reader};
+use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, queued};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::Dialect;
 use crate::statement::Args;
@@ -299,10 +299,9 @@ pub(crate) async fn acquire<D: Dialect>(
     let mut woken = false;
     // Whether this is the first round after joining (see `behind` below).
     let mut joined = true;
-    // Whether this waiter can count on a ring when the lock is released (see `RUNG_STEP`): its
-    // first look after joining, which `expects_ring` tells, is still to come.
-    let mut first_look = true;
-    let mut expects_ring = false;
+    // Whether this waiter can count on a ring when the lock is released (see `RUNG_STEP`),
+    // told by its first look after joining (`None` until then).
+    let mut expects_ring: Option<bool> = None;
     loop {
         // Enabled before the look: a release committed after it wakes the sleep below.
         let notified = notify.notified();
@@ -325,7 +324,7 @@ pub(crate) async fn acquire<D: Dialect>(
                         q.joined(name, waiter, permits, ticket, terms);
                         bell = bell_for(ticket);
                         pace = Pace::new(Instant::now());
-                        first_look = true;
+                        expects_ring = None;
                     }
                     refreshed = Instant::now();
                 }
@@ -367,20 +366,19 @@ pub(crate) async fn acquire<D: Dialect>(
                         granted(name, waiter, fence, started, opts).with_handle(queued(head))
                     }
                     Kind::Read => {
-                        reader(name, waiter, fence, started, opts).with_handle(READ_QUEUED)
+                        granted(name, waiter, fence, started, opts).with_handle(READ_QUEUED)
                     }
                     Kind::Permits(_) => {
-                        permit(name, waiter, fence, started, opts).with_handle(PERMIT_QUEUED)
+                        granted(name, waiter, fence, started, opts).with_handle(PERMIT_QUEUED)
                     }
                 }));
             }
             Attempt::Blocked { ahead, holder_left } => (ahead, holder_left),
         };
-        if std::mem::take(&mut first_look) {
-            // The lock's only: a semaphore's holders may be plain grants from before anyone
-            // queued, whose releases ring nobody.
-            expects_ring = kind == Kind::Lock && bell.is_some() && ahead.is_some_and(|n| n > 0);
-        }
+        // The lock's only: a semaphore's holders may be plain grants from before anyone
+        // queued, whose releases ring nobody.
+        let rung_soon = *expects_ring
+            .get_or_insert_with(|| kind == Kind::Lock && bell.is_some() && ahead > Some(0));
 
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
@@ -404,7 +402,7 @@ pub(crate) async fn acquire<D: Dialect>(
         let behind = kind != Kind::Lock && q.behind_another_here(name, waiter, permits);
         let step = if listening || behind {
             RECHECK
-        } else if expects_ring {
+        } else if rung_soon {
             pace.step(now, ahead).max(RUNG_STEP)
         } else if bell.is_some() {
             // Rung when the lock is released from the queue: the looks are for the releases
@@ -441,10 +439,11 @@ const RUNG_STEP_MIN: Duration = Duration::from_millis(4);
 /// ahead of it when it joined. While the queue is not empty no plain attempt is granted (it
 /// cannot jump a live waiter), so every holder this waiter waits behind was granted from the
 /// queue, and each such release rings the head (the one its grant named, or the one it looks
-/// up; a read hold's release looks it up). Its looks are then only for what does not ring: a holder that crashed (its expiry cuts
-/// the step short anyway), a ring that went astray, or a plain holder still holding after
-/// every waiter ahead left. They are most of a polling dialect's statements otherwise (about
-/// four per grant with 8 waiters), and each one slows the hand-overs they wait for.
+/// up; a read hold's release looks it up). Its looks are then only for what does not ring: a
+/// holder that crashed (its expiry cuts the step short anyway), a ring that went astray, or a
+/// plain holder still holding after every waiter ahead left. They are most of a polling
+/// dialect's statements otherwise (about four per grant with 8 waiters), and each one slows
+/// the hand-overs they wait for.
 const RUNG_STEP: Duration = Duration::from_millis(25);
 
 /// The longest look-again step of a polling waiter.

@@ -2,11 +2,11 @@
 //! lock itself: a writer is any holder of the lease row, through the mutex's own statements.
 //!
 //! **Readers hold the lease row together.** While readers hold a name, its lease row's owner is
-//! [`READERS_OWNER`](crate::dialect::READERS_OWNER) and its `expires_at` the latest live reader's, so every writer statement
-//! (the mutex's acquire, which takes a row only when it is free or expired) sees the row held,
-//! unchanged. Each reader is a row of `<table>_readers` (name, owner, fence, expires_at); its
-//! lease is released and extended there, and the lease row follows: the last reader to go frees
-//! it, and a reader's extension raises its expiry.
+//! [`READERS_OWNER`](crate::dialect::READERS_OWNER) and its `expires_at` the latest live
+//! reader's, so every writer statement (the mutex's acquire, which takes a row only when it is
+//! free or expired) sees the row held, unchanged. Each reader is a row of `<table>_readers`
+//! (name, owner, fence, expires_at); its lease is released and extended there, and the lease
+//! row follows: the last reader to go frees it, and a reader's extension raises its expiry.
 //!
 //! **Every reader state change is one short transaction** that first writes the lease row
 //! ([`Dialect::lease_bump`] for a grant, which also bumps the fence: a reader's token comes from

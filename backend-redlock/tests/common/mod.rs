@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::kit::{Redis, RedisReply, RedisSet, redis_command};
-use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockGuard, LockName, Wait};
+use lockcore::{
+    AcquireOptions, DistributedLock, KeepAlive, LockExt, LockGuard, LockInfo, LockName, Wait,
+};
 
 pub const SEC: Duration = Duration::from_secs(1);
 
@@ -43,6 +45,16 @@ pub async fn connect(url: &str) -> Arc<dyn DistributedLock> {
     backend_redlock::connect(url)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+/// `client`'s view of `name`, which must be known to the nodes.
+pub async fn inspect(client: &dyn DistributedLock, name: &str) -> LockInfo {
+    let name = LockName::new(name).expect("name");
+    client
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("known")
 }
 
 /// The holder key of `name` on a node (default prefix).
