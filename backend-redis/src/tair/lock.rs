@@ -305,17 +305,14 @@ impl DistributedLock for TairLock {
                 false => Released::NotHeld,
             });
         }
-        let Some(expiry) = proof_of(lease) else {
+        // The proof as the handle holds it (the text `expireLock` returned), once it reads as
+        // one.
+        let Some(proof) = lease.handle().filter(|_| proof_of(lease).is_some()) else {
             return Ok(Released::NotHeld);
         };
         // The proof and the owner both: a lease of this client names its own acquisition.
         let answer = self
-            .unlock(
-                lease.name(),
-                &expiry.to_string(),
-                &lease.owner().to_string(),
-                true,
-            )
+            .unlock(lease.name(), proof, Some(lease.owner()), true)
             .await?;
         Ok(match answer {
             ExpireUnlock::Unlocked | ExpireUnlock::CountedDown => Released::Released,

@@ -339,7 +339,7 @@ impl TairLock {
         expiry: u64,
         whole: bool,
     ) -> Result<ExpireUnlock> {
-        self.unlock(name, &expiry.to_string(), "", whole).await
+        self.unlock(name, &expiry.to_string(), None, whole).await
     }
 
     /// Unlocks `name` if `owner` holds it, whatever the proof: the clean-up for an acquire
@@ -355,23 +355,25 @@ impl TairLock {
         name: &LockName,
         owner: OwnerId,
     ) -> Result<ExpireUnlock> {
-        self.unlock(name, "", &owner.to_string(), true).await
+        self.unlock(name, "", Some(owner), true).await
     }
 
+    /// One run of `unlock.lua`: `expiry` the proof (`""`: any), `owner` the holder (`None`:
+    /// any).
     pub(super) async fn unlock(
         &self,
         name: &LockName,
         expiry: &str,
-        owner: &str,
+        owner: Option<OwnerId>,
         whole: bool,
     ) -> Result<ExpireUnlock> {
         let (_, wakes) = self.client.inner.node.wake_args(name);
-        let call = self
-            .call(&UNLOCK, name)
-            .arg(expiry)
-            .arg(owner)
-            .arg(if whole { "1" } else { "0" })
-            .arg(&*wakes);
+        let call = self.call(&UNLOCK, name).arg(expiry);
+        let call = match owner {
+            Some(owner) => call.owner_arg(owner),
+            None => call.arg(""),
+        };
+        let call = call.arg(if whole { "1" } else { "0" }).arg(&*wakes);
         let value = self.eval("expireUnlock", name, &call).await?;
         match scripts::int(&value) {
             Some(1) => Ok(ExpireUnlock::Unlocked),

@@ -18,6 +18,25 @@
 -- {0, expiry, holder, rank, ms_blocked}: holder 'readers' when readers hold it, '' when only the
 -- queue is ahead; rank the owner's place in the queue (-1: not queued); ms_blocked how long the
 -- holds in the way last unless released (-1: none, only the queue).
+--
+-- The uncontended lock comes first, before the prelude (Redis makes every helper of the prelude
+-- anew on each call): nobody reads or queues (neither key exists, so the queue and the readers
+-- have nothing to say in any mode), no writer holds, and this owner left no mark of its own to
+-- clear. Then the grant is one write of the hash, the version max(version + 1, floor) computed
+-- from the same read, with what the full path below would return.
+if redis.call('EXISTS', KEYS[2], KEYS[3]) == 0 then
+  local t = redis.call('TIME')
+  local at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local f = redis.call('HMGET', KEYS[1], 'locked', 'expire', 'version', 'wwait')
+  local was = tonumber(f[2] or '0')
+  if not (f[1] == '1' and was > at) and f[4] ~= ARGV[1] then
+    local proof = string.format('%d', math.max(at + tonumber(ARGV[2]), was + 1))
+    local v = math.max(tonumber(f[3] or '0') + 1, tonumber(ARGV[5]))
+    redis.call('HSET', KEYS[1], 'locked', 1, 'expire', proof, 'proof', proof, 'owner', ARGV[1],
+      'count', 1, 'version', string.format('%d', v))
+    return {1, proof, v, 1}
+  end
+end
 --@tair
 local hash, readers, queue, alive, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, mode = ARGV[1], ARGV[6] or 'plain'

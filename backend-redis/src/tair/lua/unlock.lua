@@ -4,10 +4,14 @@
 -- owner): a stale or wrong proof changes nothing. A reentrant holder counts down first, unless
 -- whole = 1. An unlock wakes the head of dlock's queue, if anyone waits.
 -- Returns 1 when unlocked, 2 when counted down (still held), 0 when the proof is not current.
---@tair
-local now = now_ms()
+--
+-- Everything up to the wake-up runs before the prelude (Redis makes every helper of the prelude
+-- anew on each call), so an unlock with nobody queued defines none of them; `write_held` is
+-- written out here.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local h = redis.call('HMGET', KEYS[1], 'locked', 'expire', 'owner', 'count', 'proof')
-if not write_held(h[1], h[2], now) then
+if not (h[1] == '1' and tonumber(h[2] or '0') > now) then
   return 0
 end
 if (ARGV[1] ~= '' and h[5] ~= ARGV[1]) or (ARGV[2] ~= '' and h[3] ~= ARGV[2]) then
@@ -18,8 +22,10 @@ if ARGV[3] ~= '1' and tonumber(h[4] or '1') > 1 then
   return 2
 end
 redis.call('HSET', KEYS[1], 'locked', 0, 'count', 0)
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  prune(KEYS[3], KEYS[4], now)
-  wake_if_free(KEYS[1], KEYS[2], KEYS[3], ARGV[4], now)
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  return 1
 end
+--@tair
+prune(KEYS[3], KEYS[4], now)
+wake_if_free(KEYS[1], KEYS[2], KEYS[3], ARGV[4], now)
 return 1
