@@ -203,7 +203,10 @@ pub struct Statements {
     pub probe: Option<Stmt>,
     /// Joins the queue's tail (liveness in `$ttl`); hands back the ticket.
     pub enqueue: Stmt,
-    /// Extends a waiter's liveness. Never revives an expired waiter (it rejoins at the tail).
+    /// Extends the liveness of the waiter's row with `$ticket`, and only that row: a join
+    /// retried after a lost reply may have left another row of `$owner` ahead, which must run
+    /// out rather than hold the queue (see `queue::acquire`). Never revives an expired waiter
+    /// (it rejoins at the tail).
     pub refresh: Stmt,
     /// The ticket of the queue's live head (see `crate::bell`), if any.
     pub head: Stmt,
@@ -421,7 +424,8 @@ impl Statements {
             ),
             refresh: s.done(&format!(
                 "UPDATE {w} SET expires_at = {expiry} \
-                 WHERE name = $name AND waiter = $owner AND expires_at > {now}"
+                 WHERE ticket = $ticket AND name = $name AND waiter = $owner \
+                 AND expires_at > {now}"
             )),
             head: s.row(&head_of::<D>(&s.w)),
             dequeue: Some(s.done(&format!(

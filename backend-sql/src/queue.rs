@@ -97,10 +97,16 @@ impl<D: Dialect> Client<D> {
         reply.value().ok_or_else(lost)
     }
 
-    /// Extends the waiter's liveness; `false` if its row had expired or is gone (the waiter must
-    /// rejoin).
-    async fn refresh(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<bool> {
-        let args = Args::of(name).owner(waiter).ttl(LIVENESS);
+    /// Extends the liveness of the waiter's row with `ticket`; `false` if it had expired or is
+    /// gone (the waiter must rejoin).
+    async fn refresh(
+        &self,
+        name: &LockName,
+        waiter: OwnerId,
+        ticket: i64,
+        kind: Kind,
+    ) -> Result<bool> {
+        let args = Args::of(name).owner(waiter).ticket(ticket).ttl(LIVENESS);
         let stmt = match kind {
             Kind::Lock | Kind::Read => &self.sql.refresh,
             Kind::Permits(_) => &self.sql.permits.refresh,
@@ -285,6 +291,11 @@ pub(crate) async fn acquire<D: Dialect>(
         }),
         Kind::Lock | Kind::Read => None,
     };
+    // A join whose reply was lost (the session killed after the commit) is sent again, so the
+    // queue may hold a second, earlier row of `waiter`. Every look counts that row ahead of
+    // the waiters behind it while `waiter` counts them ahead of itself, so the queue would
+    // stand still as long as the row lived. Only the row with `ticket` is refreshed, so the
+    // other runs out within `LIVENESS`.
     let mut ticket = q.join(name, waiter, kind).await?;
     q.joined(name, waiter, permits, ticket, terms);
     // Where the dialect polls, a release in another process of this host rings it (see
@@ -318,7 +329,7 @@ pub(crate) async fn acquire<D: Dialect>(
             Some(Handed { fence, sent, .. }) => (sent, Attempt::Granted { fence, head: None }),
             None => {
                 if refreshed.elapsed() >= REFRESH {
-                    if !q.refresh(name, waiter, kind).await? {
+                    if !q.refresh(name, waiter, ticket, kind).await? {
                         tracing::debug!(backend = D::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
                         ticket = q.join(name, waiter, kind).await?;
                         q.joined(name, waiter, permits, ticket, terms);

@@ -1,5 +1,6 @@
 //! Doorbells: the addresses, a ring between two sockets, and on a SQLite file (the dialect whose
-//! clients always share one host) the release that rings the head of the queue.
+//! clients always share one host) the release that rings the head of the queue; with the same
+//! set-up, a queue that a retried join left a second row in.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -327,4 +328,62 @@ async fn a_read_hold_from_the_queue_rings_the_writer_behind() {
     tokio::time::timeout(LIMIT, behind_bell.rung())
         .await
         .expect("the writer behind was rung");
+}
+
+/// A join sent again after a lost reply leaves an earlier row of the same waiter in the queue
+/// (the first statement committed; the session died before its answer came). That row runs
+/// out, since only the row with the waiter's own ticket is refreshed, and the queue moves on
+/// in order. While such a row was kept alive, the waiter queued behind it counted it ahead, and
+/// its owner counted that waiter ahead of itself: neither was ever granted (seen as a 60 s
+/// stall in `mariadb_semaphore_survives_killed_sessions`).
+#[tokio::test]
+async fn a_second_row_left_by_a_retried_join_runs_out_and_the_queue_moves() {
+    let (_dir, client, name) = fresh("joined-twice").await;
+    let holder = plain_lock(&client, &name).await;
+    let rows = |n: i64| {
+        let (client, name) = (&client, &name);
+        async move {
+            while waiters(client, name).await < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    // The row the lost reply left: `a`'s, first in the queue.
+    let a = OwnerId::random();
+    let args = Args::of(&name).owner(a).ttl(LIVENESS);
+    let reply = client.core.reply("enqueue", &client.sql.enqueue, args);
+    reply.await.expect("enqueue").value().expect("a ticket");
+    // `b` queues behind it; then `a` waits, with the row its join makes, behind `b`.
+    let b = {
+        let (client, name) = (client.clone(), name.clone());
+        tokio::spawn(async move {
+            crate::queue::acquire(&client, &name, Kind::Lock, &opts(Wait::Forever), None).await
+        })
+    };
+    tokio::time::timeout(LIMIT, rows(2))
+        .await
+        .expect("b queued");
+    let a_waits = {
+        let (client, name) = (client.clone(), name.clone());
+        let opts = opts(Wait::Forever).owner(a);
+        tokio::spawn(
+            async move { crate::queue::acquire(&client, &name, Kind::Lock, &opts, None).await },
+        )
+    };
+    tokio::time::timeout(LIMIT, rows(3))
+        .await
+        .expect("a queued again");
+    let release = |lease| client.release_row(&client.sql.release, lease, false);
+    assert_eq!(release(&holder).await.expect("release"), Released::Released);
+    // `b` first: `a`'s old row ran out instead of holding the queue, and `a` is behind `b`.
+    let b = granted_to(b).await;
+    assert!(!a_waits.is_finished(), "a was granted ahead of b");
+    assert_eq!(release(&b).await.expect("release"), Released::Released);
+    let a_lease = granted_to(a_waits).await;
+    assert_eq!(a_lease.owner(), a);
+    assert_eq!(
+        waiters(&client, &name).await,
+        0,
+        "a's rows left with its grant"
+    );
 }

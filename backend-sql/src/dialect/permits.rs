@@ -32,7 +32,8 @@ pub struct PermitStatements {
     /// Joins the permit queue's tail (liveness in `$ttl`, count `$permits`); hands back the
     /// ticket.
     pub enqueue: Stmt,
-    /// Extends a permit waiter's liveness; never revives an expired one.
+    /// Extends the liveness of a permit waiter's row with `$ticket`, and only that row (see
+    /// `Statements::refresh`); never revives an expired one.
     pub refresh: Stmt,
     /// Deletes `$owner`'s and the name's expired waiter rows.
     pub dequeue: Stmt,
@@ -201,7 +202,8 @@ impl PermitStatements {
             enqueue: s.insert_returning(&t.enqueue, "ticket"),
             refresh: s.done(&format!(
                 "UPDATE {v} SET expires_at = {expiry} \
-                 WHERE name = $name AND waiter = $owner AND expires_at > {now}"
+                 WHERE ticket = $ticket AND name = $name AND waiter = $owner \
+                 AND expires_at > {now}"
             )),
             dequeue: s.done(&t.dequeue),
             grant_call: None,

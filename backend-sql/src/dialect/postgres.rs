@@ -283,7 +283,7 @@ impl Dialect for Postgres {
         ));
         sql.refresh = s.done(&format!(
             "WITH {ASYNC} UPDATE {w} SET expires_at = {expiry} FROM async_commit \
-             WHERE name = $name AND waiter = $owner AND expires_at > {NOW}"
+             WHERE ticket = $ticket AND name = $name AND waiter = $owner AND expires_at > {NOW}"
         ));
         // Returns whether a lease was freed. (A free that a crash loses ends at the lease's
         // ttl.)
