@@ -183,6 +183,16 @@ pub fn head_of<D: Dialect>(queue: &str) -> String {
     )
 }
 
+/// `$owner`'s smallest live ticket in the waiters table `queue`, if any: what a retried join
+/// hands back instead of joining again (see `statement::rejoin`).
+pub fn own_ticket<D: Dialect>(queue: &str) -> String {
+    format!(
+        "SELECT MIN(ticket) FROM {queue} WHERE name = $name AND waiter = $owner \
+         AND expires_at > {}",
+        D::NOW
+    )
+}
+
 /// The statements of one client, built once with the validated table name.
 pub struct Statements {
     pub create: Vec<Stmt>,
@@ -210,6 +220,8 @@ pub struct Statements {
     pub refresh: Stmt,
     /// The ticket of the queue's live head (see `crate::bell`), if any.
     pub head: Stmt,
+    /// `$owner`'s live ticket in the queue, if any (see [`own_ticket`]).
+    pub own_ticket: Stmt,
     /// Leaves the queue, dropping expired waiters of the name. `None` where a grant dequeues in
     /// the same statement and leaving is [`leave`](Self::leave).
     pub dequeue: Option<Stmt>,
@@ -428,6 +440,7 @@ impl Statements {
                  AND expires_at > {now}"
             )),
             head: s.row(&head_of::<D>(&s.w)),
+            own_ticket: s.row(&own_ticket::<D>(&s.w)),
             dequeue: Some(s.done(&format!(
                 "DELETE FROM {w} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
             ))),

@@ -33,7 +33,7 @@ use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result, WaitMech
 use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, queued};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::Dialect;
-use crate::statement::Args;
+use crate::statement::{Args, SqlDb, rejoin};
 use crate::wake::{Handed, Terms};
 
 /// How long a waiter row stays live after its last refresh (by the database's clock). A crashed
@@ -91,10 +91,26 @@ impl<D: Dialect> Client<D> {
             Kind::Read => return self.enqueue_read(name, waiter, LIVENESS).await,
             Kind::Lock => {}
         }
-        let args = Args::of(name).owner(waiter).ttl(LIVENESS);
-        let reply = self.core.reply("enqueue", &self.sql.enqueue, args).await?;
+        let (sql, a) = (&self.sql, Args::of(name).owner(waiter).ttl(LIVENESS));
+        let mut tries = 0;
+        let ticket = self
+            .core
+            .run("enqueue", Some(name), |mut c| {
+                tries += 1;
+                let retry = tries > 1;
+                async move {
+                    let r = match rejoin::<D::Db>(c.conn(), &sql.own_ticket, &a, retry).await {
+                        Ok(None) => D::Db::reply(c.conn(), &sql.enqueue, &a)
+                            .await
+                            .map(|r| r.value()),
+                        found => found,
+                    };
+                    (c, r)
+                }
+            })
+            .await?;
         let lost = || Error::backend(D::BACKEND, "enqueue", Some(name), false, "no ticket");
-        reply.value().ok_or_else(lost)
+        ticket.ok_or_else(lost)
     }
 
     /// Extends the liveness of the waiter's row with `ticket`; `false` if it had expired or is
@@ -291,11 +307,12 @@ pub(crate) async fn acquire<D: Dialect>(
         }),
         Kind::Lock | Kind::Read => None,
     };
-    // A join whose reply was lost (the session killed after the commit) is sent again, so the
-    // queue may hold a second, earlier row of `waiter`. Every look counts that row ahead of
-    // the waiters behind it while `waiter` counts them ahead of itself, so the queue would
-    // stand still as long as the row lived. Only the row with `ticket` is refreshed, so the
-    // other runs out within `LIVENESS`.
+    // A join whose reply was lost (the session killed after the commit) is sent again; the
+    // retry hands back the row that try committed (`statement::rejoin`). Should a second,
+    // earlier row of `waiter` stand all the same (the lost try still running when the retry
+    // looked), every look would count it ahead of the waiters behind it while `waiter` counts
+    // them ahead of itself, and the queue would stand still as long as the row lived. Only the
+    // row with `ticket` is refreshed, so the other runs out within `LIVENESS`.
     let mut ticket = q.join(name, waiter, kind).await?;
     q.joined(name, waiter, permits, ticket, terms);
     // Where the dialect polls, a release in another process of this host rings it (see

@@ -1,6 +1,7 @@
 //! Doorbells: the addresses, a ring between two sockets, and on a SQLite file (the dialect whose
 //! clients always share one host) the release that rings the head of the queue; with the same
-//! set-up, a queue that a retried join left a second row in.
+//! set-up, a queue that a retried join left a second row in, and the retried join that finds
+//! the row its lost try committed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -386,4 +387,43 @@ async fn a_second_row_left_by_a_retried_join_runs_out_and_the_queue_moves() {
         0,
         "a's rows left with its grant"
     );
+}
+
+/// A retried join hands back the ticket of the row its lost try committed, in the lock's queue
+/// and in the permit queue, rather than joining a second time; a first try, another owner and a
+/// row that ran out get none.
+#[tokio::test]
+async fn a_retried_join_finds_the_row_its_lost_try_committed() {
+    use crate::statement::rejoin;
+    let (_dir, client, name) = fresh("rejoined").await;
+    let (a, other, gone) = (OwnerId::random(), OwnerId::random(), OwnerId::random());
+    for permits in [false, true] {
+        let (enqueue, own) = match permits {
+            false => (&client.sql.enqueue, &client.sql.own_ticket),
+            true => (&client.sql.permits.enqueue, &client.sql.permits.own_ticket),
+        };
+        let mut tickets = Vec::new();
+        for (owner, ttl) in [(a, LIVENESS), (gone, Duration::ZERO)] {
+            let args = Args::of(&name).owner(owner).ttl(ttl).permits(2);
+            let reply = client.core.reply("enqueue", enqueue, args).await;
+            tickets.push(reply.expect("enqueue").value().expect("a ticket"));
+        }
+        let mut conn = client.core.pool.acquire().await.expect("a connection");
+        for (owner, retry, expected) in [
+            (a, true, Some(tickets[0])),
+            // A first try looks for nothing.
+            (a, false, None),
+            (other, true, None),
+            // A row that ran out.
+            (gone, true, None),
+        ] {
+            let args = Args::of(&name).owner(owner);
+            let found = rejoin::<sqlx::Sqlite>(&mut conn, own, &args, retry).await;
+            assert_eq!(
+                found.expect("look"),
+                expected,
+                "permits {permits}, retry {retry}"
+            );
+        }
+    }
 }

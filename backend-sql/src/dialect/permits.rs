@@ -76,6 +76,8 @@ pub struct PermitStatements {
     pub gc_all: Vec<Stmt>,
     /// The ticket of the permit queue's live head (see `crate::bell`), if any.
     pub head: Stmt,
+    /// `$owner`'s live ticket in the permit queue, if any (see `dialect::own_ticket`).
+    pub own_ticket: Stmt,
 }
 
 /// The grant's statements about the waiter `$next` that a release hands its permit to (see
@@ -255,6 +257,7 @@ impl PermitStatements {
                 s.done(&format!("DELETE FROM {v} WHERE expires_at <= {now}")),
             ],
             head: s.row(&super::head_of::<D>(v)),
+            own_ticket: s.row(&super::own_ticket::<D>(v)),
         }
     }
 }

@@ -95,6 +95,24 @@ pub type LockRow = (Option<String>, i64, Option<i64>, i64);
 /// A permit holder as `inspect_semaphore` reads it: owner, fence, µs left.
 pub type HolderRow = (String, i64, Option<i64>);
 
+/// Before a join's statements, on a try after the first (`retry`): the ticket of `$owner`'s live
+/// row, read with `own` (the queue's [`own_ticket`](crate::dialect::own_ticket)), which the
+/// try whose reply was lost may have committed. The join hands it back rather than joining a
+/// second time: a second row would put the waiter behind the waiters that joined in between,
+/// while its first row stood ahead of them (see `queue::acquire`). `None` on a first try, and
+/// when there is no such row.
+pub async fn rejoin<DB: SqlDb>(
+    conn: &mut DB::Connection,
+    own: &Stmt,
+    a: &Args<'_>,
+    retry: bool,
+) -> sqlx::Result<Option<i64>> {
+    if !retry {
+        return Ok(None);
+    }
+    Ok(DB::reply(conn, own, a).await?.value())
+}
+
 /// Begins a transaction on `conn` with `statement` (the dialect's `TX_BEGIN`), or with a
 /// plain `BEGIN` where there is none.
 pub async fn begin<'c, DB: SqlDb>(
