@@ -33,7 +33,7 @@ use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result, WaitMech
 use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, queued};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::Dialect;
-use crate::statement::{Args, SqlDb, rejoin};
+use crate::statement::{Args, SqlDb};
 use crate::wake::{Handed, Terms};
 
 /// How long a waiter row stays live after its last refresh (by the database's clock). A crashed
@@ -92,21 +92,11 @@ impl<D: Dialect> Client<D> {
             Kind::Lock => {}
         }
         let (sql, a) = (&self.sql, Args::of(name).owner(waiter).ttl(LIVENESS));
-        let mut tries = 0;
         let ticket = self
             .core
-            .run("enqueue", Some(name), |mut c| {
-                tries += 1;
-                let retry = tries > 1;
-                async move {
-                    let r = match rejoin::<D::Db>(c.conn(), &sql.own_ticket, &a, retry).await {
-                        Ok(None) => D::Db::reply(c.conn(), &sql.enqueue, &a)
-                            .await
-                            .map(|r| r.value()),
-                        found => found,
-                    };
-                    (c, r)
-                }
+            .join(&sql.own_ticket, a, Some, |mut c| async move {
+                let r = D::Db::reply(c.conn(), &sql.enqueue, &a).await;
+                (c, r.map(|r| r.value()))
             })
             .await?;
         let lost = || Error::backend(D::BACKEND, "enqueue", Some(name), false, "no ticket");

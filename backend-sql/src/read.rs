@@ -35,7 +35,7 @@ use crate::client::{Client, reader};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::{Dialect, ReadStatements, held};
 use crate::queue::Attempt;
-use crate::statement::{Args, Reply, SqlDb, begin, rejoin};
+use crate::statement::{Args, Reply, SqlDb, begin};
 
 /// What a look at a name (the `state` statement) says about a read hold for us.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,24 +250,13 @@ impl<D: Dialect> Client<D> {
         liveness: Duration,
     ) -> Result<i64> {
         let (sql, enqueue) = (&self.sql.reads, &self.sql.enqueue);
-        let (own, a) = (
-            &self.sql.own_ticket,
-            Args::of(name).owner(waiter).ttl(liveness),
-        );
-        let mut tries = 0;
+        let a = Args::of(name).owner(waiter).ttl(liveness);
+        // The mark commits with the row, so a live row found on a retry means both are there.
+        let identity = |ticket| ticket;
         self.core
-            .run("enqueue", Some(name), |mut c| {
-                tries += 1;
-                let retry = tries > 1;
-                async move {
-                    // The mark commits with the row, so a live row means both are there.
-                    let r = match rejoin::<D::Db>(c.conn(), own, &a, retry).await {
-                        Ok(None) => join_tx::<D::Db>(c.conn(), sql, enqueue, a).await,
-                        Ok(Some(ticket)) => Ok(ticket),
-                        Err(e) => Err(e),
-                    };
-                    (c, r)
-                }
+            .join(&self.sql.own_ticket, a, identity, |mut c| async move {
+                let r = join_tx::<D::Db>(c.conn(), sql, enqueue, a).await;
+                (c, r)
             })
             .await
     }

@@ -64,7 +64,7 @@ use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::held;
 use crate::dialect::{Dialect, PermitStatements};
 use crate::queue::{Attempt, Kind};
-use crate::statement::{Args, Reply, SqlDb, begin, rejoin};
+use crate::statement::{Args, Reply, SqlDb, begin};
 use crate::wake::{Handed, Terms, key};
 
 /// What a look at a semaphore (the `state` statement) says about granting `permits` to us.
@@ -480,27 +480,18 @@ impl<D: Dialect> Client<D> {
     ) -> Result<i64> {
         let sql = &self.sql.permits;
         let a = Args::of(name).owner(waiter).ttl(liveness).permits(permits);
-        let mut tries = 0;
+        // A live row found on a retry passed the count check when it joined.
         let joined = self
             .core
-            .run("enqueue", Some(name), |mut c| {
-                tries += 1;
-                let retry = tries > 1;
-                async move {
-                    // A live row passed the count check when it joined.
-                    let r = match rejoin::<D::Db>(c.conn(), &sql.own_ticket, &a, retry).await {
-                        Err(e) => Err(e),
-                        Ok(Some(ticket)) => Ok(Ok(ticket)),
-                        Ok(None) => match &sql.join_call {
-                            Some(call) => D::Db::reply(c.conn(), call, &a).await.map(|reply| {
-                                let recorded = reply.col(1).unwrap_or(0);
-                                reply.col(0).ok_or(u64::try_from(recorded).unwrap_or(0))
-                            }),
-                            None => join_tx::<D::Db>(c.conn(), sql, a, permits).await,
-                        },
-                    };
-                    (c, r)
-                }
+            .join(&sql.own_ticket, a, Ok, |mut c| async move {
+                let r = match &sql.join_call {
+                    Some(call) => D::Db::reply(c.conn(), call, &a).await.map(|reply| {
+                        let recorded = reply.col(1).unwrap_or(0);
+                        reply.col(0).ok_or(u64::try_from(recorded).unwrap_or(0))
+                    }),
+                    None => join_tx::<D::Db>(c.conn(), sql, a, permits).await,
+                };
+                (c, r)
             })
             .await?;
         joined.map_err(|recorded| permits_mismatch(name, recorded, permits))

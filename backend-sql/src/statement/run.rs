@@ -9,7 +9,7 @@ use sqlx::{Arguments, ColumnIndex, Database, Decode, Encode, Executor, IntoArgum
 use sqlx::{SqlStr, Type};
 
 use super::{Args, Param, Stmt};
-use crate::common::{Core, whole};
+use crate::common::{Checked, Core, whole};
 
 /// How many integer columns of a statement's first row a [`Reply`] keeps.
 pub const COLUMNS: usize = 7;
@@ -283,6 +283,35 @@ impl<DB: SqlDb> Core<DB> {
             })
             .await?;
         Ok(Reply { tries, ..reply })
+    }
+
+    /// Runs a join of `a`'s name and owner (see [`Core::run`]): `join` on the first try; on a
+    /// retry, the ticket of the row a lost try committed, read with `own` (see [`rejoin`]) and
+    /// handed back through `found`, or `join` again when there is none.
+    pub(crate) async fn join<T, F, Fut>(
+        &self,
+        own: &Stmt,
+        a: Args<'_>,
+        found: fn(i64) -> T,
+        join: F,
+    ) -> Result<T>
+    where
+        F: Fn(Checked<DB>) -> Fut,
+        Fut: Future<Output = (Checked<DB>, sqlx::Result<T>)>,
+    {
+        let (join, mut tries) = (&join, 0);
+        self.run("enqueue", a.name, |mut c| {
+            tries += 1;
+            let retry = tries > 1;
+            async move {
+                match rejoin::<DB>(c.conn(), own, &a, retry).await {
+                    Ok(None) => join(c).await,
+                    Ok(Some(ticket)) => (c, Ok(found(ticket))),
+                    Err(e) => (c, Err(e)),
+                }
+            }
+        })
+        .await
     }
 
     /// Reads the permit holders of `name` with `stmt` (see [`HolderRow`]).
