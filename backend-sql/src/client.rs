@@ -301,12 +301,13 @@ impl<D: Dialect> Client<D> {
         head: Option<i64>,
         permits: bool,
     ) {
-        let Some(key) = self.bells.as_ref().map(|b| b.of(permits).clone()) else {
+        let Some(key) = self.bells.as_ref().map(|b| b.of(permits)) else {
             return;
         };
-        if head.is_some_and(|ticket| crate::bell::ring(&key, ticket)) {
+        if head.is_some_and(|ticket| crate::bell::ring(key, ticket)) {
             return;
         }
+        let key = key.clone();
         let head = match permits {
             true => self.sql.permits.head.clone(),
             false => self.sql.head.clone(),

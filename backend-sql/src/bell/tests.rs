@@ -98,20 +98,30 @@ type Waiting = tokio::task::JoinHandle<lockcore::Result<Option<lockcore::Lease>>
 
 /// A waiting acquire of `kind` on `name` by this process, spawned, once its row is queued.
 async fn queued_waiter(client: &Arc<Client<Sqlite>>, name: &LockName, kind: Kind) -> Waiting {
-    let task = {
-        let (client, name) = (client.clone(), name.clone());
-        tokio::spawn(async move {
-            crate::queue::acquire(&client, &name, kind, &opts(Wait::Forever), None).await
-        })
-    };
-    let permits = matches!(kind, Kind::Permits(_));
+    let task = spawn_waiter(client, name, kind, opts(Wait::Forever));
+    until_rows(client, name, matches!(kind, Kind::Permits(_)), 1).await;
+    task
+}
+
+/// A waiting acquire of `kind` on `name` with `opts`, spawned.
+fn spawn_waiter(
+    client: &Arc<Client<Sqlite>>,
+    name: &LockName,
+    kind: Kind,
+    opts: AcquireOptions,
+) -> Waiting {
+    let (client, name) = (client.clone(), name.clone());
+    tokio::spawn(async move { crate::queue::acquire(&client, &name, kind, &opts, None).await })
+}
+
+/// Waits until `name`'s queue (with `permits`, its permit queue) holds at least `n` rows.
+async fn until_rows(client: &Client<Sqlite>, name: &LockName, permits: bool, n: i64) {
     let queued = async {
-        while queue_rows(client, name, permits).await < 1 {
+        while queue_rows(client, name, permits).await < n {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
     tokio::time::timeout(LIMIT, queued).await.expect("queued");
-    task
 }
 
 /// The lease a [`queued_waiter`] was granted.
@@ -126,7 +136,12 @@ async fn granted_to(waiter: Waiting) -> lockcore::Lease {
 
 /// Queues a waiter row as a waiter in another process would; its ticket.
 async fn foreign_waiter(client: &Client<Sqlite>, name: &LockName) -> i64 {
-    let args = Args::of(name).owner(OwnerId::random()).ttl(LIVENESS);
+    enqueued_as(client, name, OwnerId::random()).await
+}
+
+/// Queues a waiter row of `owner` with the lock queue's join statement alone; its ticket.
+async fn enqueued_as(client: &Client<Sqlite>, name: &LockName, owner: OwnerId) -> i64 {
+    let args = Args::of(name).owner(owner).ttl(LIVENESS);
     let reply = client.core.reply("enqueue", &client.sql.enqueue, args);
     reply.await.expect("enqueue").value().expect("a ticket")
 }
@@ -341,39 +356,14 @@ async fn a_read_hold_from_the_queue_rings_the_writer_behind() {
 async fn a_second_row_left_by_a_retried_join_runs_out_and_the_queue_moves() {
     let (_dir, client, name) = fresh("joined-twice").await;
     let holder = plain_lock(&client, &name).await;
-    let rows = |n: i64| {
-        let (client, name) = (&client, &name);
-        async move {
-            while waiters(client, name).await < n {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    };
     // The row the lost reply left: `a`'s, first in the queue.
     let a = OwnerId::random();
-    let args = Args::of(&name).owner(a).ttl(LIVENESS);
-    let reply = client.core.reply("enqueue", &client.sql.enqueue, args);
-    reply.await.expect("enqueue").value().expect("a ticket");
+    enqueued_as(&client, &name, a).await;
     // `b` queues behind it; then `a` waits, with the row its join makes, behind `b`.
-    let b = {
-        let (client, name) = (client.clone(), name.clone());
-        tokio::spawn(async move {
-            crate::queue::acquire(&client, &name, Kind::Lock, &opts(Wait::Forever), None).await
-        })
-    };
-    tokio::time::timeout(LIMIT, rows(2))
-        .await
-        .expect("b queued");
-    let a_waits = {
-        let (client, name) = (client.clone(), name.clone());
-        let opts = opts(Wait::Forever).owner(a);
-        tokio::spawn(
-            async move { crate::queue::acquire(&client, &name, Kind::Lock, &opts, None).await },
-        )
-    };
-    tokio::time::timeout(LIMIT, rows(3))
-        .await
-        .expect("a queued again");
+    let b = spawn_waiter(&client, &name, Kind::Lock, opts(Wait::Forever));
+    until_rows(&client, &name, false, 2).await;
+    let a_waits = spawn_waiter(&client, &name, Kind::Lock, opts(Wait::Forever).owner(a));
+    until_rows(&client, &name, false, 3).await;
     let release = |lease| client.release_row(&client.sql.release, lease, false);
     assert_eq!(release(&holder).await.expect("release"), Released::Released);
     // `b` first: `a`'s old row ran out instead of holding the queue, and `a` is behind `b`.

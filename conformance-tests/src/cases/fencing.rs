@@ -1,4 +1,5 @@
-//! Fencing tokens: every acquisition of a name gets a larger token, across expiry, and a token floor carries the counter.
+//! Fencing tokens: every acquisition of a name gets a larger token, across expiry, and a token
+//! floor carries the counter.
 
 use std::sync::Arc;
 
@@ -50,9 +51,10 @@ pub async fn fencing_tokens_increase_across_expiry(ctx: Ctx) {
     gb.release().await.expect("release");
 }
 
-/// A store that honours token floors ([`AcquireOptions::token_floor`](lockcore::AcquireOptions::token_floor)) hands out a token of at
-/// least the floor and moves its counter there, so plain acquisitions after it get higher
-/// tokens; a floor below the counter changes nothing. Other stores refuse a floor with
+/// A store that honours token floors
+/// ([`AcquireOptions::token_floor`](lockcore::AcquireOptions::token_floor)) hands out a token
+/// of at least the floor and moves its counter there, so plain acquisitions after it get
+/// higher tokens; a floor below the counter changes nothing. Other stores refuse a floor with
 /// `Unsupported` before any I/O.
 pub async fn token_floor_carries_the_counter(ctx: Ctx) {
     let counting = crate::CountingLock::new(ctx.client().await);
