@@ -355,6 +355,18 @@ impl<D: Dialect> Client<D> {
             .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
     }
 
+    /// How this client's waiters learn of a release, as its capabilities say: the dialect's
+    /// notifications; where the dialect polls and other processes share the store, doorbells
+    /// between the processes of a Linux host (`crate::bell`), polling for waiters elsewhere; or
+    /// polling alone.
+    pub(crate) fn waiting(&self) -> WaitMechanism {
+        if self.bells.is_some() && cfg!(target_os = "linux") {
+            WaitMechanism::Doorbell
+        } else {
+            D::WAIT
+        }
+    }
+
     /// Binds the doorbell of the waiter with `ticket` in the lock's queue (with `permits`, the
     /// permit queue) where the dialect has doorbells (see `crate::bell`).
     pub(crate) fn bell(&self, ticket: i64, permits: bool) -> Option<crate::bell::Bell> {

@@ -90,7 +90,7 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
             Fencing::Strict,
             Expiry::Ttl,
             Fairness::Fifo,
-            D::WAIT,
+            self.client.waiting(),
         )
         // Read-write locks (`crate::read`) and counting semaphores (`crate::semaphore`).
         .native(crate::NATIVE)

@@ -9,7 +9,7 @@ use backend_sql::{Dialect, SqlConfig};
 use conformance_tests::kit;
 use lockcore::{
     AcquireOptions, DistributedLock, Error, FencingToken, KeepAlive, Lease, LockExt, LockName,
-    OwnerId, Released, Wait,
+    OwnerId, Released, Wait, WaitMechanism,
 };
 use sqlx::Row;
 
@@ -1212,7 +1212,9 @@ async fn postgres_waiter_woken_by_notify() {
     assert!(take(&waiter, &n, Duration::from_secs(5)).await.is_some());
 }
 
-/// `sqlite::memory:` clients are independent stores; file URLs create missing parent dirs.
+/// `sqlite::memory:` clients are independent stores; file URLs create missing parent dirs. A
+/// file's waiters in other processes of a Linux host are rung by doorbells, which the
+/// capabilities say; a private store has nobody to ring.
 #[tokio::test]
 async fn sqlite_memory_is_private_and_files_get_parent_dirs() {
     let (a, b) = (
@@ -1220,6 +1222,7 @@ async fn sqlite_memory_is_private_and_files_get_parent_dirs() {
         client("sqlite::memory:").await,
     );
     assert!(!a.capabilities().shared_across_processes);
+    assert_eq!(a.capabilities().waiting, WaitMechanism::Poll);
     let n = name("m");
     let la = take(&a, &n, Duration::from_secs(10)).await.expect("a");
     assert!(take(&b, &n, Duration::from_secs(10)).await.is_some());
@@ -1229,6 +1232,11 @@ async fn sqlite_memory_is_private_and_files_get_parent_dirs() {
     let path = sqlite_dir().path().join("deep/er/dir/locks.db");
     let c = client(&format!("sqlite://{}", path.display())).await;
     assert!(c.capabilities().shared_across_processes);
+    let rung = match cfg!(target_os = "linux") {
+        true => WaitMechanism::Doorbell,
+        false => WaitMechanism::Poll,
+    };
+    assert_eq!(c.capabilities().waiting, rung);
     assert!(path.exists());
 }
 

@@ -50,12 +50,18 @@ pub enum WaitMechanism {
     ListenNotify,
     /// Polling with capped exponential backoff and jitter (the store has no notification).
     Poll,
+    /// Polling, cut short where the client can: a release wakes the waiters of its own process
+    /// at once and rings the head waiter's doorbell (a datagram) in another process on the same
+    /// host; waiters on other hosts find a release by polling (the SQL dialects without
+    /// notifications, on Linux).
+    Doorbell,
 }
 
 impl WaitMechanism {
-    /// Whether waiters are woken by the store rather than by polling.
+    /// Whether waiters are woken by the store rather than by polling (a doorbell reaches only
+    /// the waiters on the releasing client's host, so the others poll).
     pub fn is_native(self) -> bool {
-        !matches!(self, WaitMechanism::Poll)
+        !matches!(self, WaitMechanism::Poll | WaitMechanism::Doorbell)
     }
 }
 

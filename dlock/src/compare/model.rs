@@ -146,7 +146,8 @@ pub struct Sheet {
     pub session_timeout_ms: Option<u64>,
     /// `fifo` or `unordered`.
     pub fairness: String,
-    /// How waiters are woken: `pub/sub`, `watch`, `LISTEN/NOTIFY`, `polling`, `in-process`.
+    /// How waiters are woken: `pub/sub`, `watch`, `LISTEN/NOTIFY`, `doorbell + polling`,
+    /// `polling`, `in-process`.
     pub wake_up: String,
     /// Native read-write locks.
     pub read_write: bool,
@@ -184,6 +185,7 @@ impl Sheet {
                 WaitMechanism::Watch => "watch",
                 WaitMechanism::ListenNotify => "LISTEN/NOTIFY",
                 WaitMechanism::Poll => "polling",
+                WaitMechanism::Doorbell => "doorbell + polling",
             }
             .to_owned(),
             read_write: caps.native.read_write,
