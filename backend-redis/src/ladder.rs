@@ -1,7 +1,8 @@
-//! What the cost ladders share (`examples/cost_ladder.rs` here, `redlock_ladder.rs` in
-//! `backend-redlock`): the least scripts that keep the backend's queue, the backend's own
-//! scripts to call inline, the shuffled rounds of steps, and the report. Only with the `ladder`
-//! feature: it is measuring code, not part of the lock.
+//! What the cost ladders share (`examples/cost_ladder.rs` and `examples/tair_ladder.rs` here,
+//! `redlock_ladder.rs` in `backend-redlock`): the least scripts that keep the backend's queue,
+//! the backend's own scripts (and the Tair emulation's) to call inline, the shuffled rounds of
+//! steps, and the report. Only with the `ladder` feature: it is measuring code, not part of the
+//! lock.
 //!
 //! A ladder starts from `dlock bench`'s floor and adds one guarantee per step; each step runs
 //! in blocks of 200 pairs, in a new order every round, so every step sees the same machine
@@ -74,6 +75,28 @@ impl RealScripts {
             release: Script::new(&scripts::RELEASE.code),
             floor_fenced: Script::new(&scripts::FLOOR_FENCED.code),
             floor_delete: Script::new(&scripts::FLOOR_DELETE.code),
+        }
+    }
+}
+
+/// The Tair emulation's own scripts, exactly as it sends them (its prelude included), for the
+/// Tair ladder's steps that call them inline from bare redis-rs.
+#[derive(Clone, Debug)]
+pub struct TairScripts {
+    /// `expireLock` (`tair/lua/lock.lua`): KEYS hash, readers, queue, alive, seq; ARGV owner,
+    /// ttl_ms, reentrant, waiting_ms, token floor, mode, alive_ms, client id, wakes.
+    pub lock: Script,
+    /// `expireUnlock` (`tair/lua/unlock.lua`): KEYS hash, readers, queue, alive; ARGV proof,
+    /// owner, whole, wakes.
+    pub unlock: Script,
+}
+
+impl TairScripts {
+    /// The scripts as the emulation sends them.
+    pub fn load() -> Self {
+        TairScripts {
+            lock: Script::new(&crate::tair::primitives::LOCK.code),
+            unlock: Script::new(&crate::tair::primitives::UNLOCK.code),
         }
     }
 }

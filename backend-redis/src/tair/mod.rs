@@ -26,7 +26,7 @@
 //! line.
 
 mod lock;
-mod primitives;
+pub(crate) mod primitives;
 
 pub use primitives::{ExpireLock, ExpireUnlock, ReadEnter, TairLock};
 

@@ -71,9 +71,10 @@ fn refusal(items: &[Value]) -> Answer {
 }
 
 /// `expireLock` (`lua/lock.lua`).
-static LOCK: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/lock.lua")));
+pub(crate) static LOCK: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/lock.lua")));
 /// `expireUnlock` (`lua/unlock.lua`).
-static UNLOCK: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/unlock.lua")));
+pub(crate) static UNLOCK: LazyLock<Lua> =
+    LazyLock::new(|| tair_script(include_str!("lua/unlock.lua")));
 /// Extend a held lock, keeping its proof (`lua/extend.lua`).
 static EXTEND: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/extend.lua")));
 /// Readers enter, exit, renew; a waiting writer gives up (`lua/read.lua`).

@@ -1,0 +1,230 @@
+//! What each part of the Tair emulation costs an uncontended `expireLock` + `expireUnlock`,
+//! against `dlock bench`'s fenced floor.
+//!
+//! The emulation keeps each lock in one hash whose expiry is a server-clock timestamp, the
+//! holder's proof (`expireUnlock` needs it), a reentrant count and a version that is never
+//! reset. So it cannot be a `SET NX PX` on a string: even its least acquire reads the server's
+//! clock and the hash and writes the hash, and so does its least release. The steps:
+//!
+//! 0. the fenced floor: a script of `SET NX PX` + `INCR`, then `GET`/`DEL` (`dlock bench`'s);
+//! 1. the same with `TIME` in both scripts (the price of the server's clock alone);
+//! 2. the least that keeps the emulation's hash: `TIME` + `HMGET` + `HSET` each way;
+//! 3. the emulation's real scripts (`tair/lua/lock.lua`, `unlock.lua`), which also keep
+//!    dlock's FIFO queue and the readers out (an `EXISTS` in each), called from bare redis-rs;
+//! 4. the backend's `try_acquire` + `release` through `DistributedLock`;
+//! 5. lockcore's `lock()` and guard.
+//!
+//! The steps alternate in blocks of 200 pairs, in a new order each round, so they see the same
+//! machine load; each prints its median, mean and p90 pair, and its pairs/s relative to the
+//! floor's (total pairs over total time), as `dlock bench` reports `fenced_floor.ratio`.
+//!
+//! ```text
+//! cargo run --release -p fencedlock-redis --example tair_ladder -- tair://127.0.0.1:6379 [rounds=100]
+//! ```
+//!
+//! Use a server nobody else uses: it writes keys under the `{tair-ladder-*}` hash tags and
+//! `dlock`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use backend_redis::ladder::{self, Failure, OWNER, RealScripts, TairScripts};
+use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, Wait};
+use redis::aio::MultiplexedConnection;
+use redis::{Script, Value};
+
+/// Step 1's acquire: the fenced floor's, after reading the server's clock.
+const CLOCK_ACQUIRE: &str = "redis.call('TIME') \
+    if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then \
+    return redis.call('INCR', KEYS[2]) end return 0";
+
+/// Step 1's release: the floor's compare-and-delete, after reading the server's clock.
+const CLOCK_DELETE: &str = "redis.call('TIME') \
+    if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+/// Step 2's acquire: the least `expireLock` on the emulation's hash (KEYS hash; ARGV owner,
+/// ttl_ms). Locks when the flag is clear or the expiry passed; the proof is the new expiry,
+/// above the old one; the version counts up. Replies `{1, proof, version, count}` as the real
+/// script does, or 0.
+const HASH_LOCK: &str = "local t = redis.call('TIME') \
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+    local f = redis.call('HMGET', KEYS[1], 'locked', 'expire', 'version') \
+    local was = tonumber(f[2] or '0') \
+    if f[1] == '1' and was > now then return 0 end \
+    local proof = string.format('%d', math.max(now + tonumber(ARGV[2]), was + 1)) \
+    local v = tonumber(f[3] or '0') + 1 \
+    redis.call('HSET', KEYS[1], 'locked', 1, 'expire', proof, 'proof', proof, 'owner', ARGV[1], \
+    'count', 1, 'version', string.format('%d', v)) \
+    return {1, proof, v, 1}";
+
+/// Step 2's release: the least `expireUnlock` (KEYS hash; ARGV proof, owner): unlocks only a
+/// live lock with this proof and owner.
+const HASH_UNLOCK: &str = "local t = redis.call('TIME') \
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+    local h = redis.call('HMGET', KEYS[1], 'locked', 'expire', 'owner', 'proof') \
+    if not (h[1] == '1' and tonumber(h[2] or '0') > now) then return 0 end \
+    if h[4] ~= ARGV[1] or h[3] ~= ARGV[2] then return 0 end \
+    redis.call('HSET', KEYS[1], 'locked', 0, 'count', 0) \
+    return 1";
+
+const STEPS: [&str; 6] = [
+    "fenced floor: SET NX PX + INCR, then GET/DEL",
+    "+ server clock: TIME in both scripts",
+    "the emulation's hash: TIME + HMGET + HSET each way",
+    "+ dlock's queue and readers (real scripts)",
+    "this backend: try_acquire + release",
+    "lockcore: lock() + guard.release()",
+];
+
+struct Scripts {
+    floor: RealScripts,
+    clock_acquire: Script,
+    clock_delete: Script,
+    hash_lock: Script,
+    hash_unlock: Script,
+    tair: TairScripts,
+}
+
+/// The proof in a granting `{1, proof, version, count}` reply.
+fn proof_of(reply: &Value) -> Result<String, Failure> {
+    let Value::Array(items) = reply else {
+        return Err(format!("not granted: {reply:?}").into());
+    };
+    match (items.first(), items.get(1)) {
+        (Some(Value::Int(1)), Some(Value::BulkString(proof))) => {
+            Ok(String::from_utf8(proof.clone())?)
+        }
+        _ => Err(format!("not granted: {reply:?}").into()),
+    }
+}
+
+/// The release's reply: 1 when it released.
+fn released(reply: i64) -> Result<(), Failure> {
+    if reply == 1 {
+        Ok(())
+    } else {
+        Err("not released".into())
+    }
+}
+
+/// One acquire + release of `step` with raw scripts (steps 0 to 3).
+async fn raw_pair(
+    step: usize,
+    s: &Scripts,
+    con: &mut MultiplexedConnection,
+) -> Result<(), Failure> {
+    let tag = format!("{{tair-ladder-{step}}}");
+    let key = |k: &str| format!("{tag}:{k}");
+    match step {
+        0 | 1 => {
+            let (acquire, delete) = match step {
+                0 => (&s.floor.floor_fenced, &s.floor.floor_delete),
+                _ => (&s.clock_acquire, &s.clock_delete),
+            };
+            let token: i64 = acquire
+                .key(key("lock"))
+                .key(key("fence"))
+                .arg(OWNER)
+                .arg(10_000)
+                .invoke_async(con)
+                .await?;
+            if token <= 0 {
+                return Err("the floor's key was held".into());
+            }
+            released(delete.key(key("lock")).arg(OWNER).invoke_async(con).await?)
+        }
+        2 => {
+            let reply: Value = s
+                .hash_lock
+                .key(key("tair"))
+                .arg(OWNER)
+                .arg(10_000)
+                .invoke_async(con)
+                .await?;
+            let proof = proof_of(&reply)?;
+            let mut unlock = s.hash_unlock.prepare_invoke();
+            unlock.key(key("tair")).arg(proof).arg(OWNER);
+            released(unlock.invoke_async(con).await?)
+        }
+        _ => {
+            // As the backend calls them: a `try` that never jumps the queue, then the unlock
+            // by proof and owner.
+            let keys = ["tair", "readers", "tair:queue", "tair:alive", "tair:seq"].map(key);
+            let mut lock = s.tair.lock.prepare_invoke();
+            for k in &keys {
+                lock.key(k);
+            }
+            lock.arg(OWNER).arg(10_000).arg(0).arg(0).arg(0).arg("try");
+            lock.arg(3_000).arg("ladder-client").arg(key("wakes:"));
+            let reply: Value = lock.invoke_async(con).await?;
+            let proof = proof_of(&reply)?;
+            let mut unlock = s.tair.unlock.prepare_invoke();
+            for k in &keys[..4] {
+                unlock.key(k);
+            }
+            unlock.arg(proof).arg(OWNER).arg(1).arg(key("wakes:"));
+            released(unlock.invoke_async(con).await?)
+        }
+    }
+}
+
+async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
+    if !url.starts_with("tair://") {
+        return Err(format!("expected a tair:// URL, got {url}").into());
+    }
+    let backend: Arc<dyn DistributedLock> = backend_redis::connect(&url).await?;
+    // The same server, as plain Redis, for the raw steps.
+    let plain = url.replacen("tair://", "redis://", 1);
+    let mut con = redis::Client::open(plain.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let s = Scripts {
+        floor: RealScripts::load(),
+        clock_acquire: Script::new(CLOCK_ACQUIRE),
+        clock_delete: Script::new(CLOCK_DELETE),
+        hash_lock: Script::new(HASH_LOCK),
+        hash_unlock: Script::new(HASH_UNLOCK),
+        tair: TairScripts::load(),
+    };
+    let name = LockName::new("tair-ladder-backend")?;
+    let opts = AcquireOptions::new()
+        .wait(Wait::No)
+        .keep_alive(KeepAlive::Off);
+    let direct_opts = opts.clone().with_defaults(&backend.defaults());
+
+    let mut schedule = ladder::Schedule::new(STEPS.len(), rounds);
+    while let Some(step) = schedule.next_step() {
+        let t = Instant::now();
+        match step {
+            0..=3 => raw_pair(step, &s, &mut con).await?,
+            4 => {
+                let lease = backend
+                    .try_acquire(&name, &direct_opts)
+                    .await?
+                    .ok_or("the backend's name was held")?;
+                backend.release(&lease).await?;
+            }
+            _ => {
+                let guard = backend.lock("tair-ladder-lockcore", &opts).await?;
+                guard.release().await?;
+            }
+        }
+        schedule.record(step, t.elapsed());
+    }
+    ladder::report(&STEPS, schedule.into_samples());
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let url = args
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "tair://127.0.0.1:6379".to_owned());
+    let rounds: usize = args.get(1).map_or(Ok(100), |a| a.parse())?;
+    // In a task on a worker thread, where applications make their lock calls.
+    tokio::spawn(ladder(url, rounds))
+        .await?
+        .map_err(|e| e.to_string().into())
+}
