@@ -9,8 +9,9 @@
 //! 0. the fenced floor: a script of `SET NX PX` + `INCR`, then `GET`/`DEL` (`dlock bench`'s);
 //! 1. the same with `TIME` in both scripts (the price of the server's clock alone);
 //! 2. the least that keeps the emulation's hash: `TIME` + `HMGET` + `HSET` each way;
-//! 3. the emulation's real scripts (`tair/lua/lock.lua`, `unlock.lua`), which also keep
-//!    dlock's FIFO queue and the readers out (an `EXISTS` in each), called from bare redis-rs;
+//! 3. the scripts the backend's single attempt and release send (`tair/lua/try_fast.lua`,
+//!    `unlock.lua`), which also keep dlock's FIFO queue and the readers out (an `EXISTS` in
+//!    each), called from bare redis-rs;
 //! 4. the backend's `try_acquire` + `release` through `DistributedLock`;
 //! 5. lockcore's `lock()` and guard.
 //!
@@ -147,19 +148,18 @@ async fn raw_pair(
             released(unlock.invoke_async(con).await?)
         }
         _ => {
-            // As the backend calls them: a `try` that never jumps the queue, then the unlock
-            // by proof and owner.
-            let keys = ["tair", "readers", "tair:queue", "tair:alive", "tair:seq"].map(key);
-            let mut lock = s.tair.lock.prepare_invoke();
-            for k in &keys {
+            // As the backend calls them: its single attempt, which never jumps the queue, then
+            // the unlock by proof and owner.
+            let keys = ["tair", "readers", "tair:queue", "tair:alive"].map(key);
+            let mut lock = s.tair.try_fast.prepare_invoke();
+            for k in &keys[..3] {
                 lock.key(k);
             }
-            lock.arg(OWNER).arg(10_000).arg(0).arg(0).arg(0).arg("try");
-            lock.arg(3_000).arg("ladder-client").arg(key("wakes:"));
+            lock.arg(OWNER).arg(10_000).arg(0);
             let reply: Value = lock.invoke_async(con).await?;
             let proof = proof_of(&reply)?;
             let mut unlock = s.tair.unlock.prepare_invoke();
-            for k in &keys[..4] {
+            for k in &keys {
                 unlock.key(k);
             }
             unlock.arg(proof).arg(OWNER).arg(1).arg(key("wakes:"));

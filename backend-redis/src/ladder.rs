@@ -86,6 +86,9 @@ pub struct TairScripts {
     /// `expireLock` (`tair/lua/lock.lua`): KEYS hash, readers, queue, alive, seq; ARGV owner,
     /// ttl_ms, reentrant, waiting_ms, token floor, mode, alive_ms, client id, wakes.
     pub lock: Script,
+    /// dlock's single attempt when nobody reads or queues (`tair/lua/try_fast.lua`): KEYS
+    /// hash, readers, queue; ARGV owner, ttl_ms, token floor.
+    pub try_fast: Script,
     /// `expireUnlock` (`tair/lua/unlock.lua`): KEYS hash, readers, queue, alive; ARGV proof,
     /// owner, whole, wakes.
     pub unlock: Script,
@@ -96,6 +99,7 @@ impl TairScripts {
     pub fn load() -> Self {
         TairScripts {
             lock: Script::new(&crate::tair::primitives::LOCK.code),
+            try_fast: Script::new(&crate::tair::primitives::TRY_FAST.code),
             unlock: Script::new(&crate::tair::primitives::UNLOCK.code),
         }
     }

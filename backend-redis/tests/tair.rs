@@ -154,6 +154,48 @@ async fn the_reentrant_form_counts_per_owner_and_balances() {
 /// A token floor lifts the version in the granting step, for a writer's `expireLock` and for a
 /// reader's entry alike, and the next plain hold continues above it; a floor below the version
 /// changes nothing. The caller's owner id is the one the hash records.
+/// dlock's single attempt (`try_acquire`) sends the short `try_fast.lua` first. A writer holding
+/// alone refuses it there, and nothing is written. The owner's own `writer waiting` mark (left
+/// by a wait that gave up) and a reader's hold make it answer -1, and the attempt runs
+/// `lock.lua`, which clears the mark as it grants, and refuses while the reader holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_attempt_falls_back_to_the_full_script_where_it_must() {
+    let redis = Redis::shared().await.expect("kit redis");
+    let t = tair(redis).await;
+    let label = format!("fast/{:08x}", rand::random::<u32>());
+    let n = name(&label);
+    let key = format!("{{dlock:{}}}:tair", n.escaped());
+    let (a, b) = (OwnerId::random(), OwnerId::random());
+    let opts = |owner| AcquireOptions::new().ttl(30 * SEC).owner(owner);
+
+    // A writer holding alone: refused at once, nothing written.
+    let (proof, _, _) = locked(t.expire_lock(&n, a, 30 * SEC, false).await.unwrap());
+    let before = state(redis, &label).await;
+    assert!(t.try_acquire(&n, &opts(b)).await.unwrap().is_none());
+    assert_eq!(state(redis, &label).await, before);
+    let unlocked = t.expire_unlock(&n, proof, true).await.unwrap();
+    assert_eq!(unlocked, ExpireUnlock::Unlocked);
+
+    // b's own mark: granted, and the mark is gone.
+    let (b_hex, until) = (b.to_string(), "99999999999999");
+    let mark = ["HSET", &key, "wwait", &b_hex, "wwait_until", until];
+    redis_command(redis.addr(), &mark).await.expect("HSET");
+    let lease = t.try_acquire(&n, &opts(b)).await.unwrap().expect("free");
+    let left = redis_command(redis.addr(), &["HGET", &key, "wwait"])
+        .await
+        .expect("HGET")
+        .as_text();
+    assert_eq!(left, None, "the grant left the owner's mark behind");
+    assert_eq!(t.release(&lease).await.unwrap(), Released::Released);
+
+    // A reader holding: refused; once it left, granted.
+    let reader = t.try_acquire_shared(&n, &opts(a)).await.unwrap();
+    let reader = reader.expect("no writer holds");
+    assert!(t.try_acquire(&n, &opts(b)).await.unwrap().is_none());
+    assert_eq!(t.release(&reader).await.unwrap(), Released::Released);
+    assert!(t.try_acquire(&n, &opts(b)).await.unwrap().is_some());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_floors_lift_the_version_for_writers_and_readers() {
     let redis = Redis::shared().await.expect("kit redis");

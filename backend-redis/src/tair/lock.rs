@@ -58,17 +58,7 @@ impl TairLock {
         let started = Instant::now();
         let floor = floor_arg(BACKEND, opts)?;
         let guard = self.arm(name, owner, false);
-        let answer = self
-            .lock_as(
-                name,
-                owner,
-                opts.ttl_value(),
-                false,
-                None,
-                floor,
-                Queue::Try,
-            )
-            .await;
+        let answer = self.try_lock(name, owner, opts.ttl_value(), floor).await;
         let _ = guard.disarm();
         Ok(match answer? {
             ExpireLock::Locked {

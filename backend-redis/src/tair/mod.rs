@@ -23,7 +23,7 @@
 //! them (`lock.rs`), so the shared suite runs on `tair://`. The connection is this crate's
 //! single-server client (TLS, ACL, timeouts), reused as it is. The scripts are in
 //! `src/tair/lua/`; they share the prelude `lua/common.lua`, pasted at each one's `--@tair`
-//! line.
+//! line (`try_fast.lua`, the common case of dlock's single attempt, has none).
 
 mod lock;
 pub(crate) mod primitives;

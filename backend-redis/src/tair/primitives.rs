@@ -72,6 +72,9 @@ fn refusal(items: &[Value]) -> Answer {
 
 /// `expireLock` (`lua/lock.lua`).
 pub(crate) static LOCK: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/lock.lua")));
+/// dlock's single attempt at the write lock when nobody reads or queues (`lua/try_fast.lua`).
+pub(crate) static TRY_FAST: LazyLock<Lua> =
+    LazyLock::new(|| tair_script(include_str!("lua/try_fast.lua")));
 /// `expireUnlock` (`lua/unlock.lua`).
 pub(crate) static UNLOCK: LazyLock<Lua> =
     LazyLock::new(|| tair_script(include_str!("lua/unlock.lua")));
@@ -158,6 +161,30 @@ pub(super) fn reply_error(operation: &'static str, name: &LockName, value: &Valu
     protocol_error(operation, Some(name), format!("unexpected reply {value:?}"))
 }
 
+/// Decodes an `expireLock` reply (`lock.lua`'s or `try_fast.lua`'s).
+fn decode_lock(name: &LockName, value: &Value) -> Result<ExpireLock> {
+    let items = scripts::array(value).map_err(|e| protocol_error("expireLock", Some(name), e))?;
+    match items.first().and_then(scripts::int) {
+        Some(1) => match (u64_at(items, 1), u64_at(items, 2), u64_at(items, 3)) {
+            (Some(expiry), Some(version), Some(count)) => Ok(ExpireLock::Locked {
+                expiry,
+                version,
+                count,
+            }),
+            _ => Err(reply_error("expireLock", name, value)),
+        },
+        Some(0) => match items.get(2).and_then(scripts::text) {
+            Some(holder) if holder == "readers" => Ok(ExpireLock::Readers),
+            Some(holder) => Ok(ExpireLock::Held {
+                expiry: u64_at(items, 1).unwrap_or(0),
+                holder,
+            }),
+            None => Err(reply_error("expireLock", name, value)),
+        },
+        _ => Err(reply_error("expireLock", name, value)),
+    }
+}
+
 pub(super) fn u64_at(items: &[Value], i: usize) -> Option<u64> {
     items
         .get(i)
@@ -231,29 +258,31 @@ impl TairLock {
         let value = self
             .lock_call(name, owner, ttl, reentrant, waiting, floor, queue)
             .await?;
-        let items =
-            scripts::array(&value).map_err(|e| protocol_error("expireLock", Some(name), e))?;
-        match items.first().and_then(scripts::int) {
-            Some(1) => match (u64_at(items, 1), u64_at(items, 2), u64_at(items, 3)) {
-                (Some(expiry), Some(version), Some(count)) => Ok(ExpireLock::Locked {
-                    expiry,
-                    version,
-                    count,
-                }),
-                _ => Err(reply_error("expireLock", name, &value)),
-            },
-            Some(0) => match items.get(2).and_then(scripts::text) {
-                Some(holder) if holder == "readers" => Ok(ExpireLock::Readers),
-                Some(holder) => Ok(ExpireLock::Held {
-                    expiry: u64_at(items, 1).unwrap_or(0),
-                    holder,
-                }),
-                None => Err(reply_error("expireLock", name, &value)),
-            },
-            _ => Err(reply_error("expireLock", name, &value)),
-        }
+        decode_lock(name, &value)
     }
 
+    /// dlock's single attempt at the write lock (`lock_as` in mode `try`, not reentrant,
+    /// without a waiting mark): `try_fast.lua`, with the three keys and three arguments its
+    /// common case reads, and `lock.lua` only where that answers that someone reads or queues
+    /// (or this owner's mark stands).
+    pub(super) async fn try_lock(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        ttl: Duration,
+        floor: u64,
+    ) -> Result<ExpireLock> {
+        lockcore::check_ttl(ttl)?;
+        let node = &self.client.inner.node;
+        let call = node.call_on(&TRY_FAST, name, &KEYS[..3]);
+        let call = call.owner_arg(owner).arg(millis(ttl)).arg(floor);
+        let value = self.eval("expireLock", name, &call).await?;
+        if scripts::int(&value) == Some(-1) {
+            let full = self.lock_as(name, owner, ttl, false, None, floor, Queue::Try);
+            return full.await;
+        }
+        decode_lock(name, &value)
+    }
     /// One run of `lock.lua`.
     #[allow(clippy::too_many_arguments)]
     async fn lock_call(

@@ -1,0 +1,30 @@
+-- TRY_FAST (dlock's single attempt at the write lock, its common case): KEYS hash, readers,
+--           queue; ARGV owner, ttl_ms, token floor (0 = none)
+-- `lock.lua` in mode 'try' (not reentrant, no waiting mark) for the case that needs no queue:
+-- with the three keys and three arguments that case reads, where `lock.lua` takes five and
+-- nine, each of which Redis makes into a string on every call. It defines none of the prelude.
+-- Returns, as `lock.lua` would:
+--   {1, proof, version, 1} when locked: nobody reads or queues (neither key exists), no writer
+--     holds, and this owner left no `writer waiting` mark of its own; the grant is one write of
+--     the hash, the version max(version + 1, floor) computed from the same read;
+--   {0, expiry, holder, -1, ms_blocked} when a writer holds it and nobody reads or queues;
+-- and -1 when readers or the queue exist, or this owner's mark stands: the caller then runs
+-- `lock.lua`, which prunes the queue, drops expired readers and clears the mark.
+if redis.call('EXISTS', KEYS[2], KEYS[3]) ~= 0 then
+  return -1
+end
+local t = redis.call('TIME')
+local at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local f = redis.call('HMGET', KEYS[1], 'locked', 'expire', 'version', 'wwait', 'owner')
+if f[4] == ARGV[1] then
+  return -1
+end
+local was = tonumber(f[2] or '0')
+if f[1] == '1' and was > at then
+  return {0, string.format('%d', was), f[5] or '', -1, was - at}
+end
+local proof = string.format('%d', math.max(at + tonumber(ARGV[2]), was + 1))
+local v = math.max(tonumber(f[3] or '0') + 1, tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'locked', 1, 'expire', proof, 'proof', proof, 'owner', ARGV[1],
+  'count', 1, 'version', string.format('%d', v))
+return {1, proof, v, 1}
