@@ -264,11 +264,28 @@ impl<D: Dialect> Client<D> {
         permits: bool,
     ) -> Result<Released> {
         let freed = self.core.reply("release", stmt, held(lease)).await?;
-        if freed.count() == 0 {
+        // `Core::run` sends the statement again when the session died before the reply came;
+        // if the lost try freed the row, the retry finds nothing, and the lock's row says
+        // whether that was this release. (A permit's row goes with its release and with its
+        // expiry alike, so a retried permit release that finds nothing stays NotHeld.)
+        let freed = freed.count() > 0
+            || (freed.tries > 1 && !permits && self.freed_at_fence(lease).await?);
+        if !freed {
             return Ok(Released::NotHeld);
         }
         self.released(lease, permits);
         Ok(Released::Released)
+    }
+
+    /// Whether the lock's row is free at `lease`'s fence: after a release of `lease` that was
+    /// sent again and freed nothing, whether its lost first try freed it (see
+    /// `Statements::freed_at_fence`). A `forget` of the free row, or a takeover and its
+    /// release, in between make it `false`, and the release reports NotHeld as before.
+    pub(crate) async fn freed_at_fence(&self, lease: &Lease) -> Result<bool> {
+        let reply = self
+            .core
+            .reply("release", &self.sql.freed_at_fence, held(lease));
+        Ok(reply.await?.count() > 0)
     }
 
     /// After `lease` was freed: tells this process's waiters (see [`freed`](Self::freed))

@@ -234,6 +234,11 @@ pub struct Statements {
     pub leave: Option<Stmt>,
     /// Owner- and fence-checked release. The row stays (the fence must never reset).
     pub release: Stmt,
+    /// After a [`release`](Self::release) sent again (its first reply lost) that freed
+    /// nothing: whether the row is free at the lease's fence, as only a release of that lease
+    /// leaves it (a lease that ran out keeps its owner; a takeover raises the fence). One row:
+    /// a count.
+    pub freed_at_fence: Stmt,
     /// The raw floor's release.
     pub floor_release: Stmt,
     /// Release by owner alone: the clean-up after an interrupted acquire (the fence is unknown).
@@ -446,6 +451,9 @@ impl Statements {
             ))),
             grant_dequeues: false,
             leave: None,
+            freed_at_fence: s.row(&format!(
+                "SELECT count(*) FROM {t} WHERE name = $name AND owner IS NULL AND fence = $fence"
+            )),
             floor_release: release.clone(),
             release,
             release_owner: s.done(&format!(

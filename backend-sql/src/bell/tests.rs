@@ -1,7 +1,7 @@
 //! Doorbells: the addresses, a ring between two sockets, and on a SQLite file (the dialect whose
 //! clients always share one host) the release that rings the head of the queue; with the same
-//! set-up, a queue that a retried join left a second row in, and the retried join that finds
-//! the row its lost try committed.
+//! set-up, a queue that a retried join left a second row in, the retried join that finds the
+//! row its lost try committed, and the retried release that finds the row its lost try freed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -416,4 +416,35 @@ async fn a_retried_join_finds_the_row_its_lost_try_committed() {
             );
         }
     }
+}
+
+/// A release sent again after its first reply was lost frees nothing; the row then tells whether
+/// the lost try freed it: free at the lease's fence. A lease that ran out (its owner stays on
+/// the row) or was taken over and released since (a higher fence) reads as not freed.
+#[tokio::test]
+async fn a_retried_release_tells_its_lost_try_from_a_lost_lease() {
+    let (_dir, client, name) = fresh("released-once").await;
+    let lease = plain_lock(&client, &name).await;
+    let released = client.release_row(&client.sql.release, &lease, false).await;
+    assert_eq!(released.expect("release"), Released::Released);
+    assert!(client.freed_at_fence(&lease).await.expect("look"));
+
+    let short = opts(Wait::No).ttl(Duration::from_millis(20));
+    let short = client.try_acquire(&name, &short).await.expect("try");
+    let short = short.expect("free");
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(
+        !client.freed_at_fence(&short).await.expect("look"),
+        "ran out"
+    );
+
+    let next = plain_lock(&client, &name).await;
+    assert!(next.token() > short.token());
+    let released = client.release_row(&client.sql.release, &next, false).await;
+    assert_eq!(released.expect("release"), Released::Released);
+    assert!(
+        !client.freed_at_fence(&short).await.expect("look"),
+        "taken over"
+    );
+    assert!(client.freed_at_fence(&next).await.expect("look"));
 }
