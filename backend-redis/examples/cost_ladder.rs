@@ -17,10 +17,9 @@
 //! Use a server nobody else uses: it writes keys under the `{ladder-*}` hash tags and `dlock`.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use backend_redis::ladder::{self, FAIR, FAIR_DELETE, Failure, OWNER, RealScripts};
-use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, Wait};
+use lockcore::DistributedLock;
 use redis::Script;
 use redis::aio::MultiplexedConnection;
 
@@ -40,6 +39,7 @@ const STEPS: [&str; 7] = [
 ];
 
 struct Scripts {
+    con: MultiplexedConnection,
     delete: Script,
     fenced: Script,
     fair: Script,
@@ -53,85 +53,86 @@ fn keys(step: usize) -> [String; 4] {
 }
 
 /// One acquire + release of `step` with raw commands (steps 0 to 4).
-async fn raw_pair(
-    step: usize,
-    s: &Scripts,
-    con: &mut MultiplexedConnection,
-) -> Result<(), Failure> {
-    let [lock, fence, queue, alive] = keys(step);
-    if step == 0 {
-        let set: Option<String> = redis::cmd("SET")
-            .arg(&lock)
-            .arg(OWNER)
-            .arg("NX")
-            .arg("PX")
-            .arg(10_000)
-            .query_async(con)
-            .await?;
-        if set.is_none() {
-            return Err("floor key was held".into());
-        }
-    } else {
-        let (script, nkeys) = match step {
-            1 => (&s.fenced, 2),
-            2 => (&s.fair, 3),
-            _ => (&s.try_fast, 2),
-        };
-        let mut invocation = script.prepare_invoke();
-        for key in [&lock, &fence, &queue].into_iter().take(nkeys) {
-            invocation.key(key);
-        }
-        invocation.arg(OWNER).arg(10_000);
-        if step >= 3 {
-            // The real try script's token floor (0 = none).
-            invocation.arg(0);
-        }
-        let reply: redis::Value = invocation.invoke_async(con).await?;
-        let token = ladder::granted_token(&reply)?;
-        if step == 4 {
-            let released: i64 = s
-                .release
-                .key(&lock)
-                .key(&fence)
-                .key(&queue)
-                .key(&alive)
+impl ladder::Steps for Scripts {
+    async fn pair(&mut self, step: usize) -> Result<(), Failure> {
+        let s = self;
+        let con = &mut s.con;
+        let [lock, fence, queue, alive] = keys(step);
+        if step == 0 {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&lock)
                 .arg(OWNER)
-                .arg(token)
-                .arg(format!("{{ladder-{step}}}:released"))
-                .invoke_async(con)
+                .arg("NX")
+                .arg("PX")
+                .arg(10_000)
+                .query_async(con)
                 .await?;
-            return if released == 1 {
-                Ok(())
-            } else {
-                Err("not released".into())
+            if set.is_none() {
+                return Err("floor key was held".into());
+            }
+        } else {
+            let (script, nkeys) = match step {
+                1 => (&s.fenced, 2),
+                2 => (&s.fair, 3),
+                _ => (&s.try_fast, 2),
             };
+            let mut invocation = script.prepare_invoke();
+            for key in [&lock, &fence, &queue].into_iter().take(nkeys) {
+                invocation.key(key);
+            }
+            invocation.arg(OWNER).arg(10_000);
+            if step >= 3 {
+                // The real try script's token floor (0 = none).
+                invocation.arg(0);
+            }
+            let reply: redis::Value = invocation.invoke_async(con).await?;
+            let token = ladder::granted_token(&reply)?;
+            if step == 4 {
+                let released: i64 = s
+                    .release
+                    .key(&lock)
+                    .key(&fence)
+                    .key(&queue)
+                    .key(&alive)
+                    .arg(OWNER)
+                    .arg(token)
+                    .arg(format!("{{ladder-{step}}}:released"))
+                    .invoke_async(con)
+                    .await?;
+                return if released == 1 {
+                    Ok(())
+                } else {
+                    Err("not released".into())
+                };
+            }
         }
-    }
-    let released: i64 = match step {
-        0 | 1 => s.delete.key(&lock).arg(OWNER).invoke_async(con).await?,
-        _ => {
-            s.fair_delete
-                .key(&lock)
-                .key(&queue)
-                .arg(OWNER)
-                .invoke_async(con)
-                .await?
+        let released: i64 = match step {
+            0 | 1 => s.delete.key(&lock).arg(OWNER).invoke_async(con).await?,
+            _ => {
+                s.fair_delete
+                    .key(&lock)
+                    .key(&queue)
+                    .arg(OWNER)
+                    .invoke_async(con)
+                    .await?
+            }
+        };
+        if released == 1 {
+            Ok(())
+        } else {
+            Err("not released".into())
         }
-    };
-    if released == 1 {
-        Ok(())
-    } else {
-        Err("not released".into())
     }
 }
 
 async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
     let backend: Arc<dyn DistributedLock> = backend_redis::connect(&url).await?;
-    let mut con = redis::Client::open(url.as_str())?
+    let con = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
     let real = RealScripts::load();
-    let s = Scripts {
+    let mut s = Scripts {
+        con,
         delete: Script::new(DELETE),
         fenced: Script::new(FENCED),
         fair: Script::new(FAIR),
@@ -139,45 +140,13 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
         try_fast: real.try_fast,
         release: real.release,
     };
-    let name = LockName::new("ladder-backend")?;
-    let opts = AcquireOptions::new()
-        .wait(Wait::No)
-        .keep_alive(KeepAlive::Off);
-    let direct_opts = opts.clone().with_defaults(&backend.defaults());
+    let backend = ladder::BackendSteps::new(backend, "ladder")?;
 
-    let mut schedule = ladder::Schedule::new(STEPS.len(), rounds);
-    while let Some(step) = schedule.next_step() {
-        let t = Instant::now();
-        match step {
-            0..=4 => raw_pair(step, &s, &mut con).await?,
-            5 => {
-                let lease = backend
-                    .try_acquire(&name, &direct_opts)
-                    .await?
-                    .ok_or("the backend's name was held")?;
-                backend.release(&lease).await?;
-            }
-            _ => {
-                let guard = backend.lock("ladder-lockcore", &opts).await?;
-                guard.release().await?;
-            }
-        }
-        schedule.record(step, t.elapsed());
-    }
-    ladder::report(&STEPS, schedule.into_samples());
-    Ok(())
+    ladder::climb(&STEPS, rounds, &mut s, &backend).await
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let url = args
-        .first()
-        .cloned()
-        .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
-    let rounds: usize = args.get(1).map_or(Ok(100), |a| a.parse())?;
-    // In a task on a worker thread, where applications make their lock calls.
-    tokio::spawn(ladder(url, rounds))
-        .await?
-        .map_err(|e| e.to_string().into())
+async fn main() -> Result<(), Failure> {
+    let usage = "usage: cost_ladder [REDIS_URL] [rounds]";
+    ladder::run(Some("redis://127.0.0.1:6379"), usage, 100, ladder).await
 }

@@ -27,10 +27,9 @@
 //! `dlock`.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use backend_redis::ladder::{self, Failure, OWNER, RealScripts, TairScripts};
-use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, Wait};
+use lockcore::DistributedLock;
 use redis::aio::MultiplexedConnection;
 use redis::{Script, Value};
 
@@ -78,6 +77,7 @@ const STEPS: [&str; 6] = [
 ];
 
 struct Scripts {
+    con: MultiplexedConnection,
     floor: RealScripts,
     clock_acquire: Script,
     clock_delete: Script,
@@ -109,61 +109,61 @@ fn released(reply: i64) -> Result<(), Failure> {
 }
 
 /// One acquire + release of `step` with raw scripts (steps 0 to 3).
-async fn raw_pair(
-    step: usize,
-    s: &Scripts,
-    con: &mut MultiplexedConnection,
-) -> Result<(), Failure> {
-    let tag = format!("{{tair-ladder-{step}}}");
-    let key = |k: &str| format!("{tag}:{k}");
-    match step {
-        0 | 1 => {
-            let (acquire, delete) = match step {
-                0 => (&s.floor.floor_fenced, &s.floor.floor_delete),
-                _ => (&s.clock_acquire, &s.clock_delete),
-            };
-            let token: i64 = acquire
-                .key(key("lock"))
-                .key(key("fence"))
-                .arg(OWNER)
-                .arg(10_000)
-                .invoke_async(con)
-                .await?;
-            if token <= 0 {
-                return Err("the floor's key was held".into());
+impl ladder::Steps for Scripts {
+    async fn pair(&mut self, step: usize) -> Result<(), Failure> {
+        let s = self;
+        let con = &mut s.con;
+        let tag = format!("{{tair-ladder-{step}}}");
+        let key = |k: &str| format!("{tag}:{k}");
+        match step {
+            0 | 1 => {
+                let (acquire, delete) = match step {
+                    0 => (&s.floor.floor_fenced, &s.floor.floor_delete),
+                    _ => (&s.clock_acquire, &s.clock_delete),
+                };
+                let token: i64 = acquire
+                    .key(key("lock"))
+                    .key(key("fence"))
+                    .arg(OWNER)
+                    .arg(10_000)
+                    .invoke_async(con)
+                    .await?;
+                if token <= 0 {
+                    return Err("the floor's key was held".into());
+                }
+                released(delete.key(key("lock")).arg(OWNER).invoke_async(con).await?)
             }
-            released(delete.key(key("lock")).arg(OWNER).invoke_async(con).await?)
-        }
-        2 => {
-            let reply: Value = s
-                .hash_lock
-                .key(key("tair"))
-                .arg(OWNER)
-                .arg(10_000)
-                .invoke_async(con)
-                .await?;
-            let proof = proof_of(&reply)?;
-            let mut unlock = s.hash_unlock.prepare_invoke();
-            unlock.key(key("tair")).arg(proof).arg(OWNER);
-            released(unlock.invoke_async(con).await?)
-        }
-        _ => {
-            // As the backend calls them: its single attempt, which never jumps the queue, then
-            // the unlock by proof and owner.
-            let keys = ["tair", "readers", "tair:queue", "tair:alive"].map(key);
-            let mut lock = s.tair.try_fast.prepare_invoke();
-            for k in &keys[..3] {
-                lock.key(k);
+            2 => {
+                let reply: Value = s
+                    .hash_lock
+                    .key(key("tair"))
+                    .arg(OWNER)
+                    .arg(10_000)
+                    .invoke_async(con)
+                    .await?;
+                let proof = proof_of(&reply)?;
+                let mut unlock = s.hash_unlock.prepare_invoke();
+                unlock.key(key("tair")).arg(proof).arg(OWNER);
+                released(unlock.invoke_async(con).await?)
             }
-            lock.arg(OWNER).arg(10_000).arg(0);
-            let reply: Value = lock.invoke_async(con).await?;
-            let proof = proof_of(&reply)?;
-            let mut unlock = s.tair.unlock.prepare_invoke();
-            for k in &keys {
-                unlock.key(k);
+            _ => {
+                // As the backend calls them: its single attempt, which never jumps the queue, then
+                // the unlock by proof and owner.
+                let keys = ["tair", "readers", "tair:queue", "tair:alive"].map(key);
+                let mut lock = s.tair.try_fast.prepare_invoke();
+                for k in &keys[..3] {
+                    lock.key(k);
+                }
+                lock.arg(OWNER).arg(10_000).arg(0);
+                let reply: Value = lock.invoke_async(con).await?;
+                let proof = proof_of(&reply)?;
+                let mut unlock = s.tair.unlock.prepare_invoke();
+                for k in &keys {
+                    unlock.key(k);
+                }
+                unlock.arg(proof).arg(OWNER).arg(1).arg(key("wakes:"));
+                released(unlock.invoke_async(con).await?)
             }
-            unlock.arg(proof).arg(OWNER).arg(1).arg(key("wakes:"));
-            released(unlock.invoke_async(con).await?)
         }
     }
 }
@@ -175,10 +175,11 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
     let backend: Arc<dyn DistributedLock> = backend_redis::connect(&url).await?;
     // The same server, as plain Redis, for the raw steps.
     let plain = url.replacen("tair://", "redis://", 1);
-    let mut con = redis::Client::open(plain.as_str())?
+    let con = redis::Client::open(plain.as_str())?
         .get_multiplexed_async_connection()
         .await?;
-    let s = Scripts {
+    let mut s = Scripts {
+        con,
         floor: RealScripts::load(),
         clock_acquire: Script::new(CLOCK_ACQUIRE),
         clock_delete: Script::new(CLOCK_DELETE),
@@ -186,45 +187,13 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
         hash_unlock: Script::new(HASH_UNLOCK),
         tair: TairScripts::load(),
     };
-    let name = LockName::new("tair-ladder-backend")?;
-    let opts = AcquireOptions::new()
-        .wait(Wait::No)
-        .keep_alive(KeepAlive::Off);
-    let direct_opts = opts.clone().with_defaults(&backend.defaults());
+    let backend = ladder::BackendSteps::new(backend, "tair-ladder")?;
 
-    let mut schedule = ladder::Schedule::new(STEPS.len(), rounds);
-    while let Some(step) = schedule.next_step() {
-        let t = Instant::now();
-        match step {
-            0..=3 => raw_pair(step, &s, &mut con).await?,
-            4 => {
-                let lease = backend
-                    .try_acquire(&name, &direct_opts)
-                    .await?
-                    .ok_or("the backend's name was held")?;
-                backend.release(&lease).await?;
-            }
-            _ => {
-                let guard = backend.lock("tair-ladder-lockcore", &opts).await?;
-                guard.release().await?;
-            }
-        }
-        schedule.record(step, t.elapsed());
-    }
-    ladder::report(&STEPS, schedule.into_samples());
-    Ok(())
+    ladder::climb(&STEPS, rounds, &mut s, &backend).await
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let url = args
-        .first()
-        .cloned()
-        .unwrap_or_else(|| "tair://127.0.0.1:6379".to_owned());
-    let rounds: usize = args.get(1).map_or(Ok(100), |a| a.parse())?;
-    // In a task on a worker thread, where applications make their lock calls.
-    tokio::spawn(ladder(url, rounds))
-        .await?
-        .map_err(|e| e.to_string().into())
+async fn main() -> Result<(), Failure> {
+    let usage = "usage: tair_ladder [TAIR_URL] [rounds]";
+    ladder::run(Some("tair://127.0.0.1:6379"), usage, 100, ladder).await
 }

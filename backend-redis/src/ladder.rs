@@ -9,8 +9,11 @@
 //! load; the report gives each step's median, mean and p90 pair and its pairs/s relative to
 //! the first step's, as `dlock bench` reports a ratio.
 
-use std::time::Duration;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, Wait};
 use redis::Script;
 
 use crate::node::scripts;
@@ -183,6 +186,41 @@ impl Schedule {
     }
 }
 
+/// A ladder's own steps (those before the two of [`BackendSteps`]), as [`climb`] runs them.
+pub trait Steps {
+    /// One acquire + release of `step`.
+    fn pair(&mut self, step: usize) -> impl Future<Output = Result<(), Failure>> + Send;
+}
+
+/// Times the pairs of the steps `labels` names as a [`Schedule`] over `rounds` rounds orders
+/// them: the ladder's own (`raw`), then the last two `backend`'s, `try_acquire` + `release` and
+/// `lock()` + guard `release()`; then prints the [`report`].
+///
+/// # Errors
+/// The first pair that fails.
+pub async fn climb(
+    labels: &[&str],
+    rounds: usize,
+    raw: &mut impl Steps,
+    backend: &BackendSteps,
+) -> Result<(), Failure> {
+    let own = labels.len().saturating_sub(2);
+    let mut schedule = Schedule::new(labels.len(), rounds);
+    while let Some(step) = schedule.next_step() {
+        let t = Instant::now();
+        if step < own {
+            raw.pair(step).await?;
+        } else if step == own {
+            backend.backend_pair().await?;
+        } else {
+            backend.lockcore_pair().await?;
+        }
+        schedule.record(step, t.elapsed());
+    }
+    report(labels, schedule.into_samples());
+    Ok(())
+}
+
 /// Prints each step's median, mean and p90 pair, and its pairs/s relative to the first step's
 /// (total pairs over total time, as `dlock bench` reports it).
 pub fn report(steps: &[&str], samples: Vec<Vec<Duration>>) {
@@ -206,4 +244,82 @@ pub fn report(steps: &[&str], samples: Vec<Vec<Duration>>) {
             at(0.9)
         );
     }
+}
+
+/// The two steps the single-server ladders end with: the backend's `try_acquire` + `release`
+/// through `DistributedLock`, and lockcore's `lock()` + guard `release()`, each on a name of
+/// its own.
+pub struct BackendSteps {
+    backend: Arc<dyn DistributedLock>,
+    direct: LockName,
+    through: LockName,
+    opts: AcquireOptions,
+    direct_opts: AcquireOptions,
+}
+
+impl BackendSteps {
+    /// The steps on `backend`, on names starting with `prefix`.
+    ///
+    /// # Errors
+    /// A prefix that makes no lock name.
+    pub fn new(backend: Arc<dyn DistributedLock>, prefix: &str) -> Result<Self, Failure> {
+        let opts = AcquireOptions::new()
+            .wait(Wait::No)
+            .keep_alive(KeepAlive::Off);
+        Ok(BackendSteps {
+            direct: LockName::new(format!("{prefix}-backend"))?,
+            through: LockName::new(format!("{prefix}-lockcore"))?,
+            direct_opts: opts.clone().with_defaults(&backend.defaults()),
+            opts,
+            backend,
+        })
+    }
+
+    /// One `try_acquire` + `release` through `DistributedLock`.
+    ///
+    /// # Errors
+    /// A store error, or the name found held.
+    pub async fn backend_pair(&self) -> Result<(), Failure> {
+        let lease = self.backend.try_acquire(&self.direct, &self.direct_opts);
+        let lease = lease.await?.ok_or("the backend's name was held")?;
+        self.backend.release(&lease).await?;
+        Ok(())
+    }
+
+    /// One lockcore `lock()` + guard `release()`.
+    ///
+    /// # Errors
+    /// A store error, or the name found held.
+    pub async fn lockcore_pair(&self) -> Result<(), Failure> {
+        let guard = self.backend.lock(self.through.as_str(), &self.opts).await?;
+        guard.release().await?;
+        Ok(())
+    }
+}
+
+/// What every ladder's `main` does: reads `URL [rounds]` from the command line (the URL
+/// `default_url` when none is given, or the error `usage` when there is no default; `rounds`
+/// when none is given), and runs `ladder` with them in a task on a worker thread, where
+/// applications make their lock calls.
+///
+/// # Errors
+/// A missing URL without a default, rounds that are no number, and what `ladder` returns.
+pub async fn run<F, Fut>(
+    default_url: Option<&str>,
+    usage: &str,
+    rounds: usize,
+    ladder: F,
+) -> Result<(), Failure>
+where
+    F: FnOnce(String, usize) -> Fut,
+    Fut: Future<Output = Result<(), Failure>> + Send + 'static,
+{
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let url = match (args.first(), default_url) {
+        (Some(url), _) => url.clone(),
+        (None, Some(url)) => url.to_owned(),
+        (None, None) => return Err(usage.into()),
+    };
+    let rounds: usize = args.get(1).map_or(Ok(rounds), |a| a.parse())?;
+    tokio::spawn(ladder(url, rounds)).await?
 }

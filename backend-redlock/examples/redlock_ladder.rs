@@ -241,15 +241,7 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let url = args
-        .first()
-        .cloned()
-        .ok_or("usage: redlock_ladder REDLOCK_URL [rounds]")?;
-    let rounds: usize = args.get(1).map_or(Ok(50), |a| a.parse())?;
-    // In a task on a worker thread, where applications make their lock calls.
-    tokio::spawn(ladder(url, rounds))
-        .await?
-        .map_err(|e| e.to_string().into())
+async fn main() -> Result<(), Failure> {
+    let usage = "usage: redlock_ladder REDLOCK_URL [rounds]";
+    ladder::run(None, usage, 50, ladder).await
 }
