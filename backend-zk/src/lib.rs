@@ -1,9 +1,13 @@
 #![doc = include_str!("../README.md")]
 
+mod cleanup;
 pub mod config;
+mod floor;
 mod lock;
 mod names;
 mod nodelay;
+mod recipe;
+mod renew;
 mod semaphore;
 mod session;
 

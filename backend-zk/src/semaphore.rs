@@ -28,7 +28,6 @@
 
 use std::time::Instant;
 
-use lockcore::cleanup::CleanupGuard;
 use lockcore::{
     AcquireOptions, Error, FencingToken, Lease, LockName, OwnerId, PermitHolder, Result,
     SemaphoreInfo, permits_mismatch,
@@ -36,11 +35,10 @@ use lockcore::{
 use zookeeper_client as zk;
 
 use crate::BACKEND;
-use crate::lock::{
-    Attempt, ZkLock, delete_eventually, drift_for, effective_ttl, handle, own_node_gone,
-    session_ended, undo_attempt,
-};
+use crate::cleanup::{Nodes, arm_attempt, delete_eventually, session_ended};
+use crate::lock::{ZkLock, drift_for, effective_ttl, handle};
 use crate::names::{self, Layout, Request};
+use crate::recipe::own_node_gone;
 use crate::session::{acls, no_answer, timed, until, zk_error};
 
 /// dlock's permit node name, before the owner id and the sequence.
@@ -117,6 +115,12 @@ fn permits_of(layout: Layout, children: &[String]) -> Vec<PermitNode> {
 fn recorded(data: &[u8]) -> Option<u64> {
     std::str::from_utf8(data).ok()?.trim().parse().ok()
 }
+
+/// A semaphore's permit nodes, for the clean-up of an acquisition that ends without a permit.
+const PERMIT_REQUESTS: Nodes = Nodes {
+    node_of: permit_node_of,
+    what: "abandoned permit request",
+};
 
 /// [`Attempt::node_of`] for a semaphore's permit nodes.
 fn permit_node_of(layout: Layout, children: &[String], owner: OwnerId) -> Option<String> {
@@ -325,16 +329,14 @@ impl ZkLock {
         let client = self.inner.session.client().await?;
         let owner = opts.owner_or_random();
         let parent = &paths.leases;
-        let attempt = Attempt {
-            client: client.clone(),
-            layout: Layout::Dlock,
-            parent: parent.clone(),
+        let mut guard = arm_attempt(
+            name,
+            &client,
+            Layout::Dlock,
+            parent,
             owner,
-            path: None,
-            node_of: permit_node_of,
-            what: "abandoned permit request",
-        };
-        let mut guard = CleanupGuard::arm(BACKEND, name, attempt, undo_attempt);
+            &PERMIT_REQUESTS,
+        );
         let count = permits.to_string();
         let prefix = format!("{parent}/{DLOCK_PERMIT}{owner}-");
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(acls(&self.inner.config));
@@ -588,16 +590,7 @@ impl ZkLock {
         let parent = &paths.leases;
         self.check_count(&client, name, permits, paths, mutex)
             .await?;
-        let attempt = Attempt {
-            client: client.clone(),
-            layout,
-            parent: parent.clone(),
-            owner,
-            path: None,
-            node_of: permit_node_of,
-            what: "abandoned permit request",
-        };
-        let mut guard = CleanupGuard::arm(BACKEND, name, attempt, undo_attempt);
+        let mut guard = arm_attempt(name, &client, layout, parent, owner, &PERMIT_REQUESTS);
         let data = owner.to_string().into_bytes();
         // Curator creates its lease first and counts it; kazoo counts, then creates.
         let mut created = None;
