@@ -86,9 +86,6 @@ impl RealScripts {
 /// Tair ladder's steps that call them inline from bare redis-rs.
 #[derive(Clone, Debug)]
 pub struct TairScripts {
-    /// `expireLock` (`tair/lua/lock.lua`): KEYS hash, readers, queue, alive, seq; ARGV owner,
-    /// ttl_ms, reentrant, waiting_ms, token floor, mode, alive_ms, client id, wakes.
-    pub lock: Script,
     /// dlock's single attempt when nobody reads or queues (`tair/lua/try_fast.lua`): KEYS
     /// hash, readers, queue; ARGV owner, ttl_ms, token floor.
     pub try_fast: Script,
@@ -101,7 +98,6 @@ impl TairScripts {
     /// The scripts as the emulation sends them.
     pub fn load() -> Self {
         TairScripts {
-            lock: Script::new(&crate::tair::primitives::LOCK.code),
             try_fast: Script::new(&crate::tair::primitives::TRY_FAST.code),
             unlock: Script::new(&crate::tair::primitives::UNLOCK.code),
         }

@@ -252,12 +252,16 @@ impl<D: Dialect> Client<D> {
         let (sql, enqueue) = (&self.sql.reads, &self.sql.enqueue);
         let a = Args::of(name).owner(waiter).ttl(liveness);
         // The mark commits with the row, so a live row found on a retry means both are there.
-        let identity = std::convert::identity;
         self.core
-            .join(&self.sql.own_ticket, a, identity, |mut c| async move {
-                let r = join_tx::<D::Db>(c.conn(), sql, enqueue, a).await;
-                (c, r)
-            })
+            .join(
+                &self.sql.own_ticket,
+                a,
+                std::convert::identity,
+                |mut c| async move {
+                    let r = join_tx::<D::Db>(c.conn(), sql, enqueue, a).await;
+                    (c, r)
+                },
+            )
             .await
     }
 

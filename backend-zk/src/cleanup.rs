@@ -20,20 +20,16 @@ pub(crate) struct Attempt {
     pub(crate) owner: OwnerId,
     /// The attempt's node, once the create's reply (or a search after a lost one) named it.
     pub(crate) path: Option<String>,
-    /// Among `parent`'s children, the node that `owner` created, if any: how the clean-up finds
-    /// the node when the create's reply never came.
-    pub(crate) node_of: fn(Layout, &[String], OwnerId) -> Option<String>,
-    /// What the node is, for the clean-up's log lines.
-    pub(crate) what: &'static str,
+    /// The kind of node it makes.
+    pub(crate) nodes: &'static Nodes,
 }
 
-/// The nodes an acquisition makes, as its clean-up knows them: how to find the one `owner`
-/// created among the parent's children when the create's reply never came, and what to call
-/// it in the log lines.
+/// The nodes an acquisition makes, as its clean-up knows them.
 pub(crate) struct Nodes {
-    /// See [`Attempt::node_of`].
+    /// Among a parent's children, the node that an owner created, if any: how the clean-up
+    /// finds the node when the create's reply never came.
     pub(crate) node_of: fn(Layout, &[String], OwnerId) -> Option<String>,
-    /// See [`Attempt::what`].
+    /// What the node is, for the clean-up's log lines.
     pub(crate) what: &'static str,
 }
 
@@ -46,7 +42,7 @@ pub(crate) fn arm_attempt(
     layout: Layout,
     parent: &str,
     owner: OwnerId,
-    nodes: &Nodes,
+    nodes: &'static Nodes,
 ) -> CleanupGuard<Attempt> {
     let attempt = Attempt {
         client: client.clone(),
@@ -54,8 +50,7 @@ pub(crate) fn arm_attempt(
         parent: parent.to_owned(),
         owner,
         path: None,
-        node_of: nodes.node_of,
-        what: nodes.what,
+        nodes,
     };
     CleanupGuard::arm(BACKEND, name, attempt, undo_attempt)
 }
@@ -72,8 +67,7 @@ pub(crate) fn undo_attempt(attempt: Attempt) -> Undo {
         parent,
         owner,
         path,
-        node_of,
-        what,
+        nodes: Nodes { node_of, what },
     } = attempt;
     if let Some(path) = path {
         let sent = client.delete(&path, None);

@@ -42,7 +42,7 @@ const LOCK_REQUESTS: Nodes = Nodes {
     what: "abandoned lock request",
 };
 
-/// [`Attempt::node_of`] for a lock's queue.
+/// [`Nodes::node_of`] for a lock's queue.
 fn queued_node_of(layout: Layout, children: &[String], owner: OwnerId) -> Option<String> {
     names::queue(layout, children)
         .into_iter()

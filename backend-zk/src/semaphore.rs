@@ -122,7 +122,7 @@ const PERMIT_REQUESTS: Nodes = Nodes {
     what: "abandoned permit request",
 };
 
-/// [`Attempt::node_of`] for a semaphore's permit nodes.
+/// [`Nodes::node_of`] for a semaphore's permit nodes.
 fn permit_node_of(layout: Layout, children: &[String], owner: OwnerId) -> Option<String> {
     permits_of(layout, children)
         .into_iter()

@@ -71,7 +71,7 @@ fn refusal(items: &[Value]) -> Answer {
 }
 
 /// `expireLock` (`lua/lock.lua`).
-pub(crate) static LOCK: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/lock.lua")));
+static LOCK: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/lock.lua")));
 /// dlock's single attempt at the write lock when nobody reads or queues (`lua/try_fast.lua`).
 pub(crate) static TRY_FAST: LazyLock<Lua> =
     LazyLock::new(|| tair_script(include_str!("lua/try_fast.lua")));
