@@ -7,7 +7,8 @@
 //!   registry key, [`crate::wake::local`]'s: the URL without options, and the table) and its
 //!   ticket, and wakes when a datagram arrives there;
 //! * the release of a lease that was granted from the queue (so that others were likely queued
-//!   behind it) sends an empty datagram to the address of the queue's live head. Where the
+//!   behind it, and which has handed that head the row: see "Hand-over" in `crate::queue`)
+//!   sends an empty datagram to the address of the queue's live head. Where the
 //!   grant's own statement named the waiter left at the head (MySQL's grant procedure,
 //!   SQLite's grant), the release rings that ticket at once; otherwise, or when nobody is
 //!   bound there any more (that waiter left), it looks the head up in the background after the

@@ -263,7 +263,8 @@ impl<D: Dialect> Client<D> {
         lease: &Lease,
         permits: bool,
     ) -> Result<Released> {
-        let freed = self.core.reply("release", stmt, held(lease)).await?;
+        let args = held(lease).ttl(lease.ttl());
+        let freed = self.core.reply("release", stmt, args).await?;
         // `Core::run` sends the statement again when the session died before the reply came;
         // if the lost try freed the row, the retry finds nothing, and the lock's row says
         // whether that was this release. (A permit's row goes with its release and with its
@@ -277,10 +278,22 @@ impl<D: Dialect> Client<D> {
         Ok(Released::Released)
     }
 
+    /// The statement that releases the lock's `lease`: for a lease granted from the queue,
+    /// where the dialect has it, the release that hands the row to the queue's head
+    /// (`Statements::hand`), since others were likely queued behind it.
+    pub(crate) fn lock_release(&self, lease: &Lease) -> &Stmt {
+        match &self.sql.hand {
+            Some(hand) if queued_head(lease.handle()).is_some() => hand,
+            _ => &self.sql.release,
+        }
+    }
+
     /// Whether the lock's row is free at `lease`'s fence: after a release of `lease` that was
     /// sent again and freed nothing, whether its lost first try freed it (see
     /// `Statements::freed_at_fence`). A `forget` of the free row, or a takeover and its
-    /// release, in between make it `false`, and the release reports NotHeld as before.
+    /// release, in between make it `false`, and the release reports NotHeld as before; so does
+    /// a lost try that handed the row over (`Statements::hand`), which leaves it as a
+    /// takeover would.
     pub(crate) async fn freed_at_fence(&self, lease: &Lease) -> Result<bool> {
         let reply = self
             .core

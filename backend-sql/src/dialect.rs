@@ -18,9 +18,11 @@ use crate::wake::Wake;
 pub mod mysql;
 mod permits;
 pub mod postgres;
+mod reads;
 pub mod sqlite;
 
 pub use permits::{PermitStatements, PermitTemplates, recorded};
+pub use reads::{READERS_OWNER, ReadStatements};
 
 /// One database's side of [`SqlLock`](crate::SqlLock). (Not [`crate::Dialect`], the enum a
 /// URL's scheme picks.)
@@ -107,6 +109,22 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// the reader's transaction take turns.
     fn lease_bump(s: &Sql) -> Stmt;
 
+    /// The text of [`Statements::hand`], given the query `next` (one row, one column: the
+    /// waiter to hand the row to, or NULL to free it), run once. By default `UPDATE .. FROM`,
+    /// whose assignments all read the row as it was.
+    fn hand(s: &Sql, next: &str) -> Stmt {
+        s.done(&format!(
+            "UPDATE {t} SET owner = n.next, \
+             fence = CASE WHEN n.next IS NULL THEN fence ELSE fence + 1 END, \
+             expires_at = CASE WHEN n.next IS NULL THEN expires_at ELSE {expiry} END \
+             FROM (SELECT ({next}) AS next) AS n \
+             WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}",
+            t = s.t,
+            expiry = Self::expiry(),
+            now = Self::NOW,
+        ))
+    }
+
     /// Replaces the statements of `sql` that the dialect writes its own way (none by default).
     fn adapt(_s: &Sql, _sql: &mut Statements) {}
 
@@ -183,6 +201,22 @@ pub fn head_of<D: Dialect>(queue: &str) -> String {
     )
 }
 
+/// [`Statements::hand`] for dialect `D`: [`Dialect::hand`] with `next`, the queue's first live
+/// waiter (but the releaser) when it is a writer (no reader's mark) refreshed within
+/// [`HAND_FRESH`], else NULL.
+fn hand<D: Dialect>(s: &Sql) -> Stmt {
+    let (w, r, now) = (&s.w, &s.r, D::NOW);
+    let fresh = HAND_FRESH.as_micros();
+    let next = format!(
+        "SELECT CASE WHEN {} > {fresh} AND NOT EXISTS (SELECT 1 FROM {r} AS m \
+         WHERE m.name = w.name AND m.owner = w.waiter) THEN w.waiter END \
+         FROM {w} AS w WHERE w.name = $name AND w.waiter <> $owner AND w.expires_at > {now} \
+         ORDER BY w.ticket LIMIT 1",
+        D::micros_between(now, "w.expires_at")
+    );
+    D::hand(s, &next)
+}
+
 /// `$owner`'s smallest live ticket in the waiters table `queue`, if any: what a retried join
 /// hands back instead of joining again (see `statement::rejoin`).
 pub fn own_ticket<D: Dialect>(queue: &str) -> String {
@@ -192,6 +226,14 @@ pub fn own_ticket<D: Dialect>(queue: &str) -> String {
         D::NOW
     )
 }
+
+/// How recently a waiter must have refreshed its liveness to be handed the lock by a release
+/// (see [`Statements::hand`]): its row's liveness has more than this left. A live waiter
+/// refreshes every second (`queue::REFRESH`) for three (`queue::LIVENESS`), so its row always
+/// has more than two seconds left; a waiter that died is handed the lock only in the first
+/// 1.5 s after its last refresh, and the lock then stays with it until that lease runs out, as
+/// with a holder that dies.
+pub const HAND_FRESH: Duration = Duration::from_millis(1500);
 
 /// The statements of one client, built once with the validated table name.
 pub struct Statements {
@@ -208,9 +250,22 @@ pub struct Statements {
     /// of the queue after this grant (the doorbell its release rings: see `crate::bell`).
     pub wait_acquire: Stmt,
     /// Read-only look before a waiter writes (a reader never waits for SQLite's write lock):
-    /// live waiters ahead of it, and the holder's time left in µs. `None` where
+    /// live waiters ahead of it; the holder's time left in µs; where the row is the waiter's
+    /// (a release handed it over, see [`hand`](Self::hand)), its fence and its time left in
+    /// µs; and the ticket of the live waiter first in line behind it. `None` where
     /// [`wait_acquire`](Self::wait_acquire) looks for itself.
     pub probe: Option<Stmt>,
+    /// The release of a lease granted from the queue, which hands the row over in the same
+    /// statement (see `crate::queue`, "Hand-over"): owner- and fence-checked as
+    /// [`release`](Self::release); when the queue's first live waiter is a writer whose
+    /// liveness was refreshed within [`HAND_FRESH`], the row becomes that waiter's with the
+    /// fence bumped and an expiry `$ttl` (the releaser's ttl) from now, else it is freed.
+    /// `None` where the waiter's own grant is the only commit a hand-over waits for anyway
+    /// (PostgreSQL, whose release then commits without waiting for the flush).
+    pub hand: Option<Stmt>,
+    /// Whether a hand-over also deleted the new owner's waiter row (SQLite's triggers);
+    /// otherwise the new owner deletes it once it has found the grant.
+    pub hand_dequeues: bool,
     /// Joins the queue's tail (liveness in `$ttl`); hands back the ticket.
     pub enqueue: Stmt,
     /// Extends the liveness of the waiter's row with `$ticket`, and only that row: a join
@@ -258,139 +313,6 @@ pub struct Statements {
     pub reads: ReadStatements,
 }
 
-/// The owner value of a lease row held by readers (an owner id is 32 hex digits, so no owner
-/// ever equals it). Its `expires_at` is the latest live reader's; the readers themselves are
-/// rows of the readers table.
-pub const READERS_OWNER: &str = "readers";
-
-/// The statements of read-write locks' shared side (see `crate::read`), over the lease table
-/// `{t}` (whose row a group of readers holds with owner [`READERS_OWNER`]), the waiters table
-/// `{w}` (readers queue there with writers, in one ticket order) and the readers table `{r}`
-/// (name, owner, fence, expires_at): one row per reader, a holder when `fence` is set, else
-/// the mark that says the waiter row of that owner is a reader's.
-pub struct ReadStatements {
-    /// Begins each reader transaction, where not a plain `BEGIN` ([`Dialect::TX_BEGIN`]).
-    pub begin: Option<sqlx::SqlStr>,
-    /// Run first in the join transaction ([`Dialect::RELAXED_COMMIT`]).
-    pub relaxed: Option<sqlx::SqlStr>,
-    /// See [`Dialect::lease_bump`].
-    pub bump: Stmt,
-    /// Takes the lease row's lock without changing it (release, extend, leave).
-    pub lock: Stmt,
-    /// One row about `$name` as `$owner` (queued with `$ticket`, or `i64::MAX`) sees it: 1 if
-    /// a writer holds the lease row (live), live writers queued ahead (waiter rows without a
-    /// reader's mark), `$owner`'s own live read hold's fence, µs left on a live writer's lease,
-    /// and 1 if readers hold the row (live).
-    pub state: Stmt,
-    /// Makes the lease row the readers' with an expiry at least `$ttl` from now.
-    pub hold: Stmt,
-    /// Deletes `$owner`'s reader row (a mark, or a hold whatever its fence).
-    pub drop_owner: Stmt,
-    /// Deletes the name's expired holds and the marks whose waiter row is gone or expired.
-    pub gc: Stmt,
-    /// Inserts `$owner`'s hold with `$fence`, valid for `$ttl`.
-    pub insert_hold: Stmt,
-    /// Inserts `$owner`'s mark (a reader is joining the queue).
-    pub mark: Stmt,
-    /// Deletes `$owner`'s waiter rows and the name's expired ones.
-    pub dequeue: Stmt,
-    /// Owner- and fence-checked delete of a live hold.
-    pub release: Stmt,
-    /// Owner- and fence-checked extension of a live hold to `$ttl` from now.
-    pub extend: Stmt,
-    /// Raises the readers' lease row expiry to at least `$ttl` from now.
-    pub extend_row: Stmt,
-    /// After a hold went: the lease row's expiry becomes the latest live hold's, and the row
-    /// is freed when no live hold is left (whether it was, [`state`](Self::state) tells).
-    pub settle: Stmt,
-    /// For `inspect`: live read holds of `$name`, and how many of its live waiters are readers.
-    pub summary: Stmt,
-    /// Wakes the name's waiters (PostgreSQL's NOTIFY; `None` where waiters poll): after the
-    /// readers freed the row, and after a queued reader's grant (readers queued behind it may
-    /// share).
-    pub notify: Option<Stmt>,
-}
-
-impl ReadStatements {
-    /// `D`'s reader statements as they read on every dialect; PostgreSQL's notification is
-    /// added in its [`Dialect::adapt`].
-    fn new<D: Dialect>(s: &Sql) -> Self {
-        let (t, w, r, now, expiry) = (&s.t, &s.w, &s.r, D::NOW, D::expiry());
-        let held = "r.fence IS NOT NULL";
-        let live_hold = format!("r.name = $name AND {held} AND r.expires_at > {now}");
-        let writer = format!(
-            "l.name = $name AND l.owner IS NOT NULL AND l.owner <> '{READERS_OWNER}' \
-             AND l.expires_at > {now}"
-        );
-        ReadStatements {
-            begin: D::TX_BEGIN.map(sqlx::SqlSafeStr::into_sql_str),
-            relaxed: D::RELAXED_COMMIT.map(sqlx::SqlSafeStr::into_sql_str),
-            bump: D::lease_bump(s),
-            lock: s.done(&format!("UPDATE {t} SET fence = fence WHERE name = $name")),
-            state: s.row(&format!(
-                "SELECT (SELECT count(*) FROM {t} AS l WHERE {writer}), \
-                 (SELECT count(*) FROM {w} AS w WHERE w.name = $name AND w.ticket < $ticket \
-                 AND w.waiter <> $owner AND w.expires_at > {now} AND NOT EXISTS \
-                 (SELECT 1 FROM {r} AS m WHERE m.name = w.name AND m.owner = w.waiter)), \
-                 (SELECT r.fence FROM {r} AS r WHERE {live_hold} AND r.owner = $owner), \
-                 (SELECT {} FROM {t} AS l WHERE {writer}), \
-                 (SELECT count(*) FROM {t} AS l WHERE l.name = $name \
-                 AND l.owner = '{READERS_OWNER}' AND l.expires_at > {now})",
-                D::micros_between(now, "l.expires_at")
-            )),
-            // `expires_at` first: MySQL's SET sees the columns it already assigned.
-            hold: s.done(&format!(
-                "UPDATE {t} SET expires_at = CASE WHEN owner = '{READERS_OWNER}' \
-                 AND expires_at > {expiry} THEN expires_at ELSE {expiry} END, \
-                 owner = '{READERS_OWNER}' WHERE name = $name"
-            )),
-            drop_owner: s.done(&format!(
-                "DELETE FROM {r} WHERE name = $name AND owner = $owner"
-            )),
-            gc: s.done(&format!(
-                "DELETE FROM {r} WHERE name = $name AND ((fence IS NOT NULL AND expires_at <= {now}) \
-                 OR (fence IS NULL AND NOT EXISTS (SELECT 1 FROM {w} AS w \
-                 WHERE w.name = $name AND w.waiter = {r}.owner AND w.expires_at > {now})))"
-            )),
-            insert_hold: s.done(&format!(
-                "INSERT INTO {r} (name, owner, fence, expires_at) \
-                 VALUES ($name, $owner, $fence, {expiry})"
-            )),
-            mark: s.done(&format!(
-                "INSERT INTO {r} (name, owner, fence, expires_at) VALUES ($name, $owner, NULL, {now})"
-            )),
-            dequeue: s.done(&format!(
-                "DELETE FROM {w} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
-            )),
-            release: s.done(&format!(
-                "DELETE FROM {r} WHERE name = $name AND owner = $owner \
-                 AND fence = $fence AND expires_at > {now}"
-            )),
-            extend: s.done(&format!(
-                "UPDATE {r} SET expires_at = {expiry} WHERE name = $name AND owner = $owner \
-                 AND fence = $fence AND expires_at > {now}"
-            )),
-            extend_row: s.done(&format!(
-                "UPDATE {t} SET expires_at = CASE WHEN expires_at > {expiry} THEN expires_at \
-                 ELSE {expiry} END WHERE name = $name AND owner = '{READERS_OWNER}'"
-            )),
-            settle: s.done(&format!(
-                "UPDATE {t} SET expires_at = COALESCE((SELECT MAX(r.expires_at) FROM {r} AS r \
-                 WHERE {live_hold}), expires_at), \
-                 owner = CASE WHEN EXISTS (SELECT 1 FROM {r} AS r WHERE {live_hold}) \
-                 THEN owner ELSE NULL END \
-                 WHERE name = $name AND owner = '{READERS_OWNER}'"
-            )),
-            summary: s.row(&format!(
-                "SELECT (SELECT count(*) FROM {r} AS r WHERE {live_hold}), \
-                 (SELECT count(*) FROM {w} AS w WHERE w.name = $name AND w.expires_at > {now} \
-                 AND EXISTS (SELECT 1 FROM {r} AS m WHERE m.name = w.name AND m.owner = w.waiter))"
-            )),
-            notify: None,
-        }
-    }
-}
-
 impl Statements {
     /// `D`'s statements for lease table `table`: those that read the same everywhere but for
     /// the clock and the interval arithmetic, then the ones `D` writes its own way.
@@ -428,11 +350,17 @@ impl Statements {
                 "SELECT (SELECT count(*) FROM {w} AS w \
                  WHERE w.name = $name AND w.ticket < $ticket AND w.waiter <> $owner \
                  AND w.expires_at > {now}), \
-                 (SELECT {} FROM {t} AS l \
+                 (SELECT {left} FROM {t} AS l \
                  WHERE l.name = $name AND l.owner IS NOT NULL AND l.owner <> $owner \
-                 AND l.expires_at > {now})",
-                D::micros_between(now, "l.expires_at")
+                 AND l.expires_at > {now}), \
+                 (SELECT l.fence FROM {t} AS l WHERE {mine} AND l.expires_at > {now}), \
+                 (SELECT {left} FROM {t} AS l WHERE {mine} AND l.expires_at > {now}), ({})",
+                head_of::<D>(&s.w),
+                left = D::micros_between(now, "l.expires_at"),
+                mine = "l.name = $name AND l.owner = $owner",
             ))),
+            hand: Some(hand::<D>(&s)),
+            hand_dequeues: false,
             enqueue: s.insert_returning(
                 &format!(
                     "INSERT INTO {w} (name, waiter, expires_at) VALUES ($name, $owner, {expiry})"

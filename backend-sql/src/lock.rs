@@ -168,7 +168,7 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         if is_permit(lease) {
             return c.release_permit(lease).await;
         }
-        c.release_row(&c.sql.release, lease, false).await
+        c.release_row(c.lock_release(lease), lease, false).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {

@@ -18,6 +18,22 @@
 //! deletes it. A waiter that stalls past its own deadline finds its row expired when it next
 //! refreshes, and rejoins at the tail.
 //!
+//! **Hand-over** (MySQL, SQLite). The release of a lease that was granted from the queue hands
+//! the row to the queue's first live waiter in the same statement (`Statements::hand`): the
+//! row becomes that waiter's with the fence bumped and the releaser's ttl, so the next holder
+//! needs no write of its own, only the look that finds the row its own (`Attempt::Handed`),
+//! and the hand-over waits for one commit rather than two. The release rings that waiter's
+//! doorbell as before; a waiter in another process or host finds the grant at its next look.
+//! It is handed over only to a writer (a reader's turn is its own grant) whose liveness was
+//! refreshed within `dialect::HAND_FRESH`; a waiter that died in that window holds the lock
+//! until the handed lease runs out, as a holder that dies does. A waiter whose ttl differs
+//! from the releaser's by more than a tenth extends the row to its own before it returns, and
+//! one below its token floor takes the row again with a greater fence. Where the statement did
+//! not also dequeue the new owner (MySQL), it deletes its waiter row in the background. A
+//! waiter that leaves or is dropped after the hand-over frees the row as its clean-up frees any
+//! grant it never returned. PostgreSQL does not hand over: its release commits without waiting
+//! for the flush when someone waits, so the head's grant is the one flush there already.
+//!
 //! An armed cleanup spawned at once covers every way the future can end without returning the
 //! lease (dropped, failed): it deletes the waiter's rows and frees the lease row if a grant to
 //! this waiter had already happened. A wait that reaches its deadline leaves the queue before it
@@ -27,14 +43,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::cleanup::{CleanupGuard, Undo};
-use lockcore::wait::Backoff;
-use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result, WaitMechanism};
+use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result};
 
 use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, queued};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::Dialect;
 use crate::statement::{Args, SqlDb};
 use crate::wake::{Handed, Terms};
+
+mod pace;
+
+use pace::{Pace, RUNG_STEP, RUNG_STEP_MIN};
 
 /// How long a waiter row stays live after its last refresh (by the database's clock). A crashed
 /// waiter holds up the queue for at most this long.
@@ -67,6 +86,15 @@ pub(crate) enum Attempt {
         fence: i64,
         /// The ticket of the live waiter left at the head of the lock's queue, where the
         /// granting statement names it (see `client::queued`).
+        head: Option<i64>,
+    },
+    /// A release handed the lease row to us (see "Hand-over" in the module docs): it is ours
+    /// with this fence, for `left` by the database's clock as of a look sent at `seen`.
+    Handed {
+        fence: i64,
+        left: Duration,
+        seen: Instant,
+        /// The ticket of the live waiter first in line behind us, if any.
         head: Option<i64>,
     },
     /// Not granted.
@@ -147,11 +175,31 @@ impl<D: Dialect> Client<D> {
             Kind::Lock => {}
         }
         let mut ahead = None;
-        if let Some(probe) = self.sql.probe.as_ref().filter(|_| !woken) {
+        // Woken, a waiter skips the look, unless a release may have handed it the row.
+        let look = self
+            .sql
+            .probe
+            .as_ref()
+            .filter(|_| !woken || self.sql.hand.is_some());
+        if let Some(probe) = look {
             // Look first (read-only): only the head of the queue, with the row free, takes the
             // database's write lock.
+            let sent = Instant::now();
             let args = Args::of(name).owner(waiter).ticket(ticket);
             let seen = self.core.reply("acquire", probe, args).await?;
+            if let (Some(fence), Some(left)) = (seen.col(2), from_micros(seen.col(3))) {
+                // Handed over. Below the caller's token floor, the grant below raises the
+                // fence (the row being ours, it is taken again).
+                if fence >= floor {
+                    let head = seen.col(4);
+                    return Ok(Attempt::Handed {
+                        fence,
+                        left,
+                        seen: sent,
+                        head,
+                    });
+                }
+            }
             let holder_left = from_micros(seen.second());
             let waiting = u64::try_from(seen.count()).unwrap_or(0);
             if waiting > 0 || holder_left.is_some() {
@@ -179,6 +227,32 @@ impl<D: Dialect> Client<D> {
             },
             None => Attempt::Blocked { ahead, holder_left },
         })
+    }
+
+    /// The lease of a grant that a release handed to `waiter` (see "Hand-over" in the module
+    /// docs): the row is ours with `fence` for `left` as of the look sent at `seen`. Where the
+    /// releaser's ttl (which the handed row runs for) differs from ours by more than a tenth,
+    /// the row is extended to ours first; `None` if it is no longer ours by then.
+    async fn take_handed(
+        &self,
+        name: &LockName,
+        waiter: OwnerId,
+        fence: i64,
+        left: Duration,
+        seen: Instant,
+        opts: &AcquireOptions,
+    ) -> Result<Option<Lease>> {
+        let (ttl, drift) = (opts.ttl_value(), opts.drift_value());
+        if left.abs_diff(ttl) <= ttl / 10 {
+            let lease = granted(name, waiter, fence, seen, opts);
+            return Ok(Some(
+                lease.valid_no_later_than(seen + left.saturating_sub(drift)),
+            ));
+        }
+        let started = Instant::now();
+        let args = Args::of(name).owner(waiter).fence(fence).ttl(ttl);
+        let extended = self.core.reply("acquire", &self.sql.extend, args).await?;
+        Ok((extended.count() == 1).then(|| granted(name, waiter, fence, started, opts)))
     }
 
     /// After a grant: deletes the waiter's rows where `attempt` did not (the lock on MySQL; a
@@ -313,7 +387,8 @@ pub(crate) async fn acquire<D: Dialect>(
     let mut pace = Pace::new(Instant::now());
     // Whether a wake-up (not a timer) started this round: a release or a grant named this
     // waiter, or it is this process's nearest to the head, so the read-only look that spares
-    // the row's lock to waiters who cannot be granted is skipped.
+    // the row's lock to waiters who cannot be granted is skipped (a permit's; the lock's only
+    // where no release hands over, since the look is what finds a hand-over).
     let mut woken = false;
     // Whether this is the first round after joining (see `behind` below).
     let mut joined = true;
@@ -391,6 +466,30 @@ pub(crate) async fn acquire<D: Dialect>(
                     }
                 }));
             }
+            Attempt::Handed {
+                fence,
+                left,
+                seen,
+                head,
+            } => {
+                if let Some(lease) = q.take_handed(name, waiter, fence, left, seen, opts).await? {
+                    let _left = cleanup.disarm();
+                    drop(wake);
+                    if !q.sql.hand_dequeues {
+                        // Off the new holder's path: until it is gone, the row only keeps
+                        // plain attempts out while the lock is held anyway, and the release
+                        // of this lease skips it (its waiter is the releaser).
+                        let (q, name) = (q.clone(), name.clone());
+                        tokio::spawn(async move {
+                            if let Err(e) = q.dequeue(&name, waiter, kind).await {
+                                tracing::debug!(backend = D::BACKEND, lock = %name, error = %e, "leaving the queue after a hand-over failed; the row runs out");
+                            }
+                        });
+                    }
+                    return Ok(Some(lease.with_handle(queued(head))));
+                }
+                (None, None)
+            }
             Attempt::Blocked { ahead, holder_left } => (ahead, holder_left),
         };
         // The lock's only: a semaphore's holders may be plain grants from before anyone
@@ -444,125 +543,5 @@ pub(crate) async fn acquire<D: Dialect>(
             _ = rung => true,
             _ = tokio::time::sleep_until(until.into()) => false,
         };
-    }
-}
-
-/// The shortest look-again step of a polling waiter.
-const STEP_MIN: Duration = Duration::from_millis(1);
-
-/// The shortest look-again step of a polling waiter with a doorbell.
-const RUNG_STEP_MIN: Duration = Duration::from_millis(4);
-
-/// The shortest look-again step of a polling waiter with a doorbell that found others queued
-/// ahead of it when it joined. While the queue is not empty no plain attempt is granted (it
-/// cannot jump a live waiter), so every holder this waiter waits behind was granted from the
-/// queue, and each such release rings the head (the one its grant named, or the one it looks
-/// up; a read hold's release looks it up). Its looks are then only for what does not ring: a
-/// holder that crashed (its expiry cuts the step short anyway), a ring that went astray, or a
-/// plain holder still holding after every waiter ahead left. They are most of a polling
-/// dialect's statements otherwise (about four per grant with 8 waiters), and each one slows
-/// the hand-overs they wait for.
-const RUNG_STEP: Duration = Duration::from_millis(25);
-
-/// The longest look-again step of a polling waiter.
-const STEP_MAX: Duration = Duration::from_millis(100);
-
-/// When a polling waiter looks again (MySQL and SQLite; PostgreSQL waiters are notified).
-///
-/// Nothing tells a waiter in another process that its turn came, so the step decides the
-/// hand-over. Backing off the same way at every place in the queue (2 ms doubling to 100 ms)
-/// put the waiter that had just become the head to sleep for tens of ms at the moment it was
-/// next: with 8 clients in 8 processes holding 1 ms, SQLite and MariaDB handed over in about 40
-/// ms (25 acquisitions/s against 500 with the clients in one process, where releases wake
-/// waiters directly). Instead:
-/// * **at the head**, the step is an eighth of the time spent at the head so far, from
-///   [`STEP_MIN`] up to [`STEP_MAX`]: the delay after a release stays within about an eighth
-///   of the hold, and a long hold costs about 8 looks per doubling of its length, then 10 a
-///   second;
-/// * **further back**, the step is half the time the queue took so far to move by as many
-///   places as are still ahead (its pace since this waiter joined), within the same bounds: the
-///   waiter looks about twice before its turn rather than at every move of the queue;
-/// * before the queue has moved, or where a look does not say how many are ahead, it backs off
-///   as before.
-struct Pace {
-    joined: Instant,
-    /// Waiters ahead at the first look.
-    first_ahead: Option<u64>,
-    /// Waiters ahead at the last look that said.
-    last_ahead: Option<u64>,
-    /// Since when this waiter heads the queue.
-    head_since: Option<Instant>,
-    backoff: Backoff,
-}
-
-impl Pace {
-    fn new(joined: Instant) -> Self {
-        Pace {
-            joined,
-            first_ahead: None,
-            last_ahead: None,
-            head_since: None,
-            backoff: Backoff::for_mechanism(WaitMechanism::Poll),
-        }
-    }
-
-    /// The step after a look at `now` that found `ahead` waiters ahead (`None`: not said).
-    fn step(&mut self, now: Instant, ahead: Option<u64>) -> Duration {
-        let Some(ahead) = ahead.or(self.last_ahead) else {
-            return self.backoff.next_delay();
-        };
-        self.last_ahead = Some(ahead);
-        let first = *self.first_ahead.get_or_insert(ahead);
-        if ahead == 0 {
-            let since = *self.head_since.get_or_insert(now);
-            return (now.duration_since(since) / 8).clamp(STEP_MIN, STEP_MAX);
-        }
-        self.head_since = None;
-        if first <= ahead {
-            return self.backoff.next_delay();
-        }
-        let moved = u32::try_from(first - ahead).unwrap_or(u32::MAX);
-        let per_place = now.duration_since(self.joined) / moved;
-        let left = u32::try_from(ahead).unwrap_or(u32::MAX);
-        (per_place.saturating_mul(left) / 2).clamp(STEP_MIN, STEP_MAX)
-    }
-}
-
-#[cfg(test)]
-mod pace_tests {
-    use super::*;
-
-    #[test]
-    fn the_head_looks_soon_and_less_often_the_longer_it_waits() {
-        let t0 = Instant::now();
-        let mut pace = Pace::new(t0);
-        assert_eq!(pace.step(t0, Some(0)), STEP_MIN);
-        assert_eq!(
-            pace.step(t0 + Duration::from_millis(80), Some(0)),
-            Duration::from_millis(10)
-        );
-        assert_eq!(pace.step(t0 + Duration::from_secs(60), Some(0)), STEP_MAX);
-        // A look that does not say keeps the last known place.
-        assert_eq!(pace.step(t0 + Duration::from_secs(60), None), STEP_MAX);
-    }
-
-    #[test]
-    fn further_back_the_step_follows_the_queues_pace() {
-        let t0 = Instant::now();
-        let mut pace = Pace::new(t0);
-        // Not moved yet: the backoff (at most its first step, 2 ms).
-        assert!(pace.step(t0, Some(5)) <= Duration::from_millis(2));
-        // Moved 2 places in 20 ms (10 ms a place), 3 ahead: look in 15 ms.
-        assert_eq!(
-            pace.step(t0 + Duration::from_millis(20), Some(3)),
-            Duration::from_millis(15)
-        );
-        // Next: 1 ahead after 40 ms (10 ms a place): 5 ms.
-        assert_eq!(
-            pace.step(t0 + Duration::from_millis(40), Some(1)),
-            Duration::from_millis(5)
-        );
-        // At the head: fast again, however slow the queue was.
-        assert_eq!(pace.step(t0 + Duration::from_millis(50), Some(0)), STEP_MIN);
     }
 }

@@ -310,7 +310,197 @@ per_dialect!(
     dead_waiter_blocks_only_until_its_liveness,
     token_floor_and_chosen_owner_on_every_granting_statement,
     a_grant_from_the_queue_names_the_next_head,
+    a_release_hands_the_lock_to_the_next_writer,
+    a_hand_over_passes_over_readers_and_stale_waiters,
+    a_dead_waiter_handed_the_lock_holds_it_for_the_lease,
 );
+
+/// A lease granted from the queue: `a` holds `n` plainly while `b` queues for it, then lets
+/// it go, and `b`'s grant (its own, from the queue) is returned.
+async fn queued_lease(
+    a: &Arc<dyn DistributedLock>,
+    b: &Arc<dyn DistributedLock>,
+    n: &LockName,
+    ttl: Duration,
+) -> Lease {
+    let first = take(a, n, Duration::from_secs(30)).await.expect("free");
+    let waiter = {
+        let (b, n) = (b.clone(), n.clone());
+        let opts = waiting(Duration::from_secs(30)).ttl(ttl);
+        let deadline = Some(Instant::now() + Duration::from_secs(30));
+        tokio::spawn(async move {
+            let opts = opts.with_defaults(&b.defaults());
+            b.acquire_wait(&n, &opts, deadline).await
+        })
+    };
+    until_queued(a, n, 1).await;
+    a.release(&first).await.expect("release");
+    let lease = within(Duration::from_secs(30), "the queued grant", waiter)
+        .await
+        .expect("task")
+        .expect("acquire")
+        .expect("granted");
+    assert!(
+        lease.handle().is_some_and(|h| h.starts_with("queued")),
+        "granted from the queue: {:?}",
+        lease.handle()
+    );
+    lease
+}
+
+/// The release of a lease granted from the queue hands the row to the next waiter in the
+/// same statement where the dialect does so (MySQL, SQLite): when `release` returns, the row
+/// is already the waiter's with the next fence, before the waiter has looked. The waiter then
+/// returns that grant without writing it again, with its own ttl where it asked for another,
+/// and its waiter row goes. PostgreSQL frees the row and its waiter grants itself.
+async fn a_release_hands_the_lock_to_the_next_writer(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let (a, b, c) = (client(&url).await, client(&url).await, client(&url).await);
+    let raw = Raw::connect(&url).await;
+    let n = name("hand-over");
+    let held = queued_lease(&a, &b, &n, Duration::from_secs(30)).await;
+    let next = OwnerId::random();
+    let waiter = {
+        let (c, n) = (c.clone(), n.clone());
+        // Another ttl than the releaser's: the handed row is extended to this one.
+        let opts = waiting(Duration::from_secs(30))
+            .ttl(Duration::from_secs(10))
+            .owner(next);
+        let deadline = Some(Instant::now() + Duration::from_secs(30));
+        tokio::spawn(async move {
+            let opts = opts.with_defaults(&c.defaults());
+            c.acquire_wait(&n, &opts, deadline).await
+        })
+    };
+    until_queued(&a, &n, 1).await;
+    let fence = i64::try_from(held.token().0).expect("fence");
+    assert_eq!(b.release(&held).await.expect("release"), Released::Released);
+    let (owner, row_fence, _) = raw.row(TABLE, n.as_str()).await.expect("row");
+    match kind {
+        Kind::Sqlite | Kind::MariaDb => {
+            assert_eq!(owner, Some(next.to_string()), "handed over by the release");
+            assert_eq!(row_fence, fence + 1);
+        }
+        // Freed, and perhaps already granted by the woken waiter itself.
+        Kind::Postgres => assert!(
+            (owner.is_none() && row_fence == fence)
+                || (owner == Some(next.to_string()) && row_fence == fence + 1),
+            "freed: {owner:?} {row_fence}"
+        ),
+    }
+    let got = within(Duration::from_secs(30), "the next waiter's grant", waiter)
+        .await
+        .expect("task")
+        .expect("acquire")
+        .expect("granted");
+    assert_eq!(got.owner(), next);
+    assert_eq!(got.token().0, u64::try_from(fence + 1).expect("fence"));
+    assert_eq!(got.ttl(), Duration::from_secs(10));
+    let (owner, row_fence, left) = raw.row(TABLE, n.as_str()).await.expect("row");
+    assert_eq!((owner, row_fence), (Some(next.to_string()), fence + 1));
+    assert!(
+        left > 8.0 && left <= 10.5,
+        "the row runs for the new holder's ttl, not the releaser's: {left} s left"
+    );
+    within(Duration::from_secs(30), "the waiter row to go", async {
+        while raw.waiter_rows(n.as_str()).await > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(c.release(&got).await.expect("release"), Released::Released);
+}
+
+/// A hand-over goes only to a writer at the head that refreshed its liveness lately: with a
+/// reader first in line, or a waiter whose row has less than 1.5 s left (one that stopped
+/// refreshing), the release frees the row as a plain one does.
+async fn a_hand_over_passes_over_readers_and_stale_waiters(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let (a, b, r) = (client(&url).await, client(&url).await, client(&url).await);
+    let raw = Raw::connect(&url).await;
+    let n = name("hand-over-skips");
+
+    let held = queued_lease(&a, &b, &n, Duration::from_secs(30)).await;
+    let fence = i64::try_from(held.token().0).expect("fence");
+    raw.insert_waiter(n.as_str(), 1.0).await;
+    b.release(&held).await.expect("release");
+    let row = raw.row(TABLE, n.as_str()).await.expect("row");
+    assert_eq!(
+        (row.0, row.1),
+        (None, fence),
+        "a stale waiter is not handed the lock"
+    );
+    raw.delete_waiters(n.as_str()).await;
+
+    let held = queued_lease(&a, &b, &n, Duration::from_secs(30)).await;
+    let fence = i64::try_from(held.token().0).expect("fence");
+    let reader = {
+        let (r, n) = (r.clone(), n.clone());
+        let opts = waiting(Duration::from_secs(30));
+        tokio::spawn(async move {
+            let opts = opts.with_defaults(&r.defaults());
+            let deadline = Some(Instant::now() + Duration::from_secs(30));
+            r.acquire_shared_wait(&n, &opts, deadline).await
+        })
+    };
+    until_queued(&a, &n, 1).await;
+    b.release(&held).await.expect("release");
+    let read = within(Duration::from_secs(30), "the reader's grant", reader)
+        .await
+        .expect("task")
+        .expect("acquire")
+        .expect("granted");
+    let row = raw.row(TABLE, n.as_str()).await.expect("row");
+    assert_ne!(row.0, None, "the readers hold the row");
+    assert!(row.1 > fence, "the reader's own grant bumped the fence");
+    assert_ne!(row.0, Some(held.owner().to_string()));
+    assert_eq!(r.release(&read).await.expect("release"), Released::Released);
+}
+
+/// The price of a hand-over, pinned down: a waiter that died in the 1.5 s after its last
+/// refresh (here a row queued by hand with 2.5 s of liveness, which nobody refreshes) can be
+/// handed the lock, which then stays taken until the handed lease (the releaser's ttl) runs
+/// out, as when a holder dies; then anyone may take it.
+async fn a_dead_waiter_handed_the_lock_holds_it_for_the_lease(kind: Kind) {
+    let url = fresh_url(kind).await;
+    let (a, b) = (client(&url).await, client(&url).await);
+    let raw = Raw::connect(&url).await;
+    let n = name("hand-over-dead");
+    let held = queued_lease(&a, &b, &n, Duration::from_secs(2)).await;
+    let dead = raw.insert_waiter(n.as_str(), 2.5).await;
+    let released = Instant::now();
+    b.release(&held).await.expect("release");
+    let owner = raw.row(TABLE, n.as_str()).await.expect("row").0;
+    if kind == Kind::Postgres {
+        assert_eq!(owner, None, "PostgreSQL does not hand over");
+        raw.delete_waiters(n.as_str()).await;
+        return;
+    }
+    assert_eq!(owner, Some(dead), "handed to the dead waiter");
+    assert!(take(&a, &n, Duration::from_secs(30)).await.is_none());
+    let lease = within(
+        Duration::from_secs(30),
+        "the handed lease to run out",
+        async {
+            loop {
+                if let Some(lease) = take(&a, &n, Duration::from_secs(30)).await {
+                    return lease;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    let waited = released.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1900),
+        "taken {waited:?} after a 2 s lease was handed over"
+    );
+    assert_eq!(
+        a.release(&lease).await.expect("release"),
+        Released::Released
+    );
+}
 
 /// A waiter granted from the queue gets a lease marked as such, and where the dialect rings
 /// doorbells (MySQL's grant procedure, SQLite's grant), the mark names the live waiter left at

@@ -273,6 +273,9 @@ impl Dialect for Postgres {
         // `wait_acquire` looks for itself, and the grant deletes the waiter's row in the same
         // statement.
         sql.probe = None;
+        // The release commits without waiting for the flush when someone waits (see
+        // `free_and_notify`), so the head's grant is already the one flush of a hand-over.
+        sql.hand = None;
         sql.dequeue = None;
         sql.grant_dequeues = true;
         // Joins the tail; drops expired waiters of the name on the way.

@@ -282,7 +282,9 @@ impl Dialect for Sqlite {
     }
 
     fn adapt(_s: &Sql, sql: &mut Statements) {
-        // The triggers above dequeue a granted waiter.
+        // The triggers above dequeue a granted waiter, whether its own statement or a release
+        // handing it the row set the owner.
         sql.grant_dequeues = true;
+        sql.hand_dequeues = true;
     }
 }
