@@ -445,7 +445,7 @@ impl ZkLock {
         }
     }
 
-    /// The lock paths under the chroot (see [`DistributedLock::names`]), one level of the tree
+    /// The lock paths under the chroot (see [`DistributedLock::names`](lockcore::DistributedLock::names)), one level of the tree
     /// per round trip: the listings of a level are sent together.
     pub(crate) async fn lock_paths(&self, client: &zk::Client) -> Result<Vec<LockName>> {
         let base = &self.inner.base;

@@ -36,7 +36,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// cleanup that releases a lock granted to a dropped request.
     ///
     /// # Errors
-    /// [`Error::Backend`](crate::Error::Backend) when the store fails.
+    /// [`Error::Backend`] when the store fails.
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>>;
 
     /// Waits until the lock is acquired or `deadline` passes (`Ok(None)`); `None` means no deadline.
@@ -84,7 +84,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// As [`try_acquire`](Self::try_acquire).
     ///
     /// # Errors
-    /// [`Error::Unsupported`](crate::Error::Unsupported) by default; store failures.
+    /// [`Error::Unsupported`] by default; store failures.
     async fn try_acquire_shared(
         &self,
         name: &LockName,
@@ -104,7 +104,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// As [`acquire_wait`](Self::acquire_wait).
     ///
     /// # Errors
-    /// [`Error::Unsupported`](crate::Error::Unsupported) by default; store failures.
+    /// [`Error::Unsupported`] by default; store failures.
     async fn acquire_shared_wait(
         &self,
         name: &LockName,
@@ -130,8 +130,8 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// As [`try_acquire`](Self::try_acquire).
     ///
     /// # Errors
-    /// [`Error::Unsupported`](crate::Error::Unsupported) by default;
-    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the store records another
+    /// [`Error::Unsupported`] by default;
+    /// [`Error::InvalidArgument`] when the store records another
     /// count for `name` and the semaphore is in use; store failures.
     async fn try_acquire_permit(
         &self,
@@ -187,7 +187,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// proof of the new validity.
     ///
     /// # Errors
-    /// [`Error::LockLost`](crate::Error::LockLost) if the lease expired or was taken; store failures.
+    /// [`Error::LockLost`] if the lease expired or was taken; store failures.
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease>;
 
     /// Why `lease` is gone, given the [`Error::LockLost`] that
@@ -238,7 +238,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// Read-only; safe to drop.
     ///
     /// # Errors
-    /// [`Error::Unsupported`](crate::Error::Unsupported) by default; store failures.
+    /// [`Error::Unsupported`] by default; store failures.
     async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>> {
         let _ = name;
         Err(crate::Error::Unsupported {
@@ -258,7 +258,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// Each step either happened or not; a dropped call leaves a name that is still usable.
     ///
     /// # Errors
-    /// [`Error::Unsupported`](crate::Error::Unsupported) by default; store failures.
+    /// [`Error::Unsupported`] by default; store failures.
     async fn forget(&self, name: &LockName) -> Result<bool> {
         let _ = name;
         Err(crate::Error::Unsupported {
@@ -275,7 +275,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
     /// Read-only; safe to drop.
     ///
     /// # Errors
-    /// [`Error::Unsupported`](crate::Error::Unsupported) by default; store failures.
+    /// [`Error::Unsupported`] by default; store failures.
     async fn names(&self) -> Result<Vec<LockName>> {
         Err(crate::Error::Unsupported {
             operation: "list names",

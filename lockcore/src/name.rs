@@ -15,7 +15,7 @@ pub const MAX_NAME_BYTES: usize = 1024;
 ///
 /// One exception: where a store shares its locks with other libraries by path, a name *is* that
 /// path, and names that are no such path are refused with
-/// [`Error::InvalidName`](crate::Error::InvalidName) before any I/O. On `zk://` with
+/// [`Error::InvalidName`] before any I/O. On `zk://` with
 /// `layout=curator` or `layout=kazoo` the name is the znode path under the chroot (`a/b` is
 /// `{chroot}/a/b`), so an empty, `.` or `..` segment, a character ZooKeeper refuses in a path, or
 /// `zookeeper/...` without a chroot is refused. Such a backend says so in

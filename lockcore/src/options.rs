@@ -173,7 +173,7 @@ impl AcquireOptions {
     /// `max(counter + 1, floor)` in the same atomic step as the grant, so every later token is
     /// above `floor` too. Only backends whose [`Capabilities::token_floor`](crate::Capabilities)
     /// is set accept it; the acquire paths refuse it with
-    /// [`Error::Unsupported`](crate::Error::Unsupported) before any I/O elsewhere.
+    /// [`Error::Unsupported`] before any I/O elsewhere.
     ///
     /// This is how a `dual://` client carries the first store's token into the second's counter,
     /// so that tokens of clients on either store form one increasing sequence.
