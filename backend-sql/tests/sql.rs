@@ -315,6 +315,37 @@ per_dialect!(
     a_dead_waiter_handed_the_lock_holds_it_for_the_lease,
 );
 
+/// A waiting acquire of `n` by `c` with `opts` (with `shared`, a read hold's), on a task of its
+/// own, with 30 s to be granted.
+fn spawn_wait(
+    c: &Arc<dyn DistributedLock>,
+    n: &LockName,
+    opts: AcquireOptions,
+    shared: bool,
+) -> tokio::task::JoinHandle<lockcore::Result<Option<Lease>>> {
+    let (c, n) = (c.clone(), n.clone());
+    let deadline = Some(Instant::now() + Duration::from_secs(30));
+    tokio::spawn(async move {
+        let opts = opts.with_defaults(&c.defaults());
+        match shared {
+            true => c.acquire_shared_wait(&n, &opts, deadline).await,
+            false => c.acquire_wait(&n, &opts, deadline).await,
+        }
+    })
+}
+
+/// The lease a [`spawn_wait`] task was granted.
+async fn granted(
+    what: &str,
+    task: tokio::task::JoinHandle<lockcore::Result<Option<Lease>>>,
+) -> Lease {
+    within(Duration::from_secs(30), what, task)
+        .await
+        .expect("task")
+        .expect("acquire")
+        .expect("granted")
+}
+
 /// A lease granted from the queue: `a` holds `n` plainly while `b` queues for it, then lets
 /// it go, and `b`'s grant (its own, from the queue) is returned.
 async fn queued_lease(
@@ -324,22 +355,10 @@ async fn queued_lease(
     ttl: Duration,
 ) -> Lease {
     let first = take(a, n, Duration::from_secs(30)).await.expect("free");
-    let waiter = {
-        let (b, n) = (b.clone(), n.clone());
-        let opts = waiting(Duration::from_secs(30)).ttl(ttl);
-        let deadline = Some(Instant::now() + Duration::from_secs(30));
-        tokio::spawn(async move {
-            let opts = opts.with_defaults(&b.defaults());
-            b.acquire_wait(&n, &opts, deadline).await
-        })
-    };
+    let waiter = spawn_wait(b, n, waiting(Duration::from_secs(30)).ttl(ttl), false);
     until_queued(a, n, 1).await;
     a.release(&first).await.expect("release");
-    let lease = within(Duration::from_secs(30), "the queued grant", waiter)
-        .await
-        .expect("task")
-        .expect("acquire")
-        .expect("granted");
+    let lease = granted("the queued grant", waiter).await;
     assert!(
         lease.handle().is_some_and(|h| h.starts_with("queued")),
         "granted from the queue: {:?}",
@@ -360,18 +379,11 @@ async fn a_release_hands_the_lock_to_the_next_writer(kind: Kind) {
     let n = name("hand-over");
     let held = queued_lease(&a, &b, &n, Duration::from_secs(30)).await;
     let next = OwnerId::random();
-    let waiter = {
-        let (c, n) = (c.clone(), n.clone());
-        // Another ttl than the releaser's: the handed row is extended to this one.
-        let opts = waiting(Duration::from_secs(30))
-            .ttl(Duration::from_secs(10))
-            .owner(next);
-        let deadline = Some(Instant::now() + Duration::from_secs(30));
-        tokio::spawn(async move {
-            let opts = opts.with_defaults(&c.defaults());
-            c.acquire_wait(&n, &opts, deadline).await
-        })
-    };
+    // Another ttl than the releaser's: the handed row is extended to this one.
+    let opts = waiting(Duration::from_secs(30))
+        .ttl(Duration::from_secs(10))
+        .owner(next);
+    let waiter = spawn_wait(&c, &n, opts, false);
     until_queued(&a, &n, 1).await;
     let fence = i64::try_from(held.token().0).expect("fence");
     assert_eq!(b.release(&held).await.expect("release"), Released::Released);
@@ -388,11 +400,7 @@ async fn a_release_hands_the_lock_to_the_next_writer(kind: Kind) {
             "freed: {owner:?} {row_fence}"
         ),
     }
-    let got = within(Duration::from_secs(30), "the next waiter's grant", waiter)
-        .await
-        .expect("task")
-        .expect("acquire")
-        .expect("granted");
+    let got = granted("the next waiter's grant", waiter).await;
     assert_eq!(got.owner(), next);
     assert_eq!(got.token().0, u64::try_from(fence + 1).expect("fence"));
     assert_eq!(got.ttl(), Duration::from_secs(10));
@@ -434,22 +442,10 @@ async fn a_hand_over_passes_over_readers_and_stale_waiters(kind: Kind) {
 
     let held = queued_lease(&a, &b, &n, Duration::from_secs(30)).await;
     let fence = i64::try_from(held.token().0).expect("fence");
-    let reader = {
-        let (r, n) = (r.clone(), n.clone());
-        let opts = waiting(Duration::from_secs(30));
-        tokio::spawn(async move {
-            let opts = opts.with_defaults(&r.defaults());
-            let deadline = Some(Instant::now() + Duration::from_secs(30));
-            r.acquire_shared_wait(&n, &opts, deadline).await
-        })
-    };
+    let reader = spawn_wait(&r, &n, waiting(Duration::from_secs(30)), true);
     until_queued(&a, &n, 1).await;
     b.release(&held).await.expect("release");
-    let read = within(Duration::from_secs(30), "the reader's grant", reader)
-        .await
-        .expect("task")
-        .expect("acquire")
-        .expect("granted");
+    let read = granted("the reader's grant", reader).await;
     let row = raw.row(TABLE, n.as_str()).await.expect("row");
     assert_ne!(row.0, None, "the readers hold the row");
     assert!(row.1 > fence, "the reader's own grant bumped the fence");
