@@ -22,9 +22,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use super::{
-    BenchOptions, ClientStats, Phase, Progress, Round, Tally, acquire_until, hold_for, record,
-};
+use super::client::{ClientStats, Round, Tally, acquire_until, hold_for};
+use super::report::record;
+use super::{BenchOptions, Phase, Progress};
 use crate::{AcquireOptions, Error, KeepAlive, Released, Result, Wait};
 
 /// The environment variable that makes `dlock` a contended bench client: it holds the client's
