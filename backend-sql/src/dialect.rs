@@ -110,18 +110,17 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     fn lease_bump(s: &Sql) -> Stmt;
 
     /// The text of [`Statements::hand`], given the query `next` (one row, one column: the
-    /// waiter to hand the row to, or NULL to free it), run once. By default `UPDATE .. FROM`,
-    /// whose assignments all read the row as it was.
-    fn hand(s: &Sql, next: &str) -> Stmt {
+    /// waiter to hand the row to, or NULL to free it), run once, and `held`, the release's
+    /// condition on the row. By default `UPDATE .. FROM`, whose assignments all read the row
+    /// as it was.
+    fn hand(s: &Sql, next: &str, held: &str) -> Stmt {
         s.done(&format!(
             "UPDATE {t} SET owner = n.next, \
              fence = CASE WHEN n.next IS NULL THEN fence ELSE fence + 1 END, \
              expires_at = CASE WHEN n.next IS NULL THEN expires_at ELSE {expiry} END \
-             FROM (SELECT ({next}) AS next) AS n \
-             WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}",
+             FROM (SELECT ({next}) AS next) AS n WHERE {held}",
             t = s.t,
             expiry = Self::expiry(),
-            now = Self::NOW,
         ))
     }
 
@@ -203,8 +202,8 @@ pub fn head_of<D: Dialect>(queue: &str) -> String {
 
 /// [`Statements::hand`] for dialect `D`: [`Dialect::hand`] with `next`, the queue's first live
 /// waiter (but the releaser) when it is a writer (no reader's mark) refreshed within
-/// [`HAND_FRESH`], else NULL.
-fn hand<D: Dialect>(s: &Sql) -> Stmt {
+/// [`HAND_FRESH`], else NULL; `held` is the release's condition on the row.
+fn hand<D: Dialect>(s: &Sql, held: &str) -> Stmt {
     let (w, r, now) = (&s.w, &s.r, D::NOW);
     let fresh = HAND_FRESH.as_micros();
     let next = format!(
@@ -214,7 +213,7 @@ fn hand<D: Dialect>(s: &Sql) -> Stmt {
          ORDER BY w.ticket LIMIT 1",
         D::micros_between(now, "w.expires_at")
     );
-    D::hand(s, &next)
+    D::hand(s, &next, held)
 }
 
 /// `$owner`'s smallest live ticket in the waiters table `queue`, if any: what a retried join
@@ -321,10 +320,10 @@ impl Statements {
         let (t, w, now, expiry) = (&s.t, &s.w, D::NOW, D::expiry());
         let queue = crate::common::queue_table(table);
         let permit_queue = crate::common::aux_table(table, crate::statement::PERMIT_QUEUE);
-        let release = s.done(&format!(
-            "UPDATE {t} SET owner = NULL \
-             WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
-        ));
+        // A live row of `$owner` with `$fence`: what a release, a hand-over and an extend change.
+        let held =
+            format!("name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}");
+        let release = s.done(&format!("UPDATE {t} SET owner = NULL WHERE {held}"));
         let mut sql = Statements {
             create: D::CREATE
                 .iter()
@@ -359,7 +358,7 @@ impl Statements {
                 left = D::micros_between(now, "l.expires_at"),
                 mine = "l.name = $name AND l.owner = $owner",
             ))),
-            hand: Some(hand::<D>(&s)),
+            hand: Some(hand::<D>(&s, &held)),
             hand_dequeues: false,
             enqueue: s.insert_returning(
                 &format!(
@@ -388,8 +387,7 @@ impl Statements {
                 "UPDATE {t} SET owner = NULL WHERE name = $name AND owner = $owner"
             )),
             extend: s.done(&format!(
-                "UPDATE {t} SET expires_at = {expiry} \
-                 WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
+                "UPDATE {t} SET expires_at = {expiry} WHERE {held}"
             )),
             inspect: s.row(&format!(
                 "SELECT l.owner, l.fence, \

@@ -47,7 +47,7 @@ use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result};
 
 use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, queued};
 use crate::common::{Pending, detached, floor_of, from_micros};
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, held};
 use crate::statement::{Args, SqlDb};
 use crate::wake::{Handed, Terms};
 
@@ -243,16 +243,17 @@ impl<D: Dialect> Client<D> {
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
         let (ttl, drift) = (opts.ttl_value(), opts.drift_value());
+        let lease = granted(name, waiter, fence, seen, opts);
         if left.abs_diff(ttl) <= ttl / 10 {
-            let lease = granted(name, waiter, fence, seen, opts);
             return Ok(Some(
                 lease.valid_no_later_than(seen + left.saturating_sub(drift)),
             ));
         }
         let started = Instant::now();
-        let args = Args::of(name).owner(waiter).fence(fence).ttl(ttl);
-        let extended = self.core.reply("acquire", &self.sql.extend, args).await?;
-        Ok((extended.count() == 1).then(|| granted(name, waiter, fence, started, opts)))
+        let extend = self
+            .core
+            .reply("acquire", &self.sql.extend, held(&lease).ttl(ttl));
+        Ok((extend.await?.count() == 1).then(|| lease.renewed(started, ttl)))
     }
 
     /// After a grant: deletes the waiter's rows where `attempt` did not (the lock on MySQL; a
@@ -480,7 +481,9 @@ pub(crate) async fn acquire<D: Dialect>(
                         // plain attempts out while the lock is held anyway, and the release
                         // of this lease skips it (its waiter is the releaser).
                         let (q, name) = (q.clone(), name.clone());
-                        tokio::spawn(async move {
+                        // Counted, so that a program that settles its clean-ups before it
+                        // exits (the binary does) leaves no waiter row behind.
+                        lockcore::cleanup::spawn_counted(async move {
                             if let Err(e) = q.dequeue(&name, waiter, kind).await {
                                 tracing::debug!(backend = D::BACKEND, lock = %name, error = %e, "leaving the queue after a hand-over failed; the row runs out");
                             }

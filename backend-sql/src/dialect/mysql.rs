@@ -209,16 +209,15 @@ impl Dialect for MySql {
         gated(s, WAITER_GATE)
     }
 
-    fn hand(s: &Sql, next: &str) -> Stmt {
+    fn hand(s: &Sql, next: &str, held: &str) -> Stmt {
         // No `UPDATE .. FROM`; the SET list runs left to right, each assignment reading the
         // columns already assigned, so `owner` is set first (running `next` once) and the
         // others follow it.
         s.done(&format!(
-            "UPDATE {} SET owner = ({next}), \
-             fence = IF(owner IS NULL, fence, fence + 1), \
-             expires_at = IF(owner IS NULL, expires_at, NOW(6) + INTERVAL $ttl MICROSECOND) \
-             WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > NOW(6)",
-            s.t
+            "UPDATE {} SET owner = ({next}), fence = IF(owner IS NULL, fence, fence + 1), \
+             expires_at = IF(owner IS NULL, expires_at, {}) WHERE {held}",
+            s.t,
+            Self::expiry()
         ))
     }
 }
