@@ -424,3 +424,40 @@ async fn semaphore_loses_its_permits_and_counter_without_persistence() {
     second.release().await.expect("release");
     drop(held);
 }
+
+/// **Safe.** The server closes an idle client's connection (`CLIENT KILL`, a restarted proxy,
+/// an idle timeout): the next extend, inspect and release go over a new connection instead of
+/// failing with "broken pipe", so a holder whose connection died while it worked still frees
+/// its lock at once, and the lock is free afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_after_an_idle_connection_was_killed_reconnect() {
+    use conformance_tests::kit::ServerControl as _;
+    let redis = Redis::start().await.expect("kit redis");
+    let c = client(&redis.url()).await;
+    let name = unique("idle-killed");
+    let opts = AcquireOptions::new()
+        .ttl(60 * SEC)
+        .keep_alive(KeepAlive::Off)
+        .wait(Wait::No);
+    let guard = c.lock(&name, &opts).await.expect("acquire");
+    let kill = || async {
+        let killed = redis.kill_client_connections().await.expect("CLIENT KILL");
+        assert!(killed >= 1, "the client's connection was not killed");
+        // Long enough for the client's connection to see the close before it is used again.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    kill().await;
+    guard.extend(60 * SEC).await.expect("extend after the kill");
+    kill().await;
+    let info = c
+        .inspect(&LockName::new(&name).expect("name"))
+        .await
+        .expect("inspect after the kill")
+        .expect("the lock is held");
+    assert_eq!(info.token, Some(guard.fencing_token()));
+    kill().await;
+    let released = guard.release().await.expect("release after the kill");
+    assert_eq!(released, Released::Released);
+    let again = c.lock(&name, &opts).await.expect("the lock is free again");
+    again.release().await.expect("release");
+}

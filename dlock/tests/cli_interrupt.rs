@@ -42,15 +42,21 @@ fn signal(child: &Child, sig: i32) {
     assert!(rc.success(), "kill -{sig} failed");
 }
 
+/// What `child` wrote to stderr, once it has exited.
+fn stderr_of(child: &mut Child) -> String {
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read as _;
+        let _ = e.read_to_string(&mut err);
+    }
+    err
+}
+
 fn wait_exit(child: &mut Child, what: &str) -> i32 {
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                use std::io::Read as _;
-                let _ = e.read_to_string(&mut err);
-            }
+            let err = stderr_of(child);
             return status
                 .code()
                 .unwrap_or_else(|| panic!("{what} died by a signal: {err}"));
@@ -69,7 +75,18 @@ fn interrupted_waiter_leaves_nothing(url: &str, sig: i32) {
     let name = format!("interrupt/{sig}");
     let mut holder =
         spawn(dlock().args(["run", "--url", url, "--name", &name, "--", "sleep", "600"]));
-    wait_status(url, &name, "the holder", |v| !v["holder"].is_null());
+    eventually("the holder", || {
+        if let Some(exit) = holder.try_wait().expect("try_wait") {
+            return Ok(Err(format!("{exit}: {}", stderr_of(&mut holder))));
+        }
+        let v = status(url, &name);
+        if v["holder"].is_null() {
+            Err(v.to_string())
+        } else {
+            Ok(Ok(()))
+        }
+    })
+    .unwrap_or_else(|e: String| panic!("the holder exited before it held the lock: {e}"));
     let mut waiter = spawn(dlock().args([
         "run", "--url", url, "--name", &name, "--wait", "60s", "--", "true",
     ]));

@@ -617,6 +617,9 @@ impl Node {
     /// waiter. The call is built now and the returned future
     /// owns all it needs, so it can finish in a task of its own.
     ///
+    /// A release over a connection found closed is sent again over a new one; if the first
+    /// try ran (its reply lost), the second finds the lock gone and resolves to `false`.
+    ///
     /// # Cancel safety
     /// The release either ran on the server or not.
     ///

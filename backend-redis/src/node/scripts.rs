@@ -17,6 +17,8 @@ use redis::{Cmd, ToRedisArgs, Value};
 pub(crate) struct Lua {
     pub(crate) code: String,
     pub(crate) sha: String,
+    /// Running it twice leaves the store as running it once (see [`Lua::repeatable`]).
+    pub(crate) repeatable: bool,
 }
 
 /// The FIFO queue's Lua helpers (`lua/queue.lua`): the clock, the queue, the wake-up. The Tair
@@ -42,7 +44,20 @@ impl Lua {
     pub(crate) fn with_prelude(body: &str, marker: &str, prelude: &str) -> Self {
         let code = body.replacen(marker, prelude, 1);
         let sha = redis::Script::new(&code).get_hash().to_owned();
-        Lua { code, sha }
+        Lua {
+            code,
+            sha,
+            repeatable: false,
+        }
+    }
+
+    /// Marks a script that leaves the store as it found it when run a second time with the
+    /// same arguments (owner- and token-checked releases, extends, cancels, reads), so that a
+    /// call whose connection turned out to be closed may be sent again over a new one (see
+    /// `Single::send`). An acquire is not: its second run could queue or grant again.
+    pub(crate) fn repeatable(mut self) -> Self {
+        self.repeatable = true;
+        self
     }
 }
 
@@ -54,22 +69,22 @@ pub(crate) static TRY_FAST: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/try_fast.lua")));
 /// Compare-owner-then-delete plus wake-up of the head waiter (`lua/release.lua`).
 pub(crate) static RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/release.lua")));
+    LazyLock::new(|| Lua::new(include_str!("lua/release.lua")).repeatable());
 /// Compare-owner-then-PEXPIRE (`lua/extend.lua`).
 pub(crate) static EXTEND: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/extend.lua")));
+    LazyLock::new(|| Lua::new(include_str!("lua/extend.lua")).repeatable());
 /// Undo of an abandoned acquire (`lua/cancel.lua`).
 pub(crate) static CANCEL: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/cancel.lua")));
+    LazyLock::new(|| Lua::new(include_str!("lua/cancel.lua")).repeatable());
 /// Read-only state for `inspect` (`lua/inspect.lua`).
 pub(crate) static INSPECT: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/inspect.lua")));
+    LazyLock::new(|| Lua::new(include_str!("lua/inspect.lua")).repeatable());
 /// Deletes what is left of a name nobody holds or waits for (`lua/forget.lua`).
 pub(crate) static FORGET: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/forget.lua")));
+    LazyLock::new(|| Lua::new(include_str!("lua/forget.lua")).repeatable());
 /// Redlock's max-only write-back of a fencing token (`lua/fence_max.lua`).
 pub(crate) static FENCE_MAX: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/fence_max.lua")));
+    LazyLock::new(|| Lua::new(include_str!("lua/fence_max.lua")).repeatable());
 /// The fenced bench floor's acquire: `SET NX PX` + `INCR` in one script (`lua/floor_fenced.lua`).
 pub(crate) static FLOOR_FENCED: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/floor_fenced.lua")));
@@ -81,16 +96,16 @@ pub(crate) static SEM_ACQUIRE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/sem_acquire.lua")));
 /// Owner- and token-checked release of a permit, waking the head waiter (`lua/sem_release.lua`).
 pub(crate) static SEM_RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/sem_release.lua")));
+    LazyLock::new(|| Lua::new(include_str!("lua/sem_release.lua")).repeatable());
 /// Owner- and token-checked extend of a permit (`lua/sem_extend.lua`).
 pub(crate) static SEM_EXTEND: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/sem_extend.lua")));
+    LazyLock::new(|| Lua::new(include_str!("lua/sem_extend.lua")).repeatable());
 /// Undo of an abandoned permit acquire (`lua/sem_cancel.lua`).
 pub(crate) static SEM_CANCEL: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/sem_cancel.lua")));
+    LazyLock::new(|| Lua::new(include_str!("lua/sem_cancel.lua")).repeatable());
 /// Read-only state of a semaphore (`lua/sem_inspect.lua`).
 pub(crate) static SEM_INSPECT: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/sem_inspect.lua")));
+    LazyLock::new(|| Lua::new(include_str!("lua/sem_inspect.lua")).repeatable());
 
 /// Every script of a node, for tests that compare hashes.
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! one. A timeout drops it too: a reply that never came (a blackholed link) would otherwise
 //! shift every later reply onto the wrong request.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -40,14 +41,60 @@ impl Single {
         }
     }
 
-    /// The live connection, or a new one. Returns its generation for [`Single::failed`].
-    pub(crate) async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection)> {
-        if let Some(c) = self.lock_current().clone() {
-            return Ok(c);
+    /// Sends `request` over the live connection, or a new one, and drops the connection if
+    /// the answer (an error that `failure` finds in it) says it can no longer be trusted.
+    ///
+    /// A connection that was opened earlier may have been closed since it was last used (the
+    /// server killed it, a proxy or an idle timeout closed it): the first request after that
+    /// fails with "broken pipe" or a reset. When `repeatable` says that running the request
+    /// twice leaves the store as running it once (a token-checked release, an extend, a
+    /// read), such a request is sent once more over a new connection. It may have run the
+    /// first time (its reply lost with the connection), so the answer is the second run's.
+    /// A request over a connection it opened itself, and a timeout, are not sent again.
+    ///
+    /// # Cancel safety
+    /// As cancel safe as `request`: dropping the future drops the request in flight.
+    pub(crate) async fn send<O, Fut>(
+        &self,
+        repeatable: bool,
+        request: impl Fn(MultiplexedConnection) -> Fut,
+        failure: fn(&O) -> Option<&RedisError>,
+        unconnected: impl Fn(RedisError) -> O,
+    ) -> O
+    where
+        Fut: Future<Output = O>,
+    {
+        let mut again = repeatable;
+        loop {
+            let (generation, con, reused) = match self.connection().await {
+                Ok(c) => c,
+                Err(e) => return unconnected(e),
+            };
+            let out = request(con).await;
+            let retry = match failure(&out) {
+                None => return out,
+                Some(e) => {
+                    self.failed(generation, e);
+                    again && reused && e.is_connection_dropped() && !e.is_timeout()
+                }
+            };
+            if !retry {
+                return out;
+            }
+            tracing::debug!("redis: the connection had been closed; sending the request again");
+            again = false;
+        }
+    }
+
+    /// The live connection, or a new one. Returns its generation for [`Single::failed`], and
+    /// whether it was opened before this call.
+    async fn connection(&self) -> RedisResult<(u64, MultiplexedConnection, bool)> {
+        if let Some((g, c)) = self.lock_current().clone() {
+            return Ok((g, c, true));
         }
         let _one_at_a_time = self.connecting.lock().await;
-        if let Some(c) = self.lock_current().clone() {
-            return Ok(c);
+        if let Some((g, c)) = self.lock_current().clone() {
+            return Ok((g, c, true));
         }
         let conn = match tokio::time::timeout(
             self.timeout,
@@ -61,12 +108,12 @@ impl Single {
         };
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         *self.lock_current() = Some((generation, conn.clone()));
-        Ok((generation, conn))
+        Ok((generation, conn, false))
     }
 
     /// Reports a failed request on connection `generation`: drops it if the error means the
     /// connection can no longer be trusted.
-    pub(crate) fn failed(&self, generation: u64, err: &RedisError) {
+    fn failed(&self, generation: u64, err: &RedisError) {
         if breaks_connection(err) {
             let mut current = self.lock_current();
             if current.as_ref().is_some_and(|(g, _)| *g == generation) {

@@ -21,6 +21,17 @@ pub(crate) enum Store {
     Cluster(Cluster),
 }
 
+/// The error of a single request's answer, if it failed.
+fn failure(r: &RedisResult<Value>) -> Option<&RedisError> {
+    r.as_ref().err()
+}
+
+/// The first error among a pipeline's answers, if any failed.
+#[allow(clippy::ptr_arg)] // `Single::send` passes the pipeline's own output type.
+fn first_failure(results: &Vec<RedisResult<Value>>) -> Option<&RedisError> {
+    results.iter().find_map(failure)
+}
+
 fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
@@ -99,12 +110,8 @@ impl Store {
     pub(crate) async fn eval(&self, call: &Call) -> RedisResult<Value> {
         match self {
             Store::Single(s) => {
-                let (generation, mut con) = s.connection().await?;
-                let r = eval_on(&mut con, call).await;
-                if let Err(e) = &r {
-                    s.failed(generation, e);
-                }
-                r
+                let request = |mut con| async move { eval_on(&mut con, call).await };
+                s.send(call.lua.repeatable, request, failure, Err).await
             }
             Store::Cluster(c) => eval_on(&mut c.connection(), call).await,
         }
@@ -119,16 +126,13 @@ impl Store {
         }
         match self {
             Store::Single(s) => {
-                let (generation, mut con) = match s.connection().await {
-                    Ok(c) => c,
-                    Err(e) => return calls.iter().map(|_| Err(e.clone())).collect(),
-                };
                 let refs: Vec<&Call> = calls.iter().collect();
-                let results = pipeline_on(&mut con, &refs).await;
-                if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-                    s.failed(generation, e);
-                }
-                results
+                let refs = &refs;
+                let request = |mut con| async move { pipeline_on(&mut con, refs).await };
+                let unconnected = |e: RedisError| calls.iter().map(|_| Err(e.clone())).collect();
+                let repeatable = calls.iter().all(|c| c.lua.repeatable);
+                s.send(repeatable, request, first_failure, unconnected)
+                    .await
             }
             Store::Cluster(c) => cluster_many(c, calls).await,
         }
@@ -137,13 +141,10 @@ impl Store {
     /// Runs one plain command (routed by its key in a Cluster).
     pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
+            // A plain command (a scan, a floor's step) is not known to be repeatable.
             Store::Single(s) => {
-                let (generation, mut con) = s.connection().await?;
-                let r = run(&mut con, cmd).await;
-                if let Err(e) = &r {
-                    s.failed(generation, e);
-                }
-                r
+                let request = |mut con| async move { run(&mut con, cmd).await };
+                s.send(false, request, failure, Err).await
             }
             Store::Cluster(c) => run(&mut c.connection(), cmd).await,
         }

@@ -75,19 +75,20 @@ static LOCK: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/lock
 /// dlock's single attempt at the write lock when nobody reads or queues (`lua/try_fast.lua`).
 pub(crate) static TRY_FAST: LazyLock<Lua> =
     LazyLock::new(|| tair_script(include_str!("lua/try_fast.lua")));
-/// `expireUnlock` (`lua/unlock.lua`).
+/// `expireUnlock` (`lua/unlock.lua`). Not repeatable: a reentrant holder's unlock counts down.
 pub(crate) static UNLOCK: LazyLock<Lua> =
     LazyLock::new(|| tair_script(include_str!("lua/unlock.lua")));
 /// Extend a held lock, keeping its proof (`lua/extend.lua`).
-static EXTEND: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/extend.lua")));
+static EXTEND: LazyLock<Lua> =
+    LazyLock::new(|| tair_script(include_str!("lua/extend.lua")).repeatable());
 /// Readers enter, exit, renew; a waiting writer gives up (`lua/read.lua`).
 static READ: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/read.lua")));
 /// State for `inspect` (`lua/inspect.lua`).
 pub(super) static INSPECT: LazyLock<Lua> =
-    LazyLock::new(|| tair_script(include_str!("lua/inspect.lua")));
+    LazyLock::new(|| tair_script(include_str!("lua/inspect.lua")).repeatable());
 /// Delete a free name (`lua/forget.lua`).
 pub(super) static FORGET: LazyLock<Lua> =
-    LazyLock::new(|| tair_script(include_str!("lua/forget.lua")));
+    LazyLock::new(|| tair_script(include_str!("lua/forget.lua")).repeatable());
 
 /// What `expireLock` answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
