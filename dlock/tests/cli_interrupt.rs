@@ -26,14 +26,6 @@ fn status(url: &str, name: &str) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).expect("status --json")
 }
 
-/// Polls `status` until `pred` holds.
-fn wait_status(url: &str, name: &str, what: &str, pred: impl Fn(&serde_json::Value) -> bool) {
-    eventually(what, || {
-        let v = status(url, name);
-        if pred(&v) { Ok(()) } else { Err(v.to_string()) }
-    });
-}
-
 fn signal(child: &Child, sig: i32) {
     let rc = std::process::Command::new("kill")
         .args([format!("-{sig}"), child.id().to_string()])
