@@ -13,6 +13,8 @@ use sqlx::error::DatabaseError;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
+use crate::turn::{Line, WriteTurn};
+
 /// How a failed statement should be handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Class {
@@ -70,7 +72,7 @@ pub struct Core<DB: Database> {
     /// SQLite: the write turn of the database file, shared by every client of the file in this
     /// process and ordered between processes (see `crate::turn`); `None` where the server
     /// queues writers.
-    pub(crate) turn: Option<Arc<crate::turn::WriteTurn>>,
+    pub(crate) turn: Option<Arc<WriteTurn>>,
 }
 
 // By hand: a derive would require `DB: Clone`, which the driver marker types are not.
@@ -99,14 +101,15 @@ impl<DB: Database> Core<DB> {
         F: FnMut(Checked<DB>) -> Fut,
         Fut: Future<Output = (Checked<DB>, std::result::Result<T, sqlx::Error>)>,
     {
-        self.run_as(true, operation, name, attempt).await
+        self.run_as(Some(Line::Other), operation, name, attempt)
+            .await
     }
 
-    /// [`run`](Self::run), for an `attempt` that only reads when `writes` is false: it then
-    /// does not wait for the write turn.
+    /// [`run`](Self::run), waiting for SQLite's write turn in `line`; `None` for an `attempt`
+    /// that only reads, which does not wait for it.
     pub(crate) async fn run_as<T, F, Fut>(
         &self,
-        writes: bool,
+        line: Option<Line>,
         operation: &'static str,
         name: Option<&LockName>,
         mut attempt: F,
@@ -122,9 +125,9 @@ impl<DB: Database> Core<DB> {
             let once = async {
                 // Writers take turns here, in arrival order, rather than in SQLite's busy
                 // handler, which sleeps 1, 2, 5, 10 ms and more between tries.
-                let _turn = match self.turn.as_ref().filter(|_| writes) {
-                    Some(turn) => Some(turn.take().await),
-                    None => None,
+                let _turn = match (self.turn.as_ref(), line) {
+                    (Some(turn), Some(line)) => Some(turn.take(line).await),
+                    _ => None,
                 };
                 let conn = self.pool.acquire().await?;
                 let (mut checked, result) = attempt(Checked { conn, clean: false }).await;

@@ -366,11 +366,13 @@ impl Statements {
                 ),
                 "ticket",
             ),
-            refresh: s.done(&format!(
-                "UPDATE {w} SET expires_at = {expiry} \
-                 WHERE ticket = $ticket AND name = $name AND waiter = $owner \
-                 AND expires_at > {now}"
-            )),
+            refresh: s
+                .done(&format!(
+                    "UPDATE {w} SET expires_at = {expiry} \
+                     WHERE ticket = $ticket AND name = $name AND waiter = $owner \
+                     AND expires_at > {now}"
+                ))
+                .keeping(),
             head: s.row(&head_of::<D>(&s.w)),
             own_ticket: s.row(&own_ticket::<D>(&s.w)),
             dequeue: Some(s.done(&format!(
@@ -386,9 +388,11 @@ impl Statements {
             release_owner: s.done(&format!(
                 "UPDATE {t} SET owner = NULL WHERE name = $name AND owner = $owner"
             )),
-            extend: s.done(&format!(
-                "UPDATE {t} SET expires_at = {expiry} WHERE {held}"
-            )),
+            extend: s
+                .done(&format!(
+                    "UPDATE {t} SET expires_at = {expiry} WHERE {held}"
+                ))
+                .keeping(),
             inspect: s.row(&format!(
                 "SELECT l.owner, l.fence, \
                  CASE WHEN l.owner IS NOT NULL AND l.expires_at > c.now THEN {} END, \

@@ -352,10 +352,15 @@ impl<D: Dialect> Client<D> {
         let sql = &self.sql.reads;
         let a = held(lease).ttl(ttl);
         self.core
-            .run("extend", Some(lease.name()), |mut c| async move {
-                let r = extend_tx::<D::Db>(c.conn(), sql, a).await;
-                (c, r)
-            })
+            .run_as(
+                sql.extend.line(),
+                "extend",
+                Some(lease.name()),
+                |mut c| async move {
+                    let r = extend_tx::<D::Db>(c.conn(), sql, a).await;
+                    (c, r)
+                },
+            )
             .await
     }
 }

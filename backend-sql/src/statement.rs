@@ -8,6 +8,8 @@ use std::time::Duration;
 use lockcore::{LockName, OwnerId};
 use sqlx::{SqlSafeStr, SqlStr};
 
+use crate::turn::Line;
+
 mod run;
 
 pub use run::*;
@@ -81,6 +83,8 @@ pub struct Stmt {
     row: bool,
     /// Whether it only reads (see [`Stmt::reads_only`]), decided once when it is built.
     reads: bool,
+    /// Whether it keeps a lease or a waiter's place alive (see [`Stmt::keeping`]).
+    keeps: bool,
 }
 
 /// The values a statement's parameters take (those it does not use are ignored).
@@ -269,6 +273,7 @@ impl Sql {
             style: self.style,
             row,
             reads,
+            keeps: false,
         }
     }
 }
@@ -313,6 +318,22 @@ impl Stmt {
     /// Whether the statement only reads, so that it need not wait for SQLite's write turn.
     pub fn reads_only(&self) -> bool {
         self.reads
+    }
+
+    /// Marks a statement that keeps a lease or a waiter's place alive (an extend, a refresh),
+    /// so that it waits in SQLite's keep line (see [`Line::Keep`]).
+    pub fn keeping(mut self) -> Self {
+        self.keeps = true;
+        self
+    }
+
+    /// The line it waits in for SQLite's write turn; `None` when it only reads.
+    pub fn line(&self) -> Option<Line> {
+        match (self.reads, self.keeps) {
+            (true, _) => None,
+            (false, true) => Some(Line::Keep),
+            (false, false) => Some(Line::Other),
+        }
     }
 }
 

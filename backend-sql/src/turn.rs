@@ -5,7 +5,11 @@
 //!
 //! Two levels, taken in this order by every statement and transaction that writes (see
 //! `Core::run_as`):
-//! * **in this process**, a FIFO mutex per file ([`write_turn`]);
+//! * **in this process**, a queue per file ([`write_turn`]) with two lines: writes that keep
+//!   something alive (an extend, a waiter's refresh: [`Line::Keep`]) go before the other
+//!   writers waiting, each line in arrival order. A burst of acquires on a slow disk (a
+//!   commit's `fsync` can take milliseconds each) otherwise held a renewal back until its lease
+//!   ran out;
 //! * **between processes**, an exclusive `flock` on a file beside the database,
 //!   `<database>-turn`, which the kernel hands to the next process as soon as it is unlocked.
 //!   It is tried without blocking first (a system call, when nobody else writes); only a
@@ -17,25 +21,45 @@
 //! sidecar is a separate file because POSIX locks are per process and file: closing any other
 //! descriptor of the database file would drop the locks SQLite holds on it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::{MutexGuard, oneshot};
+use tokio::sync::oneshot;
+
+/// Which line a writer waits in for its turn in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Line {
+    /// A write that keeps a lease or a waiter's place alive: served before every [`Line::Other`]
+    /// writer that waits, because a late one loses what it keeps, where a late acquire only
+    /// waits longer. Such writes come at most every few hundred milliseconds per lease, so
+    /// they cannot starve the other line.
+    Keep,
+    /// Every other write, in arrival order.
+    Other,
+}
 
 /// The write turn of one database file in this process.
 #[derive(Default)]
 pub struct WriteTurn {
-    /// This process's writers, in arrival order.
-    local: tokio::sync::Mutex<()>,
+    /// This process's writers: whether a turn is out, and who waits for the next.
+    local: Mutex<Waiters>,
     /// The sidecar whose `flock` orders the processes (`None`: it could not be opened).
     between: Option<Arc<File>>,
 }
 
+/// The writers waiting in each line, each told by its sender when the turn is its own.
+#[derive(Default)]
+struct Waiters {
+    out: bool,
+    keep: VecDeque<oneshot::Sender<()>>,
+    other: VecDeque<oneshot::Sender<()>>,
+}
+
 /// A writer's turn; ends when dropped.
 pub struct Turn<'a> {
-    _local: MutexGuard<'a, ()>,
+    _local: LocalTurn<'a>,
     /// The sidecar, while this turn holds its lock.
     locked: Option<&'a File>,
 }
@@ -44,6 +68,33 @@ impl Drop for Turn<'_> {
     fn drop(&mut self) {
         if let Some(file) = self.locked {
             let _ = file.unlock();
+        }
+    }
+}
+
+/// The turn in this process; hands it to the next writer when dropped.
+struct LocalTurn<'a>(&'a WriteTurn);
+
+impl Drop for LocalTurn<'_> {
+    fn drop(&mut self) {
+        self.0.hand_on();
+    }
+}
+
+/// A writer waiting in a line. Dropped after the turn was handed to it but before it saw
+/// that, it hands the turn on, so a cancelled writer never keeps it.
+struct Waiting<'a> {
+    turn: &'a WriteTurn,
+    told: Option<oneshot::Receiver<()>>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(mut told) = self.told.take() {
+            told.close();
+            if told.try_recv().is_ok() {
+                self.turn.hand_on();
+            }
         }
     }
 }
@@ -61,18 +112,20 @@ impl WriteTurn {
             .ok()
             .map(Arc::new);
         WriteTurn {
-            local: tokio::sync::Mutex::new(()),
+            local: Mutex::default(),
             between,
         }
     }
 
-    /// Waits for this writer's turn.
+    /// Waits for this writer's turn, in `line`.
     ///
     /// # Cancel safety
-    /// Cancel safe. A writer dropped while it waits for another process leaves a blocking
-    /// thread waiting for the lock, which unlocks it again as soon as it gets it.
-    pub async fn take(&self) -> Turn<'_> {
-        let local = self.local.lock().await;
+    /// Cancel safe: a writer dropped while it waits in this process leaves its line (or, if
+    /// the turn had just been handed to it, hands it on). One dropped while it waits for
+    /// another process leaves a blocking thread waiting for the lock, which unlocks it again
+    /// as soon as it gets it.
+    pub async fn take(&self, line: Line) -> Turn<'_> {
+        let local = self.take_local(line).await;
         let Some(file) = self.between.as_deref() else {
             return Turn {
                 _local: local,
@@ -91,6 +144,60 @@ impl WriteTurn {
             _local: local,
             locked: locked.then_some(file),
         }
+    }
+
+    /// The turn in this process: at once when nobody has it, else when [`hand_on`] picks
+    /// this writer.
+    ///
+    /// [`hand_on`]: WriteTurn::hand_on
+    async fn take_local(&self, line: Line) -> LocalTurn<'_> {
+        let told = {
+            let mut waiters = self.waiters();
+            if !waiters.out {
+                waiters.out = true;
+                return LocalTurn(self);
+            }
+            let (tell, told) = oneshot::channel();
+            match line {
+                Line::Keep => waiters.keep.push_back(tell),
+                Line::Other => waiters.other.push_back(tell),
+            }
+            told
+        };
+        let mut waiting = Waiting {
+            turn: self,
+            told: Some(told),
+        };
+        if let Some(told) = waiting.told.as_mut() {
+            // `hand_on` drops a sender only after its send failed, which needs this receiver
+            // gone: the answer is always `Ok`.
+            let _ = told.await;
+        }
+        waiting.told = None;
+        LocalTurn(self)
+    }
+
+    /// Gives the turn in this process to the first writer of the keep line, else of the
+    /// other line, skipping writers that stopped waiting; or marks it free.
+    fn hand_on(&self) {
+        let mut waiters = self.waiters();
+        loop {
+            let next = match waiters.keep.pop_front() {
+                Some(next) => next,
+                None => match waiters.other.pop_front() {
+                    Some(next) => next,
+                    None => break,
+                },
+            };
+            if next.send(()).is_ok() {
+                return;
+            }
+        }
+        waiters.out = false;
+    }
+
+    fn waiters(&self) -> MutexGuard<'_, Waiters> {
+        self.local.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Waits on a blocking thread for another process to unlock the sidecar; whether it is now

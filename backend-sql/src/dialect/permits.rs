@@ -202,11 +202,13 @@ impl PermitStatements {
             regrant: s.done(&t.regrant),
             gc: s.done(&t.gc),
             enqueue: s.insert_returning(&t.enqueue, "ticket"),
-            refresh: s.done(&format!(
-                "UPDATE {v} SET expires_at = {expiry} \
-                 WHERE ticket = $ticket AND name = $name AND waiter = $owner \
-                 AND expires_at > {now}"
-            )),
+            refresh: s
+                .done(&format!(
+                    "UPDATE {v} SET expires_at = {expiry} \
+                     WHERE ticket = $ticket AND name = $name AND waiter = $owner \
+                     AND expires_at > {now}"
+                ))
+                .keeping(),
             dequeue: s.done(&t.dequeue),
             grant_call: None,
             join_call: None,
@@ -225,10 +227,12 @@ impl PermitStatements {
             release_owner: s.done(&format!(
                 "DELETE FROM {p} WHERE name = $name AND owner = $owner"
             )),
-            extend: s.done(&format!(
-                "UPDATE {p} SET expires_at = {expiry} \
-                 WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
-            )),
+            extend: s
+                .done(&format!(
+                    "UPDATE {p} SET expires_at = {expiry} WHERE name = $name \
+                     AND owner = $owner AND fence = $fence AND expires_at > {now}"
+                ))
+                .keeping(),
             holders: s.row(&format!(
                 "SELECT p.owner, p.fence, {} FROM {p} AS p WHERE {} ORDER BY p.fence",
                 D::micros_between(now, "p.expires_at"),

@@ -284,10 +284,13 @@ impl Dialect for Postgres {
              INSERT INTO {w} (name, waiter, expires_at) \
              SELECT $name, $owner, {expiry} FROM async_commit RETURNING ticket"
         ));
-        sql.refresh = s.done(&format!(
-            "WITH {ASYNC} UPDATE {w} SET expires_at = {expiry} FROM async_commit \
-             WHERE ticket = $ticket AND name = $name AND waiter = $owner AND expires_at > {NOW}"
-        ));
+        sql.refresh = s
+            .done(&format!(
+                "WITH {ASYNC} UPDATE {w} SET expires_at = {expiry} FROM async_commit \
+                 WHERE ticket = $ticket AND name = $name AND waiter = $owner \
+                 AND expires_at > {NOW}"
+            ))
+            .keeping();
         // Returns whether a lease was freed. (A free that a crash loses ends at the lease's
         // ttl.)
         sql.leave = Some(s.row(&format!(

@@ -112,10 +112,12 @@ impl ReadStatements {
                 "DELETE FROM {r} WHERE name = $name AND owner = $owner \
                  AND fence = $fence AND expires_at > {now}"
             )),
-            extend: s.done(&format!(
-                "UPDATE {r} SET expires_at = {expiry} WHERE name = $name AND owner = $owner \
-                 AND fence = $fence AND expires_at > {now}"
-            )),
+            extend: s
+                .done(&format!(
+                    "UPDATE {r} SET expires_at = {expiry} WHERE name = $name \
+                     AND owner = $owner AND fence = $fence AND expires_at > {now}"
+                ))
+                .keeping(),
             extend_row: s.done(&format!(
                 "UPDATE {t} SET expires_at = CASE WHEN expires_at > {expiry} THEN expires_at \
                  ELSE {expiry} END WHERE name = $name AND owner = '{READERS_OWNER}'"

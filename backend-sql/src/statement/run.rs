@@ -274,7 +274,7 @@ impl<DB: SqlDb> Core<DB> {
     pub async fn reply(&self, op: &'static str, stmt: &Stmt, a: Args<'_>) -> Result<Reply> {
         let mut tries = 0;
         let reply = self
-            .run_as(!stmt.reads_only(), op, a.name, |mut c| {
+            .run_as(stmt.line(), op, a.name, |mut c| {
                 tries += 1;
                 async move {
                     let r = DB::reply(c.conn(), stmt, &a).await;
@@ -316,7 +316,7 @@ impl<DB: SqlDb> Core<DB> {
 
     /// Reads the permit holders of `name` with `stmt` (see [`HolderRow`]).
     pub async fn holder_rows(&self, stmt: &Stmt, name: &LockName) -> Result<Vec<HolderRow>> {
-        self.run_as(false, "inspect", Some(name), |mut c| async move {
+        self.run_as(None, "inspect", Some(name), |mut c| async move {
             let r = DB::holder_rows(c.conn(), stmt, &Args::of(name)).await;
             (c, r)
         })
@@ -325,7 +325,7 @@ impl<DB: SqlDb> Core<DB> {
 
     /// Reads `name`'s lease row with `stmt` (see [`LockRow`]).
     pub async fn lock_row(&self, stmt: &Stmt, name: &LockName) -> Result<Option<LockRow>> {
-        self.run_as(false, "inspect", Some(name), |mut c| async move {
+        self.run_as(None, "inspect", Some(name), |mut c| async move {
             let r = DB::lock_row(c.conn(), stmt, &Args::of(name)).await;
             (c, r)
         })
@@ -340,7 +340,7 @@ impl<DB: SqlDb> Core<DB> {
         stmt: &Stmt,
         args: &[Args<'_>],
     ) -> Result<Vec<u64>> {
-        self.run(op, None, |mut c| async move {
+        self.run_as(stmt.line(), op, None, |mut c| async move {
             let r = DB::each_in_transaction(c.conn(), stmt, args).await;
             (c, r)
         })

@@ -1,5 +1,6 @@
-//! The write turn between processes: two turns over one sidecar, each with its own open file
-//! (as two processes have), take it one after the other.
+//! The write turn in this process (the keep line first, a cancelled writer hands its turn on)
+//! and between processes: two turns over one sidecar, each with its own open file (as two
+//! processes have), take it one after the other.
 
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -24,9 +25,9 @@ async fn two_openers_of_one_sidecar_take_turns() {
     let (one, other) = (WriteTurn::beside(&sidecar), WriteTurn::beside(&sidecar));
     assert!(one.between.is_some() && other.between.is_some());
 
-    let held = one.take().await;
+    let held = one.take(Line::Other).await;
     assert!(held.locked.is_some(), "nobody else held it: locked at once");
-    let mut waiting = pin!(other.take());
+    let mut waiting = pin!(other.take(Line::Other));
     // The other opener waits while the first holds its turn...
     assert!(
         waits(waiting.as_mut()).await,
@@ -40,11 +41,11 @@ async fn two_openers_of_one_sidecar_take_turns() {
     assert!(next.locked.is_some());
 
     // A writer dropped while it waits gives the turn on when its thread gets it.
-    let mut abandoned = Box::pin(one.take());
+    let mut abandoned = Box::pin(one.take(Line::Other));
     assert!(waits(abandoned.as_mut()).await);
     drop(abandoned);
     drop(next);
-    let again = tokio::time::timeout(LIMIT, other.take())
+    let again = tokio::time::timeout(LIMIT, other.take(Line::Other))
         .await
         .expect("the turn");
     assert!(again.locked.is_some());
@@ -55,10 +56,79 @@ async fn without_a_sidecar_the_turn_is_this_process_only() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let turn = WriteTurn::beside(&dir.path().join("missing").join("locks.db-turn"));
     assert!(turn.between.is_none());
-    let held = turn.take().await;
+    let held = turn.take(Line::Other).await;
     assert!(held.locked.is_none());
     assert!(
-        waits(pin!(turn.take())).await,
+        waits(pin!(turn.take(Line::Other))).await,
         "the turn in this process still orders its writers"
     );
+}
+
+/// A turn in this process only (its sidecar's directory does not exist).
+fn local_only(dir: &tempfile::TempDir) -> WriteTurn {
+    WriteTurn::beside(&dir.path().join("missing").join("locks.db-turn"))
+}
+
+#[tokio::test]
+async fn a_keeping_write_goes_before_the_writers_that_wait() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let turn = local_only(&dir);
+    let held = turn.take(Line::Other).await;
+    let mut first = pin!(turn.take(Line::Other));
+    let mut second = pin!(turn.take(Line::Other));
+    let mut keep = pin!(turn.take(Line::Keep));
+    // Each waits (and so stands in its line) in this order.
+    assert!(
+        waits(first.as_mut()).await,
+        "took the turn while it was held"
+    );
+    assert!(
+        waits(second.as_mut()).await,
+        "took the turn while it was held"
+    );
+    assert!(
+        waits(keep.as_mut()).await,
+        "took the turn while it was held"
+    );
+    drop(held);
+    let kept = tokio::time::timeout(LIMIT, keep)
+        .await
+        .expect("the keep line's turn");
+    assert!(
+        waits(first.as_mut()).await && waits(second.as_mut()).await,
+        "another writer got in beside the keeping write"
+    );
+    drop(kept);
+    let one = tokio::time::timeout(LIMIT, first.as_mut())
+        .await
+        .expect("the first writer");
+    assert!(
+        waits(second.as_mut()).await,
+        "the other line is served out of arrival order"
+    );
+    drop(one);
+    tokio::time::timeout(LIMIT, second)
+        .await
+        .expect("the second writer");
+}
+
+#[tokio::test]
+async fn a_writer_dropped_after_it_was_handed_the_turn_hands_it_on() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let turn = local_only(&dir);
+    let held = turn.take(Line::Other).await;
+    let mut handed = Box::pin(turn.take(Line::Other));
+    let mut next = pin!(turn.take(Line::Other));
+    assert!(waits(handed.as_mut()).await && waits(next.as_mut()).await);
+    // The turn goes to `handed`, which is dropped before it is polled again.
+    drop(held);
+    drop(handed);
+    let got = tokio::time::timeout(LIMIT, next)
+        .await
+        .expect("the turn, handed on");
+    drop(got);
+    // And nobody keeps it afterwards.
+    tokio::time::timeout(LIMIT, turn.take(Line::Keep))
+        .await
+        .expect("a free turn");
 }
