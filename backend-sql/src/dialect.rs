@@ -216,6 +216,18 @@ fn hand<D: Dialect>(s: &Sql, held: &str) -> Stmt {
     D::hand(s, &next, held)
 }
 
+/// Moves the liveness of waiter `$owner`'s row `$ticket` in the waiters table `queue` ahead,
+/// if it is still live (a lapsed waiter joins again instead).
+pub fn refresh<D: Dialect>(s: &Sql, queue: &str) -> Stmt {
+    s.done(&format!(
+        "UPDATE {queue} SET expires_at = {} \
+         WHERE ticket = $ticket AND name = $name AND waiter = $owner AND expires_at > {}",
+        D::expiry(),
+        D::NOW
+    ))
+    .keeping()
+}
+
 /// `$owner`'s smallest live ticket in the waiters table `queue`, if any: what a retried join
 /// hands back instead of joining again (see `statement::rejoin`).
 pub fn own_ticket<D: Dialect>(queue: &str) -> String {
@@ -366,13 +378,7 @@ impl Statements {
                 ),
                 "ticket",
             ),
-            refresh: s
-                .done(&format!(
-                    "UPDATE {w} SET expires_at = {expiry} \
-                     WHERE ticket = $ticket AND name = $name AND waiter = $owner \
-                     AND expires_at > {now}"
-                ))
-                .keeping(),
+            refresh: refresh::<D>(&s, w),
             head: s.row(&head_of::<D>(&s.w)),
             own_ticket: s.row(&own_ticket::<D>(&s.w)),
             dequeue: Some(s.done(&format!(

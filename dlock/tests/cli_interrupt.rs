@@ -34,6 +34,35 @@ fn signal(child: &Child, sig: i32) {
     assert!(rc.success(), "kill -{sig} failed");
 }
 
+/// A `dlock` process logging at debug level to a file, which a failure shows.
+struct Logged {
+    child: Child,
+    log: tempfile::NamedTempFile,
+}
+
+impl Logged {
+    fn spawn(cmd: &mut Command) -> Logged {
+        let log = tempfile::NamedTempFile::new().expect("a log file");
+        let child = cmd
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log.reopen().expect("the log file"))
+            .spawn()
+            .expect("dlock starts");
+        Logged { child, log }
+    }
+
+    /// Kills the process and fails with `why` and the end of its log.
+    fn fail(mut self, why: &str) -> ! {
+        let _ = self.child.kill();
+        let logged = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+        let lines: Vec<&str> = logged.lines().collect();
+        let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+        panic!("the holder: {why}; its log ends:\n{tail}");
+    }
+}
+
 /// What `child` wrote to stderr, once it has exited.
 fn stderr_of(child: &mut Child) -> String {
     let mut err = String::new();
@@ -66,19 +95,29 @@ fn wait_exit(child: &mut Child, what: &str) -> i32 {
 fn interrupted_waiter_leaves_nothing(url: &str, sig: i32) {
     let name = format!("interrupt/{sig}");
     let mut holder =
-        spawn(dlock().args(["run", "--url", url, "--name", &name, "--", "sleep", "600"]));
-    eventually("the holder", || {
-        if let Some(exit) = holder.try_wait().expect("try_wait") {
-            return Ok(Err(format!("{exit}: {}", stderr_of(&mut holder))));
+        Logged::spawn(dlock().args(["run", "--url", url, "--name", &name, "--", "sleep", "600"]));
+    let held = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        eventually("the holder", || {
+            if let Some(exit) = holder.child.try_wait().expect("try_wait") {
+                return Ok(Err(format!("it exited ({exit})")));
+            }
+            let v = status(url, &name);
+            if v["holder"].is_null() {
+                Err(v.to_string())
+            } else {
+                Ok(Ok(()))
+            }
+        })
+    }));
+    match held {
+        Ok(Ok(())) => {}
+        Ok(Err(exited)) => holder.fail(&exited),
+        Err(timed_out) => {
+            let why = timed_out.downcast_ref::<String>().cloned();
+            holder.fail(&why.unwrap_or_else(|| "it never held the lock".to_owned()));
         }
-        let v = status(url, &name);
-        if v["holder"].is_null() {
-            Err(v.to_string())
-        } else {
-            Ok(Ok(()))
-        }
-    })
-    .unwrap_or_else(|e: String| panic!("the holder exited before it held the lock: {e}"));
+    }
+    let mut holder = holder.child;
     let mut waiter = spawn(dlock().args([
         "run", "--url", url, "--name", &name, "--wait", "60s", "--", "true",
     ]));

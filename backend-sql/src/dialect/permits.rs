@@ -202,13 +202,7 @@ impl PermitStatements {
             regrant: s.done(&t.regrant),
             gc: s.done(&t.gc),
             enqueue: s.insert_returning(&t.enqueue, "ticket"),
-            refresh: s
-                .done(&format!(
-                    "UPDATE {v} SET expires_at = {expiry} \
-                     WHERE ticket = $ticket AND name = $name AND waiter = $owner \
-                     AND expires_at > {now}"
-                ))
-                .keeping(),
+            refresh: super::refresh::<D>(s, v),
             dequeue: s.done(&t.dequeue),
             grant_call: None,
             join_call: None,
