@@ -328,3 +328,50 @@ fn bench_clients_as_processes_take_turns_on_one_file() {
     assert_eq!(o.status.code(), Some(64), "{}", stderr(&o));
     assert!(stderr(&o).contains("processes"), "{}", stderr(&o));
 }
+
+/// Whether process `pid` still runs (a zombie waiting to be reaped does not).
+#[cfg(target_os = "linux")]
+fn runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // `pid (comm) S ...`: the state follows the last `)`.
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        !state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
+    })
+}
+
+/// A `dlock run` killed with SIGKILL takes its command with it: the command would otherwise
+/// run on without the lock once the lease ran out, beside the next holder.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_killed_dlock_takes_its_command_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = url(dir.path());
+    let pid_file = dir.path().join("command.pid");
+    // `exec` keeps the pid the shell wrote.
+    let script = format!(
+        "echo $$ > {0}.new && mv {0}.new {0} && exec sleep 600",
+        pid_file.display()
+    );
+    let mut run = dlock()
+        .args([
+            "run", "--url", &url, "--name", "orphan", "--", "sh", "-c", &script,
+        ])
+        .spawn()
+        .unwrap();
+    wait_for_file(&pid_file);
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .expect("the command's pid");
+    assert!(runs(pid), "the command is not running");
+    run.kill().expect("kill -9 dlock");
+    run.wait().unwrap();
+    common::eventually("the command to end with dlock", || {
+        if runs(pid) {
+            Err(format!("process {pid} still runs"))
+        } else {
+            Ok(())
+        }
+    });
+}

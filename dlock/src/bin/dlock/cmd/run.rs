@@ -158,6 +158,7 @@ pub async fn main(args: RunArgs) -> u8 {
         .args(&args.command[1..])
         .env("DLOCK_FENCING_TOKEN", token.0.to_string())
         .env("DLOCK_LOCK_NAME", name.as_str());
+    sys::die_with_dlock(&mut command);
     let child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
