@@ -5,7 +5,8 @@
 //! replies matched in order, so concurrency costs no extra sockets. When a request fails with a
 //! connection error or a timeout, the connection is dropped and the next request opens a new
 //! one. A timeout drops it too: a reply that never came (a blackholed link) would otherwise
-//! shift every later reply onto the wrong request.
+//! shift every later reply onto the wrong request. A request that may run twice and found the
+//! connection already closed is sent again at once over a new one (see [`Single::send`]).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
