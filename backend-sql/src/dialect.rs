@@ -216,6 +216,15 @@ fn hand<D: Dialect>(s: &Sql, held: &str) -> Stmt {
     D::hand(s, &next, held)
 }
 
+/// A live row of `$owner` with `$fence` for `$name`: the condition of every release and extend
+/// of a lease (the lock's row, a permit's, a reader's) and of a hand-over.
+pub fn live_hold<D: Dialect>() -> String {
+    format!(
+        "name = $name AND owner = $owner AND fence = $fence AND expires_at > {}",
+        D::NOW
+    )
+}
+
 /// Moves the liveness of waiter `$owner`'s row `$ticket` in the waiters table `queue` ahead,
 /// if it is still live (a lapsed waiter joins again instead).
 pub fn refresh<D: Dialect>(s: &Sql, queue: &str) -> Stmt {
@@ -332,9 +341,7 @@ impl Statements {
         let (t, w, now, expiry) = (&s.t, &s.w, D::NOW, D::expiry());
         let queue = crate::common::queue_table(table);
         let permit_queue = crate::common::aux_table(table, crate::statement::PERMIT_QUEUE);
-        // A live row of `$owner` with `$fence`: what a release, a hand-over and an extend change.
-        let held =
-            format!("name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}");
+        let held = live_hold::<D>();
         let release = s.done(&format!("UPDATE {t} SET owner = NULL WHERE {held}"));
         let mut sql = Statements {
             create: D::CREATE

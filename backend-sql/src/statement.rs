@@ -81,7 +81,8 @@ pub struct Stmt {
     style: Style,
     /// Whether it answers with a row (`SELECT`, `RETURNING`) rather than with what it changed.
     row: bool,
-    /// Whether it only reads (see [`Stmt::reads_only`]), decided once when it is built.
+    /// Whether it only reads (so it need not wait for SQLite's write turn: see [`Stmt::line`]),
+    /// decided once when it is built.
     reads: bool,
     /// Whether it keeps a lease or a waiter's place alive (see [`Stmt::keeping`]).
     keeps: bool,
@@ -315,11 +316,6 @@ fn reads_only(text: &str) -> bool {
 }
 
 impl Stmt {
-    /// Whether the statement only reads, so that it need not wait for SQLite's write turn.
-    pub fn reads_only(&self) -> bool {
-        self.reads
-    }
-
     /// Marks a statement that keeps a lease or a waiter's place alive (an extend, a refresh),
     /// so that it waits in SQLite's keep line (see [`Line::Keep`]).
     pub fn keeping(mut self) -> Self {

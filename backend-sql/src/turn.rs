@@ -180,15 +180,13 @@ impl WriteTurn {
     /// Gives the turn in this process to the first writer of the keep line, else of the
     /// other line, skipping writers that stopped waiting; or marks it free.
     fn hand_on(&self) {
-        let mut waiters = self.waiters();
-        loop {
-            let next = match waiters.keep.pop_front() {
-                Some(next) => next,
-                None => match waiters.other.pop_front() {
-                    Some(next) => next,
-                    None => break,
-                },
-            };
+        let mut guard = self.waiters();
+        let waiters = &mut *guard;
+        while let Some(next) = waiters
+            .keep
+            .pop_front()
+            .or_else(|| waiters.other.pop_front())
+        {
             if next.send(()).is_ok() {
                 return;
             }

@@ -165,10 +165,7 @@ impl PermitTemplates {
             dequeue: format!(
                 "DELETE FROM {v} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
             ),
-            release: format!(
-                "DELETE FROM {p} \
-                 WHERE name = $name AND owner = $owner AND fence = $fence AND expires_at > {now}"
-            ),
+            release: format!("DELETE FROM {p} WHERE {}", super::live_hold::<D>()),
         }
     }
 }
@@ -223,8 +220,8 @@ impl PermitStatements {
             )),
             extend: s
                 .done(&format!(
-                    "UPDATE {p} SET expires_at = {expiry} WHERE name = $name \
-                     AND owner = $owner AND fence = $fence AND expires_at > {now}"
+                    "UPDATE {p} SET expires_at = {expiry} WHERE {}",
+                    super::live_hold::<D>()
                 ))
                 .keeping(),
             holders: s.row(&format!(

@@ -62,6 +62,8 @@ impl ReadStatements {
     /// added in its [`Dialect::adapt`].
     pub(super) fn new<D: Dialect>(s: &Sql) -> Self {
         let (t, w, r, now, expiry) = (&s.t, &s.w, &s.r, D::NOW, D::expiry());
+        // A reader's own live hold: what its release and extend change.
+        let mine = super::live_hold::<D>();
         let held = "r.fence IS NOT NULL";
         let live_hold = format!("r.name = $name AND {held} AND r.expires_at > {now}");
         let writer = format!(
@@ -108,15 +110,9 @@ impl ReadStatements {
             dequeue: s.done(&format!(
                 "DELETE FROM {w} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
             )),
-            release: s.done(&format!(
-                "DELETE FROM {r} WHERE name = $name AND owner = $owner \
-                 AND fence = $fence AND expires_at > {now}"
-            )),
+            release: s.done(&format!("DELETE FROM {r} WHERE {mine}")),
             extend: s
-                .done(&format!(
-                    "UPDATE {r} SET expires_at = {expiry} WHERE name = $name \
-                     AND owner = $owner AND fence = $fence AND expires_at > {now}"
-                ))
+                .done(&format!("UPDATE {r} SET expires_at = {expiry} WHERE {mine}"))
                 .keeping(),
             extend_row: s.done(&format!(
                 "UPDATE {t} SET expires_at = CASE WHEN expires_at > {expiry} THEN expires_at \
