@@ -342,6 +342,8 @@ impl ZkLock {
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(acls(&self.inner.config));
         // Admission: the count read with the children, written back in the transaction that
         // creates the node, at the version read (so any admission in between sends us round).
+        // Whether this session's server was brought up to date before reporting a mismatch.
+        let mut synced = false;
         let path = loop {
             let data = client.get_data(parent);
             let listed = client.get_children(parent);
@@ -371,6 +373,13 @@ impl ZkLock {
             }
             let in_use = !permits_of(Layout::Dlock, &children).is_empty();
             if let Some(r) = recorded(&data).filter(|r| in_use && *r != u64::from(permits)) {
+                // A follower may still list holders that have left through another server: a
+                // mismatch is reported only from what the session sees once caught up.
+                if !synced {
+                    self.caught_up(&client, parent, name, OP).await?;
+                    synced = true;
+                    continue;
+                }
                 return Err(permits_mismatch(name, r, permits));
             }
             let mut multi = client.new_multi_writer();
