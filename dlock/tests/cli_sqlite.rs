@@ -329,21 +329,12 @@ fn bench_clients_as_processes_take_turns_on_one_file() {
     assert!(stderr(&o).contains("processes"), "{}", stderr(&o));
 }
 
-/// Whether process `pid` still runs (a zombie waiting to be reaped does not).
-#[cfg(target_os = "linux")]
-fn runs(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        // `pid (comm) S ...`: the state follows the last `)`.
-        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
-        !state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
-    })
-}
-
 /// A `dlock run` killed with SIGKILL takes its command with it: the command would otherwise
 /// run on without the lock once the lease ran out, beside the next holder.
 #[cfg(target_os = "linux")]
 #[test]
 fn a_killed_dlock_takes_its_command_with_it() {
+    use conformance_tests::kit::is_alive;
     let dir = tempfile::tempdir().unwrap();
     let url = url(dir.path());
     let pid_file = dir.path().join("command.pid");
@@ -364,11 +355,11 @@ fn a_killed_dlock_takes_its_command_with_it() {
         .trim()
         .parse()
         .expect("the command's pid");
-    assert!(runs(pid), "the command is not running");
+    assert!(is_alive(pid), "the command is not running");
     run.kill().expect("kill -9 dlock");
     run.wait().unwrap();
     common::eventually("the command to end with dlock", || {
-        if runs(pid) {
+        if is_alive(pid) {
             Err(format!("process {pid} still runs"))
         } else {
             Ok(())

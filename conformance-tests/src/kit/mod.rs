@@ -61,6 +61,7 @@ pub use error::{KitError, KitErrorKind, KitResult};
 pub use mariadb::MariaDb;
 pub use peer::{KAZOO_REQUIREMENT, LockPeer, PeerHold, PeerLibrary, PeerLock};
 pub use postgres::Postgres;
+pub use process::is_alive;
 pub use proxy::{Fault, Proxy};
 pub use redis::{Redis, RedisReply, RedisSet, read_redis_reply, redis_command, redis_encode};
 pub use redis_cluster::RedisCluster;

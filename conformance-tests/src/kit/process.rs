@@ -203,8 +203,9 @@ fn stat_of(pid: u32) -> Option<(u32, char)> {
     Some((ppid, state))
 }
 
-/// Whether the pid runs (zombies count as gone: their resources are released).
-pub(crate) fn is_alive(pid: u32) -> bool {
+/// Whether the pid runs (zombies count as gone: their resources are released), read from
+/// Linux's `/proc`.
+pub fn is_alive(pid: u32) -> bool {
     matches!(stat_of(pid), Some((_, state)) if state != 'Z' && state != 'X')
 }
 
