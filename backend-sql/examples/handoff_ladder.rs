@@ -105,13 +105,46 @@ mod ring {
             }
         }
 
-        /// Whether the step wakes the next process by NOTIFY (PostgreSQL only).
-        fn notifies(self, pg: bool) -> bool {
+        /// The hand-over the step makes (on PostgreSQL when `pg`): its own, or for the queue's
+        /// steps the one this crate makes there (4 on PostgreSQL, 2 on MySQL).
+        fn hand(self, pg: bool) -> Hand {
             match self {
-                Step::HandNotify | Step::FreeNotifyGrant | Step::QueuedJoinLooks => true,
-                Step::Queued => pg,
-                Step::HandRing | Step::HandRingLook | Step::FreeRingGrant => false,
+                Step::HandRing => Hand::Ring,
+                Step::HandRingLook => Hand::RingLook,
+                Step::HandNotify => Hand::Notify,
+                Step::FreeNotifyGrant => Hand::FreeNotifyGrant,
+                Step::FreeRingGrant => Hand::FreeRingGrant,
+                Step::Queued | Step::QueuedJoinLooks if pg => Hand::FreeNotifyGrant,
+                Step::Queued | Step::QueuedJoinLooks => Hand::RingLook,
             }
+        }
+
+        /// Whether the step sends the queue's statements besides its hand-over.
+        fn queued(self) -> bool {
+            matches!(self, Step::Queued | Step::QueuedJoinLooks)
+        }
+
+        /// Whether only PostgreSQL can run the step (NOTIFY, or its join's `RETURNING`).
+        fn postgres_only(self) -> bool {
+            matches!(self.hand(false), Hand::Notify | Hand::FreeNotifyGrant)
+                || self == Step::QueuedJoinLooks
+        }
+    }
+
+    /// How the row passes to the next process (steps 1 to 5).
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Hand {
+        Ring,
+        RingLook,
+        Notify,
+        FreeNotifyGrant,
+        FreeRingGrant,
+    }
+
+    impl Hand {
+        /// Whether it wakes the next process by NOTIFY rather than by a datagram.
+        fn notifies(self) -> bool {
+            matches!(self, Hand::Notify | Hand::FreeNotifyGrant)
         }
     }
 
@@ -235,7 +268,7 @@ mod ring {
             "{:<44} {:>8} {:>9} {:>13} {:>13}",
             "step", "per s", "of limit", "hand-over p50", "p99"
         );
-        for step in STEPS.into_iter().filter(|s| pg || !s.notifies(pg)) {
+        for step in STEPS.into_iter().filter(|s| pg || !s.postgres_only()) {
             c.run(&format!("DELETE FROM {TABLE}"), &[]).await;
             c.run(&format!("DELETE FROM {TABLE}_w"), &[]).await;
             c.run(
@@ -335,7 +368,8 @@ mod ring {
         let next_id = i64::try_from(next).expect("index");
         let mut c = Conn::open(url).await;
         let pg = c.is_pg();
-        let mut listener = match step.notifies(pg) {
+        let hand = step.hand(pg);
+        let mut listener = match hand.notifies() {
             true => {
                 let mut l = PgListener::connect(url).await.expect("listen");
                 l.listen(TABLE).await.expect("listen");
@@ -349,7 +383,7 @@ mod ring {
         let sender = UnixDatagram::unbound().expect("socket");
 
         let t = TABLE;
-        let hand = format!("UPDATE {t} SET owner = $1, fence = fence + 1 WHERE name = 'x'");
+        let hand_over = format!("UPDATE {t} SET owner = $1, fence = fence + 1 WHERE name = 'x'");
         let hand_notify = format!(
             "WITH u AS (UPDATE {t} SET owner = $1, fence = fence + 1 WHERE name = 'x' RETURNING 1) \
              SELECT pg_notify('{t}', $1::text || ' ' || $2::text) FROM u"
@@ -421,35 +455,27 @@ mod ring {
                     .await
                     .expect("the ring stalled: no turn came for 10 s");
                 if message == "stop" {
-                    stop_next(step, &mut c, &sender, ring, next).await;
+                    stop_next(hand, &mut c, &sender, ring, next).await;
                     break;
                 }
                 let at: i64 = message.parse().expect("time");
-                match step {
-                    Step::HandRing | Step::HandNotify => {}
-                    Step::HandRingLook => {
+                match hand {
+                    Hand::Ring | Hand::Notify => {}
+                    Hand::RingLook => {
                         assert_eq!(c.run(&look, &[me]).await, 1, "handed the row");
                     }
-                    Step::FreeNotifyGrant | Step::FreeRingGrant => {
-                        assert_eq!(c.run(&grant, &[me]).await, 1, "granted the row");
-                    }
-                    Step::QueuedJoinLooks => {
-                        assert_eq!(c.run(&grant_leave, &[me]).await, 1, "granted the row");
-                    }
-                    Step::Queued if pg => {
-                        assert_eq!(c.run(&grant_leave, &[me]).await, 1, "granted the row");
-                    }
-                    Step::Queued => {
-                        assert_eq!(c.run(&look, &[me]).await, 1, "handed the row");
+                    Hand::FreeNotifyGrant | Hand::FreeRingGrant => {
+                        let grant = if step.queued() { &grant_leave } else { &grant };
+                        assert_eq!(c.run(grant, &[me]).await, 1, "granted the row");
                     }
                 }
-                if step == Step::Queued && !pg {
+                if step.queued() && !pg {
                     // Off the new holder's path, as this crate's MySQL client does it.
                     c.run(&leave, &[me]).await;
                 }
                 let now = now_us();
                 if now >= end {
-                    stop_next(step, &mut c, &sender, ring, next).await;
+                    stop_next(hand, &mut c, &sender, ring, next).await;
                     break;
                 }
                 if now >= start {
@@ -464,26 +490,19 @@ mod ring {
                 std::hint::spin_loop();
             }
             let at = now_us();
-            match step {
-                Step::HandNotify => {
+            match hand {
+                Hand::Notify => {
                     c.run(&hand_notify, &[next_id, at]).await;
                 }
-                Step::FreeNotifyGrant => {
+                Hand::FreeNotifyGrant => {
                     c.run(&free_quick_notify, &[next_id, at]).await;
                 }
-                Step::HandRing | Step::HandRingLook => {
-                    c.run(&hand, &[next_id]).await;
+                Hand::Ring | Hand::RingLook => {
+                    c.run(&hand_over, &[next_id]).await;
                     ring_next(&sender, ring, next, &at.to_string());
                 }
-                Step::FreeRingGrant => {
+                Hand::FreeRingGrant => {
                     c.run(&free, &[]).await;
-                    ring_next(&sender, ring, next, &at.to_string());
-                }
-                Step::Queued | Step::QueuedJoinLooks if pg => {
-                    c.run(&free_quick_notify, &[next_id, at]).await;
-                }
-                Step::Queued | Step::QueuedJoinLooks => {
-                    c.run(&hand, &[next_id]).await;
                     ring_next(&sender, ring, next, &at.to_string());
                 }
             }
@@ -508,9 +527,9 @@ mod ring {
         let _ = sender.send_to_addr(message.as_bytes(), &address(ring, next));
     }
 
-    /// Tells the next process to stop, by the step's own channel.
-    async fn stop_next(step: Step, c: &mut Conn, sender: &UnixDatagram, ring: u32, next: usize) {
-        if step.notifies(c.is_pg()) {
+    /// Tells the next process to stop, by the channel `hand` wakes it by.
+    async fn stop_next(hand: Hand, c: &mut Conn, sender: &UnixDatagram, ring: u32, next: usize) {
+        if hand.notifies() {
             let sql = format!("SELECT pg_notify('{TABLE}', $1::text || ' stop')");
             c.run(&sql, &[i64::try_from(next).expect("index")]).await;
         } else {
