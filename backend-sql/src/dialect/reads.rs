@@ -65,7 +65,8 @@ impl ReadStatements {
         // A reader's own live hold: what its release and extend change.
         let mine = super::live_hold::<D>();
         let held = "r.fence IS NOT NULL";
-        let live_hold = format!("r.name = $name AND {held} AND r.expires_at > {now}");
+        // Any reader's live hold of the name (`super::live_hold` is one owner's).
+        let any_hold = format!("r.name = $name AND {held} AND r.expires_at > {now}");
         let writer = format!(
             "l.name = $name AND l.owner IS NOT NULL AND l.owner <> '{READERS_OWNER}' \
              AND l.expires_at > {now}"
@@ -80,7 +81,7 @@ impl ReadStatements {
                  (SELECT count(*) FROM {w} AS w WHERE w.name = $name AND w.ticket < $ticket \
                  AND w.waiter <> $owner AND w.expires_at > {now} AND NOT EXISTS \
                  (SELECT 1 FROM {r} AS m WHERE m.name = w.name AND m.owner = w.waiter)), \
-                 (SELECT r.fence FROM {r} AS r WHERE {live_hold} AND r.owner = $owner), \
+                 (SELECT r.fence FROM {r} AS r WHERE {any_hold} AND r.owner = $owner), \
                  (SELECT {} FROM {t} AS l WHERE {writer}), \
                  (SELECT count(*) FROM {t} AS l WHERE l.name = $name \
                  AND l.owner = '{READERS_OWNER}' AND l.expires_at > {now})",
@@ -120,13 +121,13 @@ impl ReadStatements {
             )),
             settle: s.done(&format!(
                 "UPDATE {t} SET expires_at = COALESCE((SELECT MAX(r.expires_at) FROM {r} AS r \
-                 WHERE {live_hold}), expires_at), \
-                 owner = CASE WHEN EXISTS (SELECT 1 FROM {r} AS r WHERE {live_hold}) \
+                 WHERE {any_hold}), expires_at), \
+                 owner = CASE WHEN EXISTS (SELECT 1 FROM {r} AS r WHERE {any_hold}) \
                  THEN owner ELSE NULL END \
                  WHERE name = $name AND owner = '{READERS_OWNER}'"
             )),
             summary: s.row(&format!(
-                "SELECT (SELECT count(*) FROM {r} AS r WHERE {live_hold}), \
+                "SELECT (SELECT count(*) FROM {r} AS r WHERE {any_hold}), \
                  (SELECT count(*) FROM {w} AS w WHERE w.name = $name AND w.expires_at > {now} \
                  AND EXISTS (SELECT 1 FROM {r} AS m WHERE m.name = w.name AND m.owner = w.waiter))"
             )),
