@@ -13,6 +13,7 @@ use sqlx::error::DatabaseError;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
+use crate::kept::Kept;
 use crate::turn::{Line, WriteTurn};
 
 /// How a failed statement should be handled.
@@ -38,25 +39,42 @@ pub enum Class {
 /// connection broken; each one fails fast and is closed).
 const MAX_STALE_ATTEMPTS: u32 = 12;
 
-/// A pooled connection that is closed, not returned to the pool, unless the statement run on it
-/// completed. A statement interrupted by a timeout or a dropped future leaves the protocol in an
-/// unknown state (or the socket blackholed), so the connection must not be reused.
+/// A pooled connection that is closed, not reused, unless the statement run on it completed.
+/// A statement interrupted by a timeout or a dropped future leaves the protocol in an unknown
+/// state (or the socket blackholed), so the connection must not be reused. One that completed
+/// goes back to the client's [`Kept`] connections where there is room and nothing is left to
+/// send on it, else to the pool.
 pub(crate) struct Checked<DB: Database> {
-    conn: PoolConnection<DB>,
+    conn: Option<PoolConnection<DB>>,
+    /// When the connection last came out of the pool.
+    since: Instant,
+    kept: Arc<Kept<DB>>,
     clean: bool,
 }
 
 impl<DB: Database> Checked<DB> {
     /// The connection to run one statement on.
     pub(crate) fn conn(&mut self) -> &mut DB::Connection {
-        &mut self.conn
+        self.conn.as_mut().expect("a connection until dropped")
+    }
+
+    /// Marks the statement run on it as completed: the connection may be used again.
+    pub(crate) fn completed(&mut self) {
+        self.clean = true;
     }
 }
 
 impl<DB: Database> Drop for Checked<DB> {
     fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
         if !self.clean {
-            self.conn.close_on_drop();
+            conn.close_on_drop();
+        } else if !sqlx::Connection::should_flush(&*conn) {
+            // (A transaction dropped unfinished leaves its rollback to send: the pool's
+            // release sends it at once.)
+            self.kept.put(conn, self.since);
         }
     }
 }
@@ -73,6 +91,8 @@ pub struct Core<DB: Database> {
     /// process and ordered between processes (see `crate::turn`); `None` where the server
     /// queues writers.
     pub(crate) turn: Option<Arc<WriteTurn>>,
+    /// Connections kept between statements (see [`Kept`]).
+    pub(crate) kept: Arc<Kept<DB>>,
 }
 
 // By hand: a derive would require `DB: Clone`, which the driver marker types are not.
@@ -81,12 +101,28 @@ impl<DB: Database> Clone for Core<DB> {
         Core {
             pool: self.pool.clone(),
             turn: self.turn.clone(),
+            kept: self.kept.clone(),
             ..*self
         }
     }
 }
 
 impl<DB: Database> Core<DB> {
+    /// A connection for one statement: the kept one used last (see [`Kept`]), else one from
+    /// the pool.
+    pub(crate) async fn checked(&self) -> std::result::Result<Checked<DB>, sqlx::Error> {
+        let (conn, since) = match self.kept.take() {
+            Some(kept) => kept,
+            None => (self.pool.acquire().await?, Instant::now()),
+        };
+        Ok(Checked {
+            conn: Some(conn),
+            since,
+            kept: self.kept.clone(),
+            clean: false,
+        })
+    }
+
     /// Runs `attempt` on a pooled connection, within the `timeout` budget for the whole call.
     /// Broken connections are replaced and busy errors retried with backoff, inside the budget;
     /// other errors are returned. `attempt` may run more than once, so it must be idempotent for
@@ -129,8 +165,7 @@ impl<DB: Database> Core<DB> {
                     (Some(turn), Some(line)) => Some(turn.take(line).await),
                     _ => None,
                 };
-                let conn = self.pool.acquire().await?;
-                let (mut checked, result) = attempt(Checked { conn, clean: false }).await;
+                let (mut checked, result) = attempt(self.checked().await?).await;
                 checked.clean = match &result {
                     Ok(_) => true,
                     // The server answered in protocol: the connection is fine unless the error

@@ -12,6 +12,7 @@ use sqlx::{Connection, Database};
 
 use crate::common::{Class, Core};
 use crate::config::{SqlConfig, WithTls};
+use crate::kept::Kept;
 use crate::statement::{Args, Sql, SqlDb, Stmt, Style};
 use crate::wake::Wake;
 
@@ -436,7 +437,8 @@ const POOL_SIZE: u32 = 8;
 type Options<D> = <<<D as Dialect>::Db as Database>::Connection as Connection>::Options;
 
 /// The connect of a server dialect (PostgreSQL, MySQL) with `opts` from the URL: the TLS files
-/// read, a pool of up to 8 connections (idle ones closed after 60 s), one connection opened
+/// read, a pool of up to 8 connections (idle ones closed after 60 s; two kept out of it between
+/// statements, see [`Kept`]), one connection opened
 /// straight away to say at once why the server cannot be used (see [`Core::probe`]), the tables
 /// created, and expired waiter rows left by crashed processes dropped (best effort). Returns the
 /// options used, TLS files included.
@@ -463,6 +465,7 @@ where
         timeout,
         classify: D::classify,
         turn: None,
+        kept: Kept::new(POOL_SIZE),
     };
     core.probe(&opts).await?;
     create_tables::<D>(&core, sql).await?;

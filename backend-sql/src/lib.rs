@@ -5,6 +5,7 @@ mod client;
 mod common;
 pub mod config;
 mod dialect;
+mod kept;
 mod lock;
 mod queue;
 mod read;

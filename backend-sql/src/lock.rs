@@ -73,6 +73,7 @@ impl<D: Dialect> SqlLock<D> {
     /// Safe to drop; connections then close in the background.
     pub async fn close(&self) {
         self.client.dialect.close().await;
+        self.client.core.kept.clear();
         self.client.core.pool.close().await;
     }
 

@@ -192,7 +192,7 @@ impl Dialect for MySql {
     }
 
     const FLOOR: &'static str = "INSERT .. ON DUPLICATE KEY UPDATE (fence via LAST_INSERT_ID; \
-         without the queue check), then UPDATE .. SET owner = NULL, on the same sqlx pool";
+         without the queue check), then UPDATE .. SET owner = NULL, on the same connections as the lock";
 
     fn floor_acquire(s: &Sql) -> Stmt {
         // The raw floor's update, as it was before the queue.

@@ -224,7 +224,7 @@ impl Dialect for Postgres {
     }
 
     const FLOOR: &'static str = "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence (without the \
-         queue check), then UPDATE .. SET owner = NULL with pg_notify, on the same sqlx pool";
+         queue check), then UPDATE .. SET owner = NULL with pg_notify, on the same connections as the lock";
 
     fn floor_acquire(s: &Sql) -> Stmt {
         s.row(&format!(

@@ -18,6 +18,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePoolOptions};
 use super::{Dialect, Statements, create_tables, head_of};
 use crate::common::{Class, Core};
 use crate::config::{SqlConfig, SqlitePath, Target};
+use crate::kept::Kept;
 use crate::statement::{Sql, Stmt, Style};
 use crate::turn::write_turn;
 
@@ -169,8 +170,9 @@ impl Dialect for Sqlite {
         };
         // WAL is a property of the file: pooled connections need not (and, racing each other,
         // should not) switch to it again.
+        let pool_size = if memory { 1 } else { POOL_SIZE };
         let pool = SqlitePoolOptions::new()
-            .max_connections(if memory { 1 } else { POOL_SIZE })
+            .max_connections(pool_size)
             .min_connections(0)
             .acquire_timeout(timeout)
             .idle_timeout((!memory).then_some(Duration::from_secs(60)))
@@ -187,6 +189,7 @@ impl Dialect for Sqlite {
             timeout,
             classify: Self::classify,
             turn: Some(turn),
+            kept: Kept::new(pool_size),
         };
         create_tables::<Self>(&core, sql).await?;
         let _anchor = Mutex::new(anchor);
@@ -258,7 +261,7 @@ impl Dialect for Sqlite {
     }
 
     const FLOOR: &'static str = "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence (without the \
-         queue check), then UPDATE .. SET owner = NULL, on the same sqlx pool";
+         queue check), then UPDATE .. SET owner = NULL, on the same connections as the lock";
 
     fn floor_acquire(s: &Sql) -> Stmt {
         // The plain acquire, without the queue check (and without a token floor).

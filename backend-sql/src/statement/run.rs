@@ -347,10 +347,18 @@ impl<DB: SqlDb> Core<DB> {
         .await
     }
 
-    /// Runs `stmt` straight on the pool: no retries, time limit or connection checks (the raw
-    /// floor's way).
+    /// Runs `stmt` with no retries and no time limit (the raw floor's way), on the connections
+    /// the lock's statements use (`crate::kept`): the floor pays no pool overhead that the lock
+    /// does not.
     pub async fn reply_raw(&self, stmt: &Stmt, a: Args<'_>) -> Result<Reply> {
-        let raw = async { DB::reply(&mut *self.pool.acquire().await?, stmt, &a).await };
+        let raw = async {
+            let mut c = self.checked().await?;
+            let reply = DB::reply(c.conn(), stmt, &a).await;
+            if reply.is_ok() {
+                c.completed();
+            }
+            reply
+        };
         raw.await
             .map_err(|e| Error::backend(self.backend, "raw floor", a.name, true, e))
     }

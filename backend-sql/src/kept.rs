@@ -1,0 +1,162 @@
+//! The connections a client keeps between statements, out of sqlx's pool (see [`Kept`]).
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use sqlx::Database;
+use sqlx::pool::PoolConnection;
+
+/// How many connections a client keeps out of sqlx's pool between statements, at most (see
+/// [`Kept`]).
+const KEPT: usize = 2;
+
+/// How long a kept connection may sit unused before it goes back to the pool, whose idle
+/// timeout then closes it.
+const KEPT_IDLE: Duration = Duration::from_secs(10);
+
+/// How long a connection may go from statement to statement without passing through the pool,
+/// so that the pool's own rules (SQLite's lifetime limit) still reach it.
+const KEPT_FOR: Duration = Duration::from_secs(60);
+
+/// The connections a client keeps between statements, most recently used last.
+///
+/// sqlx's pool pings every connection it gets back (one more round trip, and a wake-up of the
+/// server's session) to find those that a dropped future left mid-statement. `Checked`
+/// (`crate::common`) already closes those, so a connection whose statement completed is kept here for the next
+/// statement instead, and the ping is spared: on a contended lock that is one round trip per
+/// statement fewer beside each hand-over (`backend-sql/README.md`, Performance). A connection
+/// with something left to send (the rollback of a transaction dropped unfinished) goes back to
+/// the pool, which sends it at once.
+///
+/// At most [`KEPT`] are kept, and always fewer than the pool's size, so that a statement that
+/// finds none here (or the bench's raw floor, which runs straight on the pool) can always get
+/// one from the pool. One unused for [`KEPT_IDLE`] goes back to the pool, which closes it once
+/// it has been idle there for its own idle timeout: a background task checks while any is kept,
+/// and every statement checks too. One that has gone from statement to statement for
+/// [`KEPT_FOR`] goes back too, so that the pool's own limits still apply to it.
+pub(crate) struct Kept<DB: Database> {
+    idle: Mutex<Idle<DB>>,
+    room: usize,
+    /// How long a connection may sit here unused ([`KEPT_IDLE`]).
+    limit: Duration,
+}
+
+/// A kept connection.
+struct Conn<DB: Database> {
+    conn: PoolConnection<DB>,
+    /// When it last came out of the pool.
+    since: Instant,
+    /// When it was put back here.
+    at: Instant,
+}
+
+/// [`Kept`]'s state.
+struct Idle<DB: Database> {
+    /// Kept connections, most recently put back last.
+    conns: Vec<Conn<DB>>,
+    /// Whether a task that gives back the unused ones is running.
+    reaping: bool,
+}
+
+impl<DB: Database> Kept<DB> {
+    /// Room for [`KEPT`] connections, and fewer than `pool_size`.
+    pub(crate) fn new(pool_size: u32) -> Arc<Self> {
+        Self::unused_for(pool_size, KEPT_IDLE)
+    }
+
+    /// [`new`](Self::new), giving back connections unused for `limit`.
+    fn unused_for(pool_size: u32, limit: Duration) -> Arc<Self> {
+        let below_pool = usize::try_from(pool_size.saturating_sub(1)).unwrap_or(0);
+        Arc::new(Kept {
+            idle: Mutex::new(Idle {
+                conns: Vec::new(),
+                reaping: false,
+            }),
+            room: KEPT.min(below_pool),
+            limit,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Idle<DB>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The most recently used kept connection and when it last came out of the pool, if any
+    /// (giving back the unused ones).
+    pub(crate) fn take(&self) -> Option<(PoolConnection<DB>, Instant)> {
+        let (conn, unused) = {
+            let mut idle = self.lock();
+            let unused = idle.unused(self.limit);
+            (idle.conns.pop().map(|c| (c.conn, c.since)), unused)
+        };
+        // Dropped outside the lock: each goes back to the pool.
+        drop(unused);
+        conn
+    }
+
+    /// Keeps `conn`, out of the pool since `since`, for the next statement; or gives it back
+    /// to the pool when there is no room or it has been out for [`KEPT_FOR`].
+    pub(crate) fn put(self: &Arc<Self>, conn: PoolConnection<DB>, since: Instant) {
+        let at = Instant::now();
+        let mut idle = self.lock();
+        if idle.conns.len() >= self.room || at.duration_since(since) >= KEPT_FOR {
+            drop(idle);
+            drop(conn);
+            return;
+        }
+        idle.conns.push(Conn { conn, since, at });
+        if !idle.reaping
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            idle.reaping = true;
+            runtime.spawn(reap(Arc::downgrade(self), self.limit));
+        }
+    }
+
+    /// Gives every kept connection back to the pool (before the pool is closed).
+    pub(crate) fn clear(&self) {
+        let all = std::mem::take(&mut self.lock().conns);
+        drop(all);
+    }
+}
+
+impl<DB: Database> Idle<DB> {
+    /// Takes out the connections unused for `limit`.
+    fn unused(&mut self, limit: Duration) -> Vec<Conn<DB>> {
+        let now = Instant::now();
+        let fresh = self
+            .conns
+            .iter()
+            .position(|c| now.duration_since(c.at) < limit)
+            .unwrap_or(self.conns.len());
+        self.conns.drain(..fresh).collect()
+    }
+}
+
+/// Gives back kept connections once unused for their limit, while any is kept and the client
+/// lives.
+async fn reap<DB: Database>(kept: Weak<Kept<DB>>, limit: Duration) {
+    loop {
+        tokio::time::sleep(limit / 2).await;
+        let Some(kept) = kept.upgrade() else {
+            return;
+        };
+        let (unused, reaping) = {
+            let mut idle = kept.lock();
+            let unused = idle.unused(limit);
+            if idle.conns.is_empty() {
+                // Under the lock: a `put` from now on starts another task.
+                idle.reaping = false;
+            }
+            (unused, idle.reaping)
+        };
+        // Dropped outside the lock: each goes back to the pool.
+        drop(unused);
+        if !reaping {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

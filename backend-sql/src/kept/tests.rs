@@ -1,0 +1,130 @@
+use std::time::{Duration, Instant};
+
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+use sqlx::{Pool, Sqlite};
+
+use super::Kept;
+
+/// Generous: only to fail instead of hanging.
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// A pool of `size` connections to a database file of its own (gone with the directory).
+fn pool(dir: &tempfile::TempDir, size: u32) -> Pool<Sqlite> {
+    let opts = SqliteConnectOptions::new()
+        .filename(dir.path().join("kept.db"))
+        .create_if_missing(true);
+    SqlitePoolOptions::new()
+        .max_connections(size)
+        .connect_lazy_with(opts)
+}
+
+/// Marks `conn` with a temporary table (one connection's own) named `mark`.
+async fn mark(conn: &mut PoolConnection<Sqlite>, mark: &str) {
+    let create = format!("CREATE TEMP TABLE {mark} (x)");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+        .execute(&mut **conn)
+        .await
+        .expect("create a temporary table");
+}
+
+/// Whether `conn` carries `mark`.
+async fn marked(conn: &mut PoolConnection<Sqlite>, mark: &str) -> bool {
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM sqlite_temp_master WHERE name = ?1")
+        .bind(mark)
+        .fetch_one(&mut **conn)
+        .await
+        .expect("read the temporary tables");
+    n == 1
+}
+
+/// Waits until the pool holds `n` idle connections (a dropped connection goes back through a
+/// task of its own).
+async fn pool_idle(pool: &Pool<Sqlite>, n: usize) {
+    tokio::time::timeout(LIMIT, async {
+        while pool.num_idle() != n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the pool has {} idle, not {n}", pool.num_idle()));
+}
+
+/// The next statement gets the connection used last, not one from the pool; two are kept,
+/// and the third goes back to the pool.
+#[tokio::test]
+async fn the_last_connection_used_is_taken_first_and_two_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(&dir, 8);
+    let kept = Kept::new(8);
+    let mut a = pool.acquire().await.unwrap();
+    let mut b = pool.acquire().await.unwrap();
+    let c = pool.acquire().await.unwrap();
+    mark(&mut a, "a").await;
+    mark(&mut b, "b").await;
+    let now = Instant::now();
+    kept.put(a, now);
+    kept.put(b, now);
+    kept.put(c, now);
+    pool_idle(&pool, 1).await;
+
+    let (mut first, _) = kept.take().expect("a kept connection");
+    assert!(marked(&mut first, "b").await, "not the last one put back");
+    let (mut second, _) = kept.take().expect("a second kept connection");
+    assert!(marked(&mut second, "a").await, "not the first one put back");
+    assert!(kept.take().is_none(), "a third was kept");
+}
+
+/// A pool of one connection (SQLite's `:memory:`) keeps none back: the pool must always have
+/// one to hand out, as the bench's raw floor takes its own from the pool.
+#[tokio::test]
+async fn none_is_kept_from_a_pool_of_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(&dir, 1);
+    let kept = Kept::new(1);
+    kept.put(pool.acquire().await.unwrap(), Instant::now());
+    assert!(kept.take().is_none());
+    let again = tokio::time::timeout(LIMIT, pool.acquire()).await;
+    assert!(
+        matches!(again, Ok(Ok(_))),
+        "the pool's one connection was kept"
+    );
+}
+
+/// A connection left unused goes back to the pool on its own, and is not handed out again.
+#[tokio::test]
+async fn an_unused_connection_goes_back_to_the_pool() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(&dir, 8);
+    let kept = Kept::unused_for(8, Duration::from_millis(50));
+    kept.put(pool.acquire().await.unwrap(), Instant::now());
+    assert_eq!(pool.num_idle(), 0);
+    pool_idle(&pool, 1).await;
+    assert!(kept.take().is_none(), "handed out after it went back");
+    // And a connection put back after that is given back too: the task starts again.
+    kept.put(pool.acquire().await.unwrap(), Instant::now());
+    assert_eq!(pool.num_idle(), 0);
+    pool_idle(&pool, 1).await;
+}
+
+/// A connection that has gone from statement to statement for a minute goes back through the
+/// pool, so that the pool's lifetime limit still reaches it.
+#[tokio::test]
+async fn a_connection_out_of_the_pool_for_a_minute_goes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(&dir, 8);
+    let kept = Kept::new(8);
+    let long_ago = Instant::now()
+        .checked_sub(super::KEPT_FOR)
+        .expect("a monotonic clock older than a minute");
+    kept.put(pool.acquire().await.unwrap(), long_ago);
+    assert!(kept.take().is_none(), "kept past its minute");
+    pool_idle(&pool, 1).await;
+    let since = Instant::now();
+    kept.put(pool.acquire().await.unwrap(), since);
+    let (_, kept_since) = kept.take().expect("a fresh one is kept");
+    assert_eq!(
+        kept_since, since,
+        "its time out of the pool is kept with it"
+    );
+}
