@@ -46,6 +46,9 @@ const MAX_STALE_ATTEMPTS: u32 = 12;
 /// send on it, else to the pool.
 pub(crate) struct Checked<DB: Database> {
     conn: Option<PoolConnection<DB>>,
+    /// The statement's slot (see `Kept::slot`), given up after the connection (a field drops
+    /// after `drop` has run).
+    _slot: tokio::sync::OwnedSemaphorePermit,
     /// When the connection last came out of the pool.
     since: Instant,
     kept: Arc<Kept<DB>>,
@@ -108,15 +111,17 @@ impl<DB: Database> Clone for Core<DB> {
 }
 
 impl<DB: Database> Core<DB> {
-    /// A connection for one statement: the kept one used last (see [`Kept`]), else one from
-    /// the pool.
+    /// A connection for one statement, after its turn (`Kept::slot`): the kept one used last
+    /// (see [`Kept`]), else one from the pool.
     pub(crate) async fn checked(&self) -> std::result::Result<Checked<DB>, sqlx::Error> {
+        let slot = self.kept.slot().await;
         let (conn, since) = match self.kept.take() {
             Some(kept) => kept,
             None => (self.pool.acquire().await?, Instant::now()),
         };
         Ok(Checked {
             conn: Some(conn),
+            _slot: slot,
             since,
             kept: self.kept.clone(),
             clean: false,

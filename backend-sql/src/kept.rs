@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::Database;
 use sqlx::pool::PoolConnection;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How many connections a client keeps out of sqlx's pool between statements, at most (see
 /// [`Kept`]).
@@ -22,21 +23,25 @@ const KEPT_FOR: Duration = Duration::from_secs(60);
 ///
 /// sqlx's pool pings every connection it gets back (one more round trip, and a wake-up of the
 /// server's session) to find those that a dropped future left mid-statement. `Checked`
-/// (`crate::common`) already closes those, so a connection whose statement completed is kept here for the next
-/// statement instead, and the ping is spared: on a contended lock that is one round trip per
-/// statement fewer beside each hand-over (`backend-sql/README.md`, Performance). A connection
-/// with something left to send (the rollback of a transaction dropped unfinished) goes back to
-/// the pool, which sends it at once.
+/// (`crate::common`) already closes those, so a connection whose statement completed is kept
+/// here for the next statement instead, and the ping is spared: on a contended lock that is
+/// one round trip per statement fewer beside each hand-over (`backend-sql/README.md`,
+/// Performance). A connection with something left to send (the rollback of a transaction
+/// dropped unfinished) goes back to the pool, which sends it at once.
 ///
-/// At most [`KEPT`] are kept, and always fewer than the pool's size, so that a statement that
-/// finds none here (or the bench's raw floor, which runs straight on the pool) can always get
-/// one from the pool. One unused for [`KEPT_IDLE`] goes back to the pool, which closes it once
+/// At most [`KEPT`] are kept, and always fewer than the pool's size. Every statement, the raw
+/// floor's too, first takes one of as many [`slot`](Self::slot)s as the pool has connections,
+/// in arrival order, and holds it until its connection is kept or given back: so a statement
+/// never waits in the pool while a connection sits here, and with a slot it finds one here or
+/// room in the pool. One unused for [`KEPT_IDLE`] goes back to the pool, which closes it once
 /// it has been idle there for its own idle timeout: a background task checks while any is kept,
 /// and every statement checks too. One that has gone from statement to statement for
 /// [`KEPT_FOR`] goes back too, so that the pool's own limits still apply to it.
 pub(crate) struct Kept<DB: Database> {
     idle: Mutex<Idle<DB>>,
     room: usize,
+    /// One per connection of the pool (see [`slot`](Self::slot)).
+    slots: Arc<Semaphore>,
     /// How long a connection may sit here unused ([`KEPT_IDLE`]).
     limit: Duration,
 }
@@ -73,8 +78,24 @@ impl<DB: Database> Kept<DB> {
                 reaping: false,
             }),
             room: KEPT.min(below_pool),
+            slots: Arc::new(Semaphore::new(
+                usize::try_from(pool_size).unwrap_or(Semaphore::MAX_PERMITS),
+            )),
             limit,
         })
+    }
+
+    /// A statement's turn at the connections, held until its connection is kept or given
+    /// back: as many at once as the pool has connections, taken in arrival order.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped wait holds no slot and keeps its place for nobody.
+    pub(crate) async fn slot(&self) -> OwnedSemaphorePermit {
+        self.slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the slots are never closed")
     }
 
     fn lock(&self) -> MutexGuard<'_, Idle<DB>> {
@@ -117,6 +138,23 @@ impl<DB: Database> Kept<DB> {
     pub(crate) fn clear(&self) {
         let all = std::mem::take(&mut self.lock().conns);
         drop(all);
+    }
+}
+
+impl<DB: Database> Drop for Kept<DB> {
+    fn drop(&mut self) {
+        let idle = self.idle.get_mut().unwrap_or_else(PoisonError::into_inner);
+        let conns = std::mem::take(&mut idle.conns);
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Back to the pool.
+            drop(conns);
+            return;
+        }
+        // Outside a runtime (a client dropped after its runtime ended) the pool cannot take
+        // a connection back, as that spawns a task (which would panic): each is closed here.
+        for kept in conns {
+            drop(kept.conn.detach());
+        }
     }
 }
 

@@ -128,3 +128,64 @@ async fn a_connection_out_of_the_pool_for_a_minute_goes_back() {
         "its time out of the pool is kept with it"
     );
 }
+
+/// A statement that arrives while every connection is out waits for its turn, not in the pool:
+/// the first connection to come back (here into the kept ones) is its, although the pool
+/// itself gets nothing back while the other statement runs on.
+#[tokio::test]
+async fn a_statement_waiting_for_a_connection_gets_the_one_kept_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let core = crate::common::Core {
+        backend: "test",
+        pool: pool(&dir, 2),
+        timeout: LIMIT,
+        classify: |_| crate::common::Class::Fail { retryable: false },
+        turn: None,
+        kept: Kept::new(2),
+    };
+    let running = core.checked().await.expect("a first connection");
+    let mut done = core.checked().await.expect("a second connection");
+    let waiting = {
+        let core = core.clone();
+        tokio::spawn(async move { core.checked().await.map(drop) })
+    };
+    // Give it time to start waiting; it must not be granted before a connection comes back.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a third connection out of a pool of two"
+    );
+    done.completed();
+    drop(done);
+    let got = tokio::time::timeout(LIMIT, waiting).await;
+    assert!(
+        matches!(got, Ok(Ok(Ok(())))),
+        "the waiting statement did not get the connection kept: {got:?}"
+    );
+    drop(running);
+}
+
+/// Dropped after its runtime has ended (a client dropped outside any runtime), the kept
+/// connections are closed rather than handed to the pool, which would need a runtime to take
+/// them back.
+#[test]
+fn kept_connections_dropped_outside_a_runtime_are_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (pool, kept) = runtime.block_on(async {
+        let pool = pool(&dir, 8);
+        let kept = Kept::new(8);
+        kept.put(pool.acquire().await.unwrap(), Instant::now());
+        (pool, kept)
+    });
+    drop(runtime);
+    drop(kept);
+    assert_eq!(
+        pool.size(),
+        0,
+        "the kept connection is still counted by the pool"
+    );
+}
