@@ -29,14 +29,16 @@ const KEPT_FOR: Duration = Duration::from_secs(60);
 /// Performance). A connection with something left to send (the rollback of a transaction
 /// dropped unfinished) goes back to the pool, which sends it at once.
 ///
-/// At most [`KEPT`] are kept, and always fewer than the pool's size. Every statement, the raw
-/// floor's too, first takes one of as many [`slot`](Self::slot)s as the pool has connections,
-/// in arrival order, and holds it until its connection is kept or given back: so a statement
-/// never waits in the pool while a connection sits here, and with a slot it finds one here or
-/// room in the pool. One unused for [`KEPT_IDLE`] goes back to the pool, which closes it once
-/// it has been idle there for its own idle timeout: a background task checks while any is kept,
-/// and every statement checks too. One that has gone from statement to statement for
-/// [`KEPT_FOR`] goes back too, so that the pool's own limits still apply to it.
+/// At most [`KEPT`] are kept, and always fewer than the pool's size, so that what takes a
+/// connection from the pool directly (the MySQL routines' install at connect) finds one there.
+/// Every statement, the raw floor's too, first takes one of as many [`slot`](Self::slot)s as
+/// the pool has connections, in arrival order, and holds it until its connection is kept or
+/// given back: so a statement never waits in the pool while a connection sits here, and with a
+/// slot it finds one here or room in the pool. One unused for [`KEPT_IDLE`] goes back to the
+/// pool, which closes it once it has been idle there for its own idle timeout: a background
+/// task checks while any is kept, and every statement checks too. One that has gone from
+/// statement to statement for [`KEPT_FOR`] goes back too, so that the pool's own limits still
+/// apply to it.
 pub(crate) struct Kept<DB: Database> {
     idle: Mutex<Idle<DB>>,
     room: usize,

@@ -318,8 +318,8 @@ fn batch_error(e: &Error, name: &LockName) -> Error {
     Error::backend(backend, operation, Some(name), retryable, text)
 }
 
-/// The plain acquire (no waiter-queue check) and the release statement straight on the pool: no
-/// retries, time limits, guards or lockcore layer.
+/// The plain acquire (no waiter-queue check) and the release statement on the client's
+/// connections (see `crate::kept`): no retries, time limits, guards or lockcore layer.
 struct Floor<D: Dialect> {
     client: Arc<Client<D>>,
 }

@@ -75,8 +75,8 @@ async fn the_last_connection_used_is_taken_first_and_two_are_kept() {
     assert!(kept.take().is_none(), "a third was kept");
 }
 
-/// A pool of one connection (SQLite's `:memory:`) keeps none back: the pool must always have
-/// one to hand out, as the bench's raw floor takes its own from the pool.
+/// A pool of one connection (SQLite's `:memory:`) keeps none back: whatever takes a connection
+/// from the pool directly, outside the statements' slots, always finds one there.
 #[tokio::test]
 async fn none_is_kept_from_a_pool_of_one() {
     let dir = tempfile::tempdir().unwrap();
