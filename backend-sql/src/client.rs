@@ -168,6 +168,9 @@ pub(crate) struct Client<D: Dialect> {
     /// The names whose lock this client last released from a grant out of the queue, and when
     /// (see [`joins_first`](Self::joins_first)).
     contended: std::sync::Mutex<std::collections::HashMap<LockName, Instant>>,
+    /// The background deletes of the waiter rows of holders that a release handed the lock
+    /// to, by owner id, while they run (see `Client::dequeue_later`).
+    pub(crate) leaving: std::sync::Mutex<std::collections::HashMap<OwnerId, crate::queue::Leaving>>,
 }
 
 impl<D: Dialect> Client<D> {
@@ -195,6 +198,7 @@ impl<D: Dialect> Client<D> {
             polls,
             bells,
             contended: Default::default(),
+            leaving: Default::default(),
         })
     }
 

@@ -169,6 +169,8 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         if is_permit(lease) {
             return c.release_permit(lease).await;
         }
+        // A holder that a release handed the lock to: its waiter row must be gone first.
+        c.settle_leaving(lease.name(), lease.owner()).await;
         c.release_row(c.lock_release(lease), lease, false).await
     }
 

@@ -1713,6 +1713,72 @@ async fn postgres_tls_is_verified_and_used() {
     }
 }
 
+/// MySQL hands the lock over in the release, and the new holder deletes its waiter row in the
+/// background. Here another session holds the waiters table with `LOCK TABLES .. READ`, so that
+/// delete waits (reads, and so the hand-overs, go on) while the new holder releases: the release
+/// waits for it. Had it not, the second waiter would be handed the lock at once, and the first
+/// holder's row, still live, would head the queue: the second holder's release would hand the
+/// lock to it, an owner id nobody waits as, and the lock would stay taken until that lease ran
+/// out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_handed_holder_leaves_the_queue_before_it_releases() {
+    let url = fresh_url(Kind::MariaDb).await;
+    let (a, b, c, d) = (
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+        client(&url).await,
+    );
+    let raw = Raw::connect(&url).await;
+    let Raw::My(pool) = &raw else {
+        unreachable!("a MariaDB URL")
+    };
+    let n = name("handed-again");
+    let held = queued_lease(&a, &b, &n, Duration::from_secs(30)).await;
+    let (w, x) = (OwnerId::random(), OwnerId::random());
+    let first = spawn_wait(&c, &n, waiting(Duration::from_secs(30)).owner(w), false);
+    until_queued(&a, &n, 1).await;
+    let mut second = spawn_wait(&d, &n, waiting(Duration::from_secs(30)).owner(x), false);
+    until_queued(&a, &n, 2).await;
+
+    let mut blocker = pool.acquire().await.expect("a connection");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLES `{TABLE}_waiters` READ"
+    )))
+    .execute(&mut *blocker)
+    .await
+    .expect("lock the waiters table for reading");
+    assert_eq!(b.release(&held).await.expect("release"), Released::Released);
+    let got = granted("the first waiter's grant", first).await;
+    assert_eq!(got.owner(), w);
+    let release = {
+        let c = c.clone();
+        tokio::spawn(async move { c.release(&got).await })
+    };
+    let early = tokio::time::timeout(Duration::from_millis(500), &mut second).await;
+    assert!(
+        early.is_err(),
+        "the first holder released while its waiter row was still queued"
+    );
+    sqlx::raw_sql("UNLOCK TABLES")
+        .execute(&mut *blocker)
+        .await
+        .expect("unlock");
+    let released = within(Duration::from_secs(30), "the first release", release).await;
+    assert_eq!(
+        released.expect("task").expect("release"),
+        Released::Released
+    );
+    let got = granted("the second waiter's grant", second).await;
+    assert_eq!(got.owner(), x);
+    assert_eq!(d.release(&got).await.expect("release"), Released::Released);
+    let (owner, _, _) = raw.row(TABLE, n.as_str()).await.expect("row");
+    assert_eq!(
+        owner, None,
+        "the lock went to the queue row of a holder that had left"
+    );
+}
+
 /// MariaDB over TLS against the kit's own CA, with an account that the server admits only over
 /// TLS (`REQUIRE SSL`): verified and `required` connections work, a plain one is refused by the
 /// server (so the working ones really are encrypted), and an unknown CA is refused by us.
