@@ -170,7 +170,15 @@ pub(crate) struct Client<D: Dialect> {
     contended: std::sync::Mutex<std::collections::HashMap<LockName, Instant>>,
     /// The background deletes of the waiter rows of holders that a release handed the lock
     /// to, by owner id, while they run (see `Client::dequeue_later`).
-    pub(crate) leaving: std::sync::Mutex<std::collections::HashMap<OwnerId, crate::queue::Leaving>>,
+    pub(crate) leaving: std::sync::Mutex<std::collections::HashMap<OwnerId, Leaving>>,
+}
+
+/// A background delete of a new holder's waiter rows after a hand-over (see
+/// `Client::dequeue_later` in `crate::queue`).
+pub(crate) struct Leaving {
+    pub(crate) task: tokio::task::JoinHandle<()>,
+    /// Set once the rows are deleted.
+    pub(crate) deleted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<D: Dialect> Client<D> {
