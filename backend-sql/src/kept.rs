@@ -63,6 +63,8 @@ struct Idle<DB: Database> {
     conns: Vec<Conn<DB>>,
     /// Whether a task that gives back the unused ones is running.
     reaping: bool,
+    /// Set by [`Kept::clear`]: the pool is closing, and nothing is kept any more.
+    closed: bool,
 }
 
 impl<DB: Database> Kept<DB> {
@@ -78,6 +80,7 @@ impl<DB: Database> Kept<DB> {
             idle: Mutex::new(Idle {
                 conns: Vec::new(),
                 reaping: false,
+                closed: false,
             }),
             room: KEPT.min(below_pool),
             slots: Arc::new(Semaphore::new(
@@ -122,7 +125,7 @@ impl<DB: Database> Kept<DB> {
     pub(crate) fn put(self: &Arc<Self>, conn: PoolConnection<DB>, since: Instant) {
         let at = Instant::now();
         let mut idle = self.lock();
-        if idle.conns.len() >= self.room || at.duration_since(since) >= KEPT_FOR {
+        if idle.closed || idle.conns.len() >= self.room || at.duration_since(since) >= KEPT_FOR {
             drop(idle);
             drop(conn);
             return;
@@ -137,8 +140,15 @@ impl<DB: Database> Kept<DB> {
     }
 
     /// Gives every kept connection back to the pool (before the pool is closed).
+    /// From now on, keeps none: a statement still running when the pool is closed gives its
+    /// connection back to the pool, whose close waits for it, rather than to a keeper nobody
+    /// asks any more.
     pub(crate) fn clear(&self) {
-        let all = std::mem::take(&mut self.lock().conns);
+        let all = {
+            let mut idle = self.lock();
+            idle.closed = true;
+            std::mem::take(&mut idle.conns)
+        };
         drop(all);
     }
 }

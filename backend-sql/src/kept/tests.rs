@@ -189,3 +189,22 @@ fn kept_connections_dropped_outside_a_runtime_are_closed() {
         "the kept connection is still counted by the pool"
     );
 }
+
+/// Once cleared (the client is closing), a connection that comes back goes to the pool, whose
+/// close waits for every connection it handed out.
+#[tokio::test]
+async fn nothing_is_kept_once_cleared() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(&dir, 8);
+    let kept = Kept::new(8);
+    let (a, b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
+    kept.put(a, Instant::now());
+    kept.clear();
+    pool_idle(&pool, 1).await;
+    kept.put(b, Instant::now());
+    assert!(kept.take().is_none(), "kept after the clear");
+    pool_idle(&pool, 2).await;
+    tokio::time::timeout(LIMIT, pool.close())
+        .await
+        .expect("the pool closes: no connection is held back");
+}
