@@ -8,7 +8,7 @@ use redis::{
     Value,
 };
 
-use super::scripts;
+use super::replies;
 use super::single::Single;
 use super::store::{self, Store};
 use crate::BACKEND;
@@ -149,8 +149,8 @@ pub(super) async fn detect_fencing(store: &Store) -> Fencing {
 /// The value of a one-parameter `CONFIG GET` reply (`[name, value]` or a map).
 fn config_value(v: &Value) -> Option<String> {
     match v {
-        Value::Array(items) => items.get(1).and_then(scripts::text),
-        Value::Map(pairs) => pairs.first().and_then(|(_, v)| scripts::text(v)),
+        Value::Array(items) => items.get(1).and_then(replies::text),
+        Value::Map(pairs) => pairs.first().and_then(|(_, v)| replies::text(v)),
         _ => None,
     }
 }

@@ -30,6 +30,11 @@
 //!   in a Redis 7 Cluster on shard channels in each waited-on lock's own slot
 //!   ([`register`](Node::register), [`ensure_subscribed`](Node::ensure_subscribed)).
 //!
+//! The operations are kept by kind: the lock's acquire and its undo here, a held lease's
+//! release and extend in `leases`, the semaphore's in `permits`, the read side's in `readers`,
+//! inspect, names, forget and the fence write-back in `state`, the bench floors in `floor`;
+//! the scripts and their calls in `scripts`, their replies' decoding in `replies`.
+//!
 //! What a node does not decide is left to its caller: the single-server backend
 //! ([`crate::RedisLock`]) turns one node's answers into leases, and Redlock turns a majority's.
 //! Errors name the backend `redis` and the lock; messages name the node by the text given to
@@ -37,31 +42,34 @@
 
 mod cluster;
 mod connect;
+mod floor;
+mod leases;
+mod permits;
+mod readers;
+pub(crate) mod replies;
 pub(crate) mod scripts;
 mod single;
+mod state;
 mod store;
 mod waiters;
 
 use std::borrow::Cow;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::{AcquireOptions, Error, Fencing, FencingToken, Lease, LockName, OwnerId, Result};
+use lockcore::{AcquireOptions, Fencing, FencingToken, Lease, LockName, OwnerId, Result};
 use redis::{RedisResult, Value};
 
-use crate::BACKEND;
 use crate::config::RedisConfig;
-use cluster::{Cluster, NodeAddr, slot};
-use scripts::{Call, Key, Keys, PermitAnswer, SEM_KEYS};
+use cluster::Cluster;
+use scripts::{Call, Key, Keys};
 use store::Store;
 use waiters::{Hub, Route};
 
 pub use connect::{ASSUMPTION_NO_PERSISTENCE, ASSUMPTION_UNKNOWN};
 use connect::{connect_error, connection_info, open_single};
-pub use scripts::{
-    AcquireReply, AttemptReply, InspectReply, MAX_FLOOR, PermitReply, SemaphoreReply, floor_arg,
-};
+pub use replies::{AcquireReply, AttemptReply, InspectReply, PermitReply, SemaphoreReply};
+pub use scripts::{MAX_FLOOR, floor_arg};
 pub(crate) use store::{backend_error, protocol_error};
 pub use waiters::Registration;
 
@@ -160,7 +168,7 @@ impl Node {
     /// a password). No I/O: the connection opens on first use ([`Node::probe`] opens it).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for TLS files that cannot be read or used; [`Error::Backend`]
+    /// [`Error::InvalidConfig`](lockcore::Error::InvalidConfig) for TLS files that cannot be read or used; [`Error::Backend`](lockcore::Error::Backend)
     /// for an address redis-rs refuses.
     pub fn open(
         config: &RedisConfig,
@@ -302,7 +310,7 @@ impl Node {
     /// Cancel safe: nothing is written.
     ///
     /// # Errors
-    /// [`Error::AccessDenied`] for refused credentials; [`Error::Backend`] (retryable) naming
+    /// [`Error::AccessDenied`](lockcore::Error::AccessDenied) for refused credentials; [`Error::Backend`](lockcore::Error::Backend) (retryable) naming
     /// the node when it cannot be reached within `timeout`.
     pub async fn ping(&self) -> Result<()> {
         self.shared
@@ -337,7 +345,7 @@ impl Node {
     /// callers arm a clean-up that runs [`give_back`](Node::give_back).
     ///
     /// # Errors
-    /// [`Error::Backend`] for a store failure or a reply that does not decode.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not decode.
     pub async fn acquire(
         &self,
         name: &LockName,
@@ -347,35 +355,6 @@ impl Node {
         floor: u64,
     ) -> Result<AcquireReply> {
         self.acquire_as(name, owner, opts, mode, floor, false).await
-    }
-
-    /// One run of the acquire script for a shared (read) hold of `name` for `owner`, in
-    /// [`Mode::Try`] or [`Mode::Wait`] (a [`Mode::Member`] waits as `Wait` does). The exclusive
-    /// lock of `name` is its write lock: a reader is granted while the lock is free and no
-    /// writer is queued ahead of it; readers and writers share one queue, in arrival order. The
-    /// token comes from the lock's own fence counter; a grant's lease must carry [`READER`] as
-    /// its handle. The reply must echo `owner`.
-    ///
-    /// # Cancel safety
-    /// Not cancel safe on its own: a dropped call may still grant a read hold or queue `owner`;
-    /// callers arm a clean-up that runs [`cancel_shared`](Node::cancel_shared).
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure or a reply that does not decode.
-    pub async fn acquire_shared(
-        &self,
-        name: &LockName,
-        owner: OwnerId,
-        opts: &AcquireOptions,
-        mode: Mode,
-        floor: u64,
-    ) -> Result<AcquireReply> {
-        let mode = if mode == Mode::Try {
-            Mode::Try
-        } else {
-            Mode::Wait
-        };
-        self.acquire_as(name, owner, opts, mode, floor, true).await
     }
 
     async fn acquire_as(
@@ -410,7 +389,7 @@ impl Node {
             .arg(floor)
             .arg(u8::from(read));
         let value = self.run("acquire", name, &call).await?;
-        scripts::parse_acquire(&value, owner).map_err(|e| protocol_error("acquire", Some(name), e))
+        replies::parse_acquire(&value, owner).map_err(|e| protocol_error("acquire", Some(name), e))
     }
 
     /// One `try` for `owner` that never jumps the queue: the short fast script (`SET NX PX` and
@@ -438,7 +417,7 @@ impl Node {
             .arg(millis(opts.ttl_value()))
             .arg(floor);
         let value = self.run("acquire", name, &fast).await?;
-        match scripts::parse_try_fast(&value, owner)
+        match replies::parse_try_fast(&value, owner)
             .map_err(|e| protocol_error("acquire", Some(name), e))?
         {
             Some(reply) => Ok(reply),
@@ -453,25 +432,9 @@ impl Node {
     /// The undo either ran on the server or not.
     ///
     /// # Errors
-    /// [`Error::Backend`] for a store failure.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure.
     pub async fn cancel(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
         self.give_back(name, owner, false, None).await
-    }
-
-    /// Leaves the queue and frees any read hold of `name` granted to `owner` (the undo of an
-    /// [`acquire_shared`](Node::acquire_shared) whose caller went away), then wakes the head
-    /// waiter if the lock is free; `true` when a read hold was freed.
-    ///
-    /// # Cancel safety
-    /// The undo either ran on the server or not.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure.
-    pub async fn cancel_shared(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
-        let call = self.cancel_call(name, owner, false, None, true);
-        let value = self.run("cancel read acquire", name, &call).await?;
-        scripts::parse_flag(&value)
-            .map_err(|e| protocol_error("cancel read acquire", Some(name), e))
     }
 
     /// The call of `cancel.lua` (see [`give_back`](Node::give_back)); `read` for a reader's.
@@ -511,7 +474,7 @@ impl Node {
     /// The undo either ran on the server or not.
     ///
     /// # Errors
-    /// [`Error::Backend`] for a store failure.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure.
     pub async fn give_back(
         &self,
         name: &LockName,
@@ -521,388 +484,7 @@ impl Node {
     ) -> Result<bool> {
         let call = self.cancel_call(name, owner, keep_place, spare, false);
         let value = self.run("cancel acquire", name, &call).await?;
-        scripts::parse_flag(&value).map_err(|e| protocol_error("cancel acquire", Some(name), e))
-    }
-
-    /// One run of the semaphore's acquire script for a permit of `name` with `permits` permits,
-    /// for `owner` in `mode` ([`Mode::Try`], or [`Mode::Wait`]: a [`Mode::Member`] waits as
-    /// `Wait` does), with token floor `floor` (0 = none). The semaphore is its own object, apart
-    /// from the lock `name`, with its own queue and fencing counter; a grant's lease must carry
-    /// [`PERMIT`] as its handle. The reply must echo `owner`.
-    ///
-    /// `queued` says that an earlier attempt of `owner` was answered with a place in the queue:
-    /// a release may have handed it a permit since (see `lua/sem_release.lua`), and the reply is
-    /// then [`AttemptReply::Handed`], whose lease runs from that earlier attempt.
-    ///
-    /// # Cancel safety
-    /// Not cancel safe on its own: a dropped call may still grant a permit or queue `owner`;
-    /// callers arm a clean-up that runs [`cancel_permit`](Node::cancel_permit).
-    ///
-    /// # Errors
-    /// [`Error::InvalidArgument`] (lockcore's `permits_mismatch`) when the semaphore is in use
-    /// with another count (nothing changed then); [`Error::Backend`] for a store failure or a
-    /// reply that does not decode.
-    // One argument per script input, as `acquire` has; a struct would only rename them.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn acquire_permit(
-        &self,
-        name: &LockName,
-        owner: OwnerId,
-        opts: &AcquireOptions,
-        mode: Mode,
-        floor: u64,
-        permits: u32,
-        queued: bool,
-    ) -> Result<AttemptReply> {
-        let s = &self.shared;
-        let call = self
-            .keys(name)
-            .call(&scripts::SEM_ACQUIRE, &SEM_KEYS)
-            .owner_arg(owner)
-            .arg(millis(opts.ttl_value()))
-            .arg(if mode == Mode::Try { "try" } else { "wait" })
-            .arg(millis(ALIVE))
-            .arg(s.client.as_str())
-            .arg(&*self.wakes_of(name))
-            .arg(floor)
-            .arg(permits)
-            .arg(if queued { "1" } else { "0" });
-        let value = self.run("acquire permit", name, &call).await?;
-        match scripts::parse_permit(&value, owner)
-            .map_err(|e| protocol_error("acquire permit", Some(name), e))?
-        {
-            PermitAnswer::Acquire(reply) => Ok(reply),
-            PermitAnswer::Counted(recorded) => {
-                Err(lockcore::permits_mismatch(name, recorded, permits))
-            }
-        }
-    }
-
-    /// Leaves the semaphore's queue and frees any permit of `name` granted to `owner` (the undo
-    /// of a permit acquire whose caller went away), then wakes the head waiter if a permit is
-    /// free; `true` when a permit was freed.
-    ///
-    /// # Cancel safety
-    /// The undo either ran on the server or not.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure.
-    pub async fn cancel_permit(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
-        let s = &self.shared;
-        let call = self
-            .keys(name)
-            .call(
-                &scripts::SEM_CANCEL,
-                &[
-                    Key::SemHolders,
-                    Key::SemQueue,
-                    Key::SemAlive,
-                    Key::SemCount,
-                    Key::SemTerms,
-                ],
-            )
-            .owner_arg(owner)
-            .arg(s.client.as_str())
-            .arg(&*self.wakes_of(name));
-        let value = self.run("cancel permit acquire", name, &call).await?;
-        scripts::parse_flag(&value)
-            .map_err(|e| protocol_error("cancel permit acquire", Some(name), e))
-    }
-
-    /// The owner- and token-checked release of `lease`, which also takes the holder's own queue
-    /// entry out and wakes the head waiter; resolves to `true` when this node deleted the lock,
-    /// `false` when it was no longer `lease`'s. A permit's lease ([`PERMIT`]) frees its permit
-    /// and hands the free permits to the head waiters in the same script, telling each its
-    /// token (see `lua/sem_release.lua`); a reader's ([`READER`]) frees its read hold, and the last reader's release wakes the head
-    /// waiter. The call is built now and the returned future
-    /// owns all it needs, so it can finish in a task of its own.
-    ///
-    /// A release over a connection found closed is sent again over a new one; if the first
-    /// try ran (its reply lost), the second finds the lock gone and resolves to `false`.
-    ///
-    /// # Cancel safety
-    /// The release either ran on the server or not.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure or a reply that does not decode.
-    pub fn release(&self, lease: &Lease) -> impl Future<Output = Result<bool>> + Send + 'static {
-        let s = &self.shared;
-        let keys = self.keys(lease.name());
-        let call = if is_permit(lease) {
-            keys.call(
-                &scripts::SEM_RELEASE,
-                &[
-                    Key::SemHolders,
-                    Key::SemQueue,
-                    Key::SemAlive,
-                    Key::SemCount,
-                    Key::SemFence,
-                    Key::SemTerms,
-                ],
-            )
-            .arg(scripts::permit_member(lease.owner(), lease.token().0))
-            .arg(&*self.wakes_of(lease.name()))
-            .arg(0)
-        } else if is_reader(lease) {
-            // The semaphore's release on the lock's readers: only the last reader's release
-            // wakes the head (a writer, if anyone).
-            keys.call(
-                &scripts::SEM_RELEASE,
-                &[Key::Readers, Key::Queue, Key::Alive, Key::Lock],
-            )
-            .arg(scripts::permit_member(lease.owner(), lease.token().0))
-            .arg(&*self.wakes_of(lease.name()))
-            .arg(1)
-        } else {
-            keys.call(
-                &scripts::RELEASE,
-                &[Key::Lock, Key::Fence, Key::Queue, Key::Alive],
-            )
-            .owner_arg(lease.owner())
-            .arg(lease.token().0)
-            .arg(&*self.wakes_of(lease.name()))
-            .arg(s.client.as_str())
-        };
-        let (node, name) = (self.clone(), lease.name().clone());
-        async move {
-            let value = node.run("release", &name, &call).await?;
-            scripts::parse_flag(&value).map_err(|e| protocol_error("release", Some(&name), e))
-        }
-    }
-
-    /// The extend call of `lease`: a lock's, a permit's (see [`PERMIT`]) or a reader's (see
-    /// [`READER`]), so that one pipeline renews every kind.
-    fn extend_call(&self, lease: &Lease, ttl: Duration) -> Call {
-        let keys = self.keys(lease.name());
-        if is_permit(lease) || is_reader(lease) {
-            // A reader's hold is a member of the same shape as a permit's, on the lock's keys;
-            // the lock key, RESERVED while a reader holds, is kept as long.
-            let holders: &[Key] = if is_reader(lease) {
-                &[Key::Readers, Key::Lock]
-            } else {
-                &[Key::SemHolders]
-            };
-            return keys
-                .call(&scripts::SEM_EXTEND, holders)
-                .arg(scripts::permit_member(lease.owner(), lease.token().0))
-                .arg(millis(ttl));
-        }
-        keys.call(&scripts::EXTEND, &[Key::Lock, Key::Fence])
-            .owner_arg(lease.owner())
-            .arg(lease.token().0)
-            .arg(millis(ttl))
-    }
-
-    /// Sets a new ttl on `lease`'s lock if it is still this lease's (owner and token checked):
-    /// `true` when extended, `false` when expired or taken. Never resurrects a lock.
-    ///
-    /// # Cancel safety
-    /// Dropping the future may or may not have extended the lock.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure or a reply that does not decode.
-    pub async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
-        let reply = self.shared.store.eval(&self.extend_call(lease, ttl)).await;
-        extend_answer(lease, reply)
-    }
-
-    /// [`extend`](Node::extend) for many leases with as few round trips as the deployment
-    /// allows: one pipeline on a single server, one per master in a Cluster (sent at once).
-    /// One answer per lease, in order.
-    ///
-    /// # Cancel safety
-    /// Dropping the future may or may not have extended each lock.
-    ///
-    /// # Errors
-    /// Each answer as [`extend`](Node::extend)'s.
-    pub async fn extend_many(&self, leases: &[(&Lease, Duration)]) -> Vec<Result<bool>> {
-        let calls: Vec<Call> = leases
-            .iter()
-            .map(|(lease, ttl)| self.extend_call(lease, *ttl))
-            .collect();
-        let replies = self.shared.store.eval_many(&calls).await;
-        leases
-            .iter()
-            .zip(replies)
-            .map(|((lease, _), reply)| extend_answer(lease, reply))
-            .collect()
-    }
-
-    /// How many pipelines [`extend_many`](Node::extend_many) sends for `leases`: one on a single
-    /// server, one per master of the slot map in a Cluster.
-    pub(crate) fn pipelines(&self, leases: &[(&Lease, Duration)]) -> u64 {
-        match &self.shared.store {
-            Store::Single(_) => u64::from(!leases.is_empty()),
-            Store::Cluster(c) => {
-                let mut nodes: Vec<Option<NodeAddr>> = leases
-                    .iter()
-                    .map(|(lease, _)| c.node_of(slot(self.keys(lease.name()).tag().as_bytes())))
-                    .collect();
-                nodes.sort_unstable();
-                nodes.dedup();
-                nodes.len() as u64
-            }
-        }
-    }
-
-    /// Raises the fence counter of `name` to `token` unless it is already there or beyond (a
-    /// max-only write: a late or repeated one never lowers a counter); returns the counter
-    /// afterwards.
-    ///
-    /// # Cancel safety
-    /// The write either happened on the server or not; either is safe.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure or a reply that is not an integer.
-    pub async fn fence_max(&self, name: &LockName, token: u64) -> Result<u64> {
-        let call = self
-            .keys(name)
-            .call(&scripts::FENCE_MAX, &[Key::Fence])
-            .arg(token);
-        match self.shared.store.eval(&call).await {
-            Ok(Value::Int(v)) => u64::try_from(v).map_err(|_| {
-                protocol_error("fence write-back", Some(name), format!("counter {v}"))
-            }),
-            Ok(other) => Err(protocol_error(
-                "fence write-back",
-                Some(name),
-                format!("unexpected reply {other:?}"),
-            )),
-            Err(e) => Err(backend_error("fence write-back", Some(name), e)),
-        }
-    }
-
-    /// What this node holds for `name`: holder, its remaining time, the fence counter, live
-    /// waiters and queued entries, live readers and the oldest of them.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: nothing is written.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure or a reply that does not decode.
-    pub async fn inspect(&self, name: &LockName) -> Result<InspectReply> {
-        let call = self.keys(name).call(
-            &scripts::INSPECT,
-            &[Key::Lock, Key::Fence, Key::Queue, Key::Alive, Key::Readers],
-        );
-        let value = self.run("inspect", name, &call).await?;
-        scripts::parse_inspect(&value).map_err(|e| protocol_error("inspect", Some(name), e))
-    }
-
-    /// The semaphore `name` on this node: its live permits (oldest grant first), fence counter,
-    /// recorded count and waiters. Read-only: expired permits and dead waiters are not reported.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: nothing is written.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure or a reply that does not decode.
-    pub async fn inspect_semaphore(&self, name: &LockName) -> Result<SemaphoreReply> {
-        let call = self.keys(name).call(
-            &scripts::SEM_INSPECT,
-            &[
-                Key::SemHolders,
-                Key::SemFence,
-                Key::SemQueue,
-                Key::SemAlive,
-                Key::SemCount,
-            ],
-        );
-        let value = self.run("inspect semaphore", name, &call).await?;
-        scripts::parse_sem_inspect(&value)
-            .map_err(|e| protocol_error("inspect semaphore", Some(name), e))
-    }
-
-    /// Deletes what is left of the lock `name` (fence counter, queue, ticket counter, expired
-    /// readers) unless it is held (by a writer or a live reader) or waited for, and of the semaphore `name` (its fence counter, recorded count,
-    /// queue and ticket counter) unless a permit is live or a waiter is, each on its own (as
-    /// lockcore's memory backend does); `true` when nothing of either is left.
-    ///
-    /// # Cancel safety
-    /// The deletion either happened on the server or not.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure or a reply that does not decode.
-    pub async fn forget(&self, name: &LockName) -> Result<bool> {
-        let call = self.keys(name).call(
-            &scripts::FORGET,
-            &[
-                Key::Lock,
-                Key::Fence,
-                Key::Queue,
-                Key::Alive,
-                Key::Seq,
-                Key::SemHolders,
-                Key::SemFence,
-                Key::SemQueue,
-                Key::SemAlive,
-                Key::SemSeq,
-                Key::SemCount,
-                Key::SemTerms,
-                Key::Readers,
-            ],
-        );
-        let value = self.run("forget", name, &call).await?;
-        match value {
-            Value::Int(n) => Ok(n == 1),
-            other => Err(protocol_error(
-                "forget",
-                Some(name),
-                format!("unexpected reply {other:?}"),
-            )),
-        }
-    }
-
-    /// Every name with a fence counter under this node's prefix (a name gets one with its
-    /// first grant and keeps it until `forget`), found with `SCAN`, which does not block the
-    /// server; in a Cluster, on every master of the slot map.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: nothing is written.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure or a reply that does not decode.
-    pub async fn names(&self) -> Result<Vec<LockName>> {
-        let s = &self.shared;
-        let pattern = scripts::fence_pattern(&s.prefix);
-        let mut names = std::collections::BTreeSet::new();
-        let masters = match &s.store {
-            Store::Single(_) => vec![None],
-            Store::Cluster(c) => c
-                .masters()
-                .await
-                .map_err(|e| backend_error("list names", None, e))?
-                .into_iter()
-                .map(Some)
-                .collect(),
-        };
-        for master in &masters {
-            let mut cursor = 0_u64;
-            loop {
-                let mut scan = redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000);
-                let reply = match (&s.store, master) {
-                    (Store::Cluster(c), Some(node)) => c.query_node(node, scan).await,
-                    _ => s.store.query(&scan).await,
-                }
-                .map_err(|e| backend_error("list names", None, e))?;
-                let (next, keys) = scripts::parse_scan(&reply)
-                    .map_err(|e| protocol_error("list names", None, e))?;
-                names.extend(
-                    keys.iter()
-                        .filter_map(|k| scripts::name_of_fence_key(&s.prefix, k)),
-                );
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
-        Ok(names.into_iter().collect())
+        replies::parse_flag(&value).map_err(|e| protocol_error("cancel acquire", Some(name), e))
     }
 
     /// Adds `waiter` (an owner id's text) to this node's wake-up hub (no I/O). Returns the
@@ -920,7 +502,7 @@ impl Node {
     /// Dropping the future leaves the channel subscribed or not; the next call finishes the job.
     ///
     /// # Errors
-    /// [`Error::Backend`] when the subscriber cannot connect or subscribe.
+    /// [`Error::Backend`](lockcore::Error::Backend) when the subscriber cannot connect or subscribe.
     pub async fn ensure_subscribed(&self, name: &LockName) -> Result<()> {
         let s = &self.shared;
         s.hub
@@ -939,61 +521,6 @@ impl Node {
     pub fn wakeups(&self) -> u64 {
         self.shared.hub.received()
     }
-
-    /// The bench floor's acquire, plain (`SET NX PX`) or fenced (one script: `SET NX PX` +
-    /// `INCR` of a fence counter), on keys of its own under the prefix.
-    ///
-    /// # Cancel safety
-    /// A dropped call may leave the floor's key until its 10 s ttl.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure, or (retryable) when the floor's key was held.
-    pub async fn floor_acquire(&self, name: &LockName, fenced: bool) -> Result<FloorHold> {
-        let s = &self.shared;
-        let base = format!("{{{}:floor:{}}}", s.prefix, name.escaped());
-        let key = format!("{base}:lock");
-        let value = OwnerId::random().to_string();
-        let taken = if fenced {
-            let take = Call::on(&scripts::FLOOR_FENCED, &[&key, &format!("{base}:fence")])
-                .arg(value.as_str())
-                .arg(10_000);
-            let reply = s.store.eval(&take).await;
-            reply.map(|r| r != Value::Int(0))
-        } else {
-            let mut set = redis::cmd("SET");
-            set.arg(&key).arg(&value).arg("NX").arg("PX").arg(10_000);
-            s.store.query(&set).await.map(|r| r != Value::Nil)
-        };
-        match taken.map_err(|e| backend_error("floor acquire", Some(name), e))? {
-            true => Ok(FloorHold { key, value }),
-            false => Err(Error::backend(
-                BACKEND,
-                "floor acquire",
-                Some(name),
-                true,
-                "the floor key was held",
-            )),
-        }
-    }
-
-    /// The bench floor's compare-and-delete of `hold`.
-    ///
-    /// # Cancel safety
-    /// The delete either ran on the server or not.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] for a store failure.
-    pub async fn floor_delete(&self, name: &LockName, hold: &FloorHold) -> Result<()> {
-        let del = Call::on(&scripts::FLOOR_DELETE, &[&hold.key]).arg(hold.value.as_str());
-        self.run("floor delete", name, &del).await?;
-        Ok(())
-    }
-}
-
-/// An extend script's reply as an answer for `lease`.
-fn extend_answer(lease: &Lease, reply: RedisResult<Value>) -> Result<bool> {
-    let value = reply.map_err(|e| backend_error("extend", Some(lease.name()), e))?;
-    scripts::parse_flag(&value).map_err(|e| protocol_error("extend", Some(lease.name()), e))
 }
 
 /// The lease of a grant with `token` to `owner`, valid from `started` (the start of the request

@@ -17,7 +17,7 @@ use super::BACKEND;
 use super::primitives::{
     self, Answer, ExpireLock, ExpireUnlock, Queue, ReadEnter, TairLock, u64_at,
 };
-use crate::node::scripts;
+use crate::node::replies;
 use crate::node::{Mode, Node, floor_arg, is_permit, protocol_error};
 use crate::queue::{self, Queued, Step};
 
@@ -338,12 +338,12 @@ impl DistributedLock for TairLock {
         let value = self
             .eval("inspect", name, &self.call(&primitives::INSPECT, name))
             .await?;
-        let items = scripts::array(&value).map_err(|e| protocol_error("inspect", Some(name), e))?;
+        let items = replies::array(&value).map_err(|e| protocol_error("inspect", Some(name), e))?;
         let holder = items
             .first()
-            .and_then(scripts::text)
+            .and_then(replies::text)
             .filter(|h| !h.is_empty());
-        let left = items.get(1).and_then(scripts::int).unwrap_or(-1);
+        let left = items.get(1).and_then(replies::int).unwrap_or(-1);
         let version = u64_at(items, 2).unwrap_or(0);
         let readers = u64_at(items, 3).unwrap_or(0);
         let waiters = u64_at(items, 4).and_then(|w| usize::try_from(w).ok());
@@ -367,7 +367,7 @@ impl DistributedLock for TairLock {
             .eval("forget", name, &self.call(&primitives::FORGET, name))
             .await?;
         let lock =
-            scripts::parse_flag(&value).map_err(|e| protocol_error("forget", Some(name), e))?;
+            replies::parse_flag(&value).map_err(|e| protocol_error("forget", Some(name), e))?;
         let semaphore = self.client.forget(name).await?;
         Ok(lock && semaphore)
     }

@@ -10,6 +10,7 @@ use redis::Value;
 
 use crate::config::RedisConfig;
 use crate::lock::RedisLock;
+use crate::node::replies;
 use crate::node::scripts::{self, Call, Lua};
 use crate::node::{ALIVE, millis, protocol_error};
 
@@ -63,7 +64,7 @@ pub(super) enum Answer {
 
 /// Decodes the refusal fields `{0, _, _, rank, ms_blocked}` of `lock.lua` and `read.lua`.
 fn refusal(items: &[Value]) -> Answer {
-    let at = |i: usize| items.get(i).and_then(scripts::int).unwrap_or(-1);
+    let at = |i: usize| items.get(i).and_then(replies::int).unwrap_or(-1);
     Answer::Refused {
         blocked: at(4),
         rank: at(3),
@@ -164,8 +165,8 @@ pub(super) fn reply_error(operation: &'static str, name: &LockName, value: &Valu
 
 /// Decodes an `expireLock` reply (`lock.lua`'s or `try_fast.lua`'s).
 fn decode_lock(name: &LockName, value: &Value) -> Result<ExpireLock> {
-    let items = scripts::array(value).map_err(|e| protocol_error("expireLock", Some(name), e))?;
-    match items.first().and_then(scripts::int) {
+    let items = replies::array(value).map_err(|e| protocol_error("expireLock", Some(name), e))?;
+    match items.first().and_then(replies::int) {
         Some(1) => match (u64_at(items, 1), u64_at(items, 2), u64_at(items, 3)) {
             (Some(expiry), Some(version), Some(count)) => Ok(ExpireLock::Locked {
                 expiry,
@@ -174,7 +175,7 @@ fn decode_lock(name: &LockName, value: &Value) -> Result<ExpireLock> {
             }),
             _ => Err(reply_error("expireLock", name, value)),
         },
-        Some(0) => match items.get(2).and_then(scripts::text) {
+        Some(0) => match items.get(2).and_then(replies::text) {
             Some(holder) if holder == "readers" => Ok(ExpireLock::Readers),
             Some(holder) => Ok(ExpireLock::Held {
                 expiry: u64_at(items, 1).unwrap_or(0),
@@ -189,7 +190,7 @@ fn decode_lock(name: &LockName, value: &Value) -> Result<ExpireLock> {
 pub(super) fn u64_at(items: &[Value], i: usize) -> Option<u64> {
     items
         .get(i)
-        .and_then(scripts::int)
+        .and_then(replies::int)
         .and_then(|v| u64::try_from(v).ok())
 }
 
@@ -278,7 +279,7 @@ impl TairLock {
         let call = node.call_on(&TRY_FAST, name, &KEYS[..3]);
         let call = call.owner_arg(owner).arg(millis(ttl)).arg(floor);
         let value = self.eval("expireLock", name, &call).await?;
-        if scripts::int(&value) == Some(-1) {
+        if replies::int(&value) == Some(-1) {
             let full = self.lock_as(name, owner, ttl, false, None, floor, Queue::Try);
             return full.await;
         }
@@ -335,8 +336,8 @@ impl TairLock {
                 (read.await?, "read enter")
             }
         };
-        let items = scripts::array(&value).map_err(|e| protocol_error(operation, Some(name), e))?;
-        match items.first().and_then(scripts::int) {
+        let items = replies::array(&value).map_err(|e| protocol_error(operation, Some(name), e))?;
+        match items.first().and_then(replies::int) {
             Some(1) => match (u64_at(items, 1), u64_at(items, 2)) {
                 (Some(proof), Some(version)) => Ok(Answer::Granted { proof, version }),
                 _ => Err(reply_error(operation, name, &value)),
@@ -352,7 +353,7 @@ impl TairLock {
         let value = self
             .read(name, owner, Duration::ZERO, "leave", 0, Queue::Wait)
             .await?;
-        scripts::parse_flag(&value).map_err(|e| protocol_error("leave queue", Some(name), e))
+        replies::parse_flag(&value).map_err(|e| protocol_error("leave queue", Some(name), e))
     }
 
     /// `expireUnlock(key, timestamp)`: unlocks `name` only if it is still locked with exactly
@@ -406,7 +407,7 @@ impl TairLock {
         };
         let call = call.arg(if whole { "1" } else { "0" }).arg(&*wakes);
         let value = self.eval("expireUnlock", name, &call).await?;
-        match scripts::int(&value) {
+        match replies::int(&value) {
             Some(1) => Ok(ExpireUnlock::Unlocked),
             Some(2) => Ok(ExpireUnlock::CountedDown),
             Some(0) => Ok(ExpireUnlock::NotCurrent),
@@ -437,7 +438,7 @@ impl TairLock {
             .owner_arg(owner)
             .arg(millis(ttl));
         let value = self.eval("extend", name, &call).await?;
-        match scripts::int(&value) {
+        match replies::int(&value) {
             Some(0) => Ok(None),
             Some(v) if v > 0 => Ok(Some(v as u64)),
             _ => Err(reply_error("extend", name, &value)),
@@ -475,15 +476,15 @@ impl TairLock {
         lockcore::check_ttl(ttl)?;
         let value = self.read(name, reader, ttl, "enter", floor, queue).await?;
         let items =
-            scripts::array(&value).map_err(|e| protocol_error("read enter", Some(name), e))?;
-        match items.first().and_then(scripts::int) {
+            replies::array(&value).map_err(|e| protocol_error("read enter", Some(name), e))?;
+        match items.first().and_then(replies::int) {
             Some(1) => Ok(ReadEnter::Entered {
                 expiry: u64_at(items, 1).unwrap_or(0),
                 version: u64_at(items, 2).unwrap_or(0),
             }),
             Some(0) => Ok(ReadEnter::Writer {
                 expiry: u64_at(items, 1).unwrap_or(0),
-                holder: items.get(2).and_then(scripts::text).unwrap_or_default(),
+                holder: items.get(2).and_then(replies::text).unwrap_or_default(),
             }),
             _ => Err(reply_error("read enter", name, &value)),
         }
@@ -500,7 +501,7 @@ impl TairLock {
         let value = self
             .read(name, reader, Duration::ZERO, "exit", 0, Queue::Bypass)
             .await?;
-        scripts::parse_flag(&value).map_err(|e| protocol_error("read exit", Some(name), e))
+        replies::parse_flag(&value).map_err(|e| protocol_error("read exit", Some(name), e))
     }
 
     /// Moves a registered reader's expiry to now + `ttl`; `false` when it was no longer there.
@@ -520,7 +521,7 @@ impl TairLock {
         let value = self
             .read(name, reader, ttl, "renew", 0, Queue::Bypass)
             .await?;
-        scripts::parse_flag(&value).map_err(|e| protocol_error("read renew", Some(name), e))
+        replies::parse_flag(&value).map_err(|e| protocol_error("read renew", Some(name), e))
     }
 
     /// One run of the read script: `op` for `reader`; `floor` (0 = none) and `queue` only
