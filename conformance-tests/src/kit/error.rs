@@ -92,7 +92,7 @@ mod tests {
 
     #[test]
     fn binary_lookup_fails_with_the_package_name() {
-        let err = crate::kit::process::find_binary("dlock-kit-no-such-binary", "dlock-pkg")
+        let err = crate::kit::host::find_binary("dlock-kit-no-such-binary", "dlock-pkg")
             .expect_err("no such binary");
         assert_eq!(err.kind(), KitErrorKind::MissingBinary);
         assert!(

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 
 use super::error::{KitError, KitResult};
-use super::process::{find_any_binary, probe_command, run_command, running_as_root};
+use super::host::{find_any_binary, probe_command, run_command};
+use super::process::running_as_root;
 use super::server::{Launch, Server, server_lifecycle};
 use super::tls::TlsFiles;
 use super::{unique_name, valid_database_name};

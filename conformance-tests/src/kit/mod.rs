@@ -44,6 +44,7 @@
 
 mod control;
 mod error;
+mod host;
 mod mariadb;
 mod peer;
 mod postgres;
@@ -91,7 +92,7 @@ pub fn free_port() -> u16 {
     let mut handed = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
     let handed = handed.get_or_insert_with(HashSet::new);
     let candidates = std::iter::repeat_with(|| rand::random_range(lo..=hi)).take(10_000);
-    if let Some(port) = pick_port(candidates, handed, process::reserve_port) {
+    if let Some(port) = pick_port(candidates, handed, host::reserve_port) {
         return port;
     }
     // Hardly reachable: fall back to a kernel-chosen port.

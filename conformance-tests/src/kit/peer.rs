@@ -36,9 +36,8 @@ use std::time::Duration;
 use tokio::sync::{OnceCell, oneshot};
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::process::{
-    Workdir, find_binary, log_tail, run_command, send_signal, spawn_registered, unregister_pid,
-};
+use super::host::{Workdir, find_binary, run_command};
+use super::process::{log_tail, send_signal, spawn_registered, unregister_pid};
 
 const CURATOR_SOURCE: &str = include_str!("CuratorPeer.java");
 const KAZOO_SOURCE: &str = include_str!("kazoo_peer.py");

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::process::{find_binary, probe_command, run_command, running_as_root, system_user};
+use super::host::{find_binary, probe_command, run_command, system_user};
+use super::process::running_as_root;
 use super::server::{Launch, Server, server_lifecycle};
 use super::tls::TlsFiles;
 use super::{unique_name, valid_database_name};

@@ -10,7 +10,7 @@ use tokio::net::TcpStream;
 use tokio::sync::OnceCell;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::process::find_binary;
+use super::host::find_binary;
 use super::server::{Launch, Server, server_lifecycle};
 
 /// A `redis-server` of the kit's own on a free port, `dir` = its temp dir.

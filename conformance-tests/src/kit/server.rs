@@ -9,7 +9,8 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use super::error::KitResult;
-use super::process::{Proc, Workdir, boot};
+use super::host::Workdir;
+use super::process::{Proc, boot};
 use super::{first_boot, loopback};
 
 /// What a kind of server (Redis, PostgreSQL, ...) tells [`Server`].

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::process::{Workdir, find_binary, run_command};
+use super::host::{Workdir, find_binary, run_command};
 
 /// A CA certificate plus certificates and keys signed by it, in a temp dir.
 #[derive(Debug)]

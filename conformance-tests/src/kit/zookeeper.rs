@@ -19,7 +19,8 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::process::{STARTUP_TIMEOUT, find_binary};
+use super::host::find_binary;
+use super::process::STARTUP_TIMEOUT;
 use super::server::{Launch, Server, server_lifecycle};
 use super::{free_port, loopback};
 
