@@ -16,11 +16,11 @@ use super::{Node, backend_error, is_permit, is_reader, millis, protocol_error};
 impl Node {
     /// The owner- and token-checked release of `lease`, which also takes the holder's own queue
     /// entry out and wakes the head waiter; resolves to `true` when this node deleted the lock,
-    /// `false` when it was no longer `lease`'s. A permit's lease ([`PERMIT`](super::PERMIT)) frees its permit
-    /// and hands the free permits to the head waiters in the same script, telling each its
-    /// token (see `lua/sem_release.lua`); a reader's ([`READER`](super::READER)) frees its read hold, and the last reader's release wakes the head
-    /// waiter. The call is built now and the returned future
-    /// owns all it needs, so it can finish in a task of its own.
+    /// `false` when it was no longer `lease`'s. A permit's lease ([`PERMIT`](super::PERMIT)) frees
+    /// its permit and hands the free permits to the head waiters in the same script, telling each
+    /// its token (see `lua/sem_release.lua`); a reader's ([`READER`](super::READER)) frees its read
+    /// hold, and the last reader's release wakes the head waiter. The call is built now and the
+    /// returned future owns all it needs, so it can finish in a task of its own.
     ///
     /// A release over a connection found closed is sent again over a new one; if the first
     /// try ran (its reply lost), the second finds the lock gone and resolves to `false`.
@@ -29,7 +29,8 @@ impl Node {
     /// The release either ran on the server or not.
     ///
     /// # Errors
-    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not decode.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not
+    /// decode.
     pub fn release(&self, lease: &Lease) -> impl Future<Output = Result<bool>> + Send + 'static {
         let s = &self.shared;
         let keys = self.keys(lease.name());
@@ -75,8 +76,8 @@ impl Node {
         }
     }
 
-    /// The extend call of `lease`: a lock's, a permit's (see [`PERMIT`](super::PERMIT)) or a reader's (see
-    /// [`READER`](super::READER)), so that one pipeline renews every kind.
+    /// The extend call of `lease`: a lock's, a permit's (see [`PERMIT`](super::PERMIT)) or a
+    /// reader's (see [`READER`](super::READER)), so that one pipeline renews every kind.
     fn extend_call(&self, lease: &Lease, ttl: Duration) -> Call {
         let keys = self.keys(lease.name());
         if is_permit(lease) || is_reader(lease) {
@@ -105,7 +106,8 @@ impl Node {
     /// Dropping the future may or may not have extended the lock.
     ///
     /// # Errors
-    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not decode.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not
+    /// decode.
     pub async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
         let reply = self.shared.store.eval(&self.extend_call(lease, ttl)).await;
         extend_answer(lease, reply)

@@ -168,8 +168,8 @@ impl Node {
     /// a password). No I/O: the connection opens on first use ([`Node::probe`] opens it).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`](lockcore::Error::InvalidConfig) for TLS files that cannot be read or used; [`Error::Backend`](lockcore::Error::Backend)
-    /// for an address redis-rs refuses.
+    /// [`Error::InvalidConfig`](lockcore::Error::InvalidConfig) for TLS files that cannot be read
+    /// or used; [`Error::Backend`](lockcore::Error::Backend) for an address redis-rs refuses.
     pub fn open(
         config: &RedisConfig,
         host: &str,
@@ -310,8 +310,9 @@ impl Node {
     /// Cancel safe: nothing is written.
     ///
     /// # Errors
-    /// [`Error::AccessDenied`](lockcore::Error::AccessDenied) for refused credentials; [`Error::Backend`](lockcore::Error::Backend) (retryable) naming
-    /// the node when it cannot be reached within `timeout`.
+    /// [`Error::AccessDenied`](lockcore::Error::AccessDenied) for refused credentials;
+    /// [`Error::Backend`](lockcore::Error::Backend) (retryable) naming the node when it cannot be
+    /// reached within `timeout`.
     pub async fn ping(&self) -> Result<()> {
         self.shared
             .store
@@ -345,7 +346,8 @@ impl Node {
     /// callers arm a clean-up that runs [`give_back`](Node::give_back).
     ///
     /// # Errors
-    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not decode.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not
+    /// decode.
     pub async fn acquire(
         &self,
         name: &LockName,
@@ -502,7 +504,8 @@ impl Node {
     /// Dropping the future leaves the channel subscribed or not; the next call finishes the job.
     ///
     /// # Errors
-    /// [`Error::Backend`](lockcore::Error::Backend) when the subscriber cannot connect or subscribe.
+    /// [`Error::Backend`](lockcore::Error::Backend) when the subscriber cannot connect or
+    /// subscribe.
     pub async fn ensure_subscribed(&self, name: &LockName) -> Result<()> {
         let s = &self.shared;
         s.hub

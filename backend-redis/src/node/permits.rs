@@ -25,9 +25,10 @@ impl Node {
     /// callers arm a clean-up that runs [`cancel_permit`](Node::cancel_permit).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](lockcore::Error::InvalidArgument) (lockcore's `permits_mismatch`) when the semaphore is in use
-    /// with another count (nothing changed then); [`Error::Backend`](lockcore::Error::Backend) for a store failure or a
-    /// reply that does not decode.
+    /// [`Error::InvalidArgument`](lockcore::Error::InvalidArgument) (lockcore's `permits_mismatch`)
+    /// when the semaphore is in use with another count (nothing changed then);
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not
+    /// decode.
     // One argument per script input, as `acquire` has; a struct would only rename them.
     #[allow(clippy::too_many_arguments)]
     pub async fn acquire_permit(
@@ -102,7 +103,8 @@ impl Node {
     /// Cancel safe: nothing is written.
     ///
     /// # Errors
-    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not decode.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not
+    /// decode.
     pub async fn inspect_semaphore(&self, name: &LockName) -> Result<SemaphoreReply> {
         let call = self.keys(name).call(
             &scripts::SEM_INSPECT,

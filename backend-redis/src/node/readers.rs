@@ -11,17 +11,18 @@ use super::{AcquireReply, Mode, Node, protocol_error};
 impl Node {
     /// One run of the acquire script for a shared (read) hold of `name` for `owner`, in
     /// [`Mode::Try`] or [`Mode::Wait`] (a [`Mode::Member`] waits as `Wait` does). The exclusive
-    /// lock of `name` is its write lock: a reader is granted while the lock is free and no
-    /// writer is queued ahead of it; readers and writers share one queue, in arrival order. The
-    /// token comes from the lock's own fence counter; a grant's lease must carry [`READER`](super::READER) as
-    /// its handle. The reply must echo `owner`.
+    /// lock of `name` is its write lock: a reader is granted while the lock is free and no writer
+    /// is queued ahead of it; readers and writers share one queue, in arrival order. The token
+    /// comes from the lock's own fence counter; a grant's lease must carry
+    /// [`READER`](super::READER) as its handle. The reply must echo `owner`.
     ///
     /// # Cancel safety
     /// Not cancel safe on its own: a dropped call may still grant a read hold or queue `owner`;
     /// callers arm a clean-up that runs [`cancel_shared`](Node::cancel_shared).
     ///
     /// # Errors
-    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not decode.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not
+    /// decode.
     pub async fn acquire_shared(
         &self,
         name: &LockName,

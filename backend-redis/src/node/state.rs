@@ -19,7 +19,8 @@ impl Node {
     /// The write either happened on the server or not; either is safe.
     ///
     /// # Errors
-    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that is not an integer.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that is not an
+    /// integer.
     pub async fn fence_max(&self, name: &LockName, token: u64) -> Result<u64> {
         let call = self
             .keys(name)
@@ -45,7 +46,8 @@ impl Node {
     /// Cancel safe: nothing is written.
     ///
     /// # Errors
-    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not decode.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not
+    /// decode.
     pub async fn inspect(&self, name: &LockName) -> Result<InspectReply> {
         let call = self.keys(name).call(
             &scripts::INSPECT,
@@ -56,15 +58,17 @@ impl Node {
     }
 
     /// Deletes what is left of the lock `name` (fence counter, queue, ticket counter, expired
-    /// readers) unless it is held (by a writer or a live reader) or waited for, and of the semaphore `name` (its fence counter, recorded count,
-    /// queue and ticket counter) unless a permit is live or a waiter is, each on its own (as
-    /// lockcore's memory backend does); `true` when nothing of either is left.
+    /// readers) unless it is held (by a writer or a live reader) or waited for, and of the
+    /// semaphore `name` (its fence counter, recorded count, queue and ticket counter) unless a
+    /// permit is live or a waiter is, each on its own (as lockcore's memory backend does); `true`
+    /// when nothing of either is left.
     ///
     /// # Cancel safety
     /// The deletion either happened on the server or not.
     ///
     /// # Errors
-    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not decode.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not
+    /// decode.
     pub async fn forget(&self, name: &LockName) -> Result<bool> {
         let call = self.keys(name).call(
             &scripts::FORGET,
@@ -103,7 +107,8 @@ impl Node {
     /// Cancel safe: nothing is written.
     ///
     /// # Errors
-    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not decode.
+    /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not
+    /// decode.
     pub async fn names(&self) -> Result<Vec<LockName>> {
         let s = &self.shared;
         let pattern = scripts::fence_pattern(&s.prefix);
