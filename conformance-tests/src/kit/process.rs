@@ -479,6 +479,7 @@ where
         }
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
