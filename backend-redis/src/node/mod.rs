@@ -114,6 +114,15 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The mode for a hold that Redlock does not vote on (a read hold, a permit): a
+    /// [`Mode::Member`] waits as [`Mode::Wait`] does.
+    pub(crate) fn unvoted(self) -> Mode {
+        match self {
+            Mode::Try => Mode::Try,
+            Mode::Wait | Mode::Member => Mode::Wait,
+        }
+    }
+
     /// The mode as the scripts take it (`ARGV` mode).
     pub(crate) fn arg(self) -> &'static str {
         match self {
@@ -368,30 +377,46 @@ impl Node {
         floor: u64,
         read: bool,
     ) -> Result<AcquireReply> {
-        let s = &self.shared;
+        let keys = [
+            Key::Lock,
+            Key::Fence,
+            Key::Queue,
+            Key::Alive,
+            Key::Seq,
+            Key::Readers,
+        ];
         let call = self
-            .keys(name)
-            .call(
-                &scripts::ACQUIRE,
-                &[
-                    Key::Lock,
-                    Key::Fence,
-                    Key::Queue,
-                    Key::Alive,
-                    Key::Seq,
-                    Key::Readers,
-                ],
-            )
+            .queued_call(&scripts::ACQUIRE, &keys, name, owner, opts, mode, floor)
+            .arg(u8::from(read));
+        let value = self.run("acquire", name, &call).await?;
+        replies::parse_acquire(&value, owner).map_err(|e| protocol_error("acquire", Some(name), e))
+    }
+
+    /// A call of `lua` (an acquire script that may queue `owner`: the lock's or the
+    /// semaphore's) on `keys`, with the arguments both take first: the owner, the ttl, the
+    /// mode, the waiter's liveness, this client's id, the wake-up channel prefix and the token
+    /// floor. The caller appends its own.
+    // One argument per script input, as the acquires have; a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
+    fn queued_call(
+        &self,
+        lua: &'static scripts::Lua,
+        keys: &[Key],
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        mode: Mode,
+        floor: u64,
+    ) -> Call {
+        self.keys(name)
+            .call(lua, keys)
             .owner_arg(owner)
             .arg(millis(opts.ttl_value()))
             .arg(mode.arg())
             .arg(millis(ALIVE))
-            .arg(s.client.as_str())
+            .arg(self.shared.client.as_str())
             .arg(&*self.wakes_of(name))
             .arg(floor)
-            .arg(u8::from(read));
-        let value = self.run("acquire", name, &call).await?;
-        replies::parse_acquire(&value, owner).map_err(|e| protocol_error("acquire", Some(name), e))
     }
 
     /// One `try` for `owner` that never jumps the queue: the short fast script (`SET NX PX` and

@@ -7,7 +7,7 @@ use lockcore::{AcquireOptions, LockName, OwnerId, Result};
 
 use super::replies::{self, PermitAnswer};
 use super::scripts::{self, Key, SEM_KEYS};
-use super::{ALIVE, AttemptReply, Mode, Node, SemaphoreReply, millis, protocol_error};
+use super::{AttemptReply, Mode, Node, SemaphoreReply, protocol_error};
 
 impl Node {
     /// One run of the semaphore's acquire script for a permit of `name` with `permits` permits,
@@ -41,17 +41,16 @@ impl Node {
         permits: u32,
         queued: bool,
     ) -> Result<AttemptReply> {
-        let s = &self.shared;
         let call = self
-            .keys(name)
-            .call(&scripts::SEM_ACQUIRE, &SEM_KEYS)
-            .owner_arg(owner)
-            .arg(millis(opts.ttl_value()))
-            .arg(if mode == Mode::Try { "try" } else { "wait" })
-            .arg(millis(ALIVE))
-            .arg(s.client.as_str())
-            .arg(&*self.wakes_of(name))
-            .arg(floor)
+            .queued_call(
+                &scripts::SEM_ACQUIRE,
+                &SEM_KEYS,
+                name,
+                owner,
+                opts,
+                mode.unvoted(),
+                floor,
+            )
             .arg(permits)
             .arg(if queued { "1" } else { "0" });
         let value = self.run("acquire permit", name, &call).await?;

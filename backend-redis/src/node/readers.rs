@@ -31,12 +31,8 @@ impl Node {
         mode: Mode,
         floor: u64,
     ) -> Result<AcquireReply> {
-        let mode = if mode == Mode::Try {
-            Mode::Try
-        } else {
-            Mode::Wait
-        };
-        self.acquire_as(name, owner, opts, mode, floor, true).await
+        self.acquire_as(name, owner, opts, mode.unvoted(), floor, true)
+            .await
     }
 
     /// Leaves the queue and frees any read hold of `name` granted to `owner` (the undo of an
