@@ -226,19 +226,23 @@ impl<D: Dialect> Client<D> {
         }
     }
 
-    /// Records where `waiter` (registered with [`wake`](Self::wake)) joined the queue, and a
-    /// permit waiter's `terms`, so that this process's releases wake (where the dialect polls)
-    /// or hand a permit to the nearest to the head.
+    /// Records where `waiter` (registered with [`wake`](Self::wake)) joined the queue, when
+    /// that join was sent (`at`), and a permit waiter's `terms`, so that this process's releases
+    /// wake (where the dialect polls) or hand a permit to the nearest to the head, and the
+    /// dialect can tell a hand-over's notification for this join (see [`Dialect::joined`]).
     pub(crate) fn joined(
         &self,
         name: &LockName,
         waiter: OwnerId,
         permits: bool,
-        ticket: i64,
+        (ticket, at): (i64, Instant),
         terms: Option<Terms>,
     ) {
-        self.local
-            .joined(&key(name.as_str(), permits), waiter, ticket, terms);
+        let key = key(name.as_str(), permits);
+        self.local.joined(&key, waiter, ticket, at, terms);
+        if !permits {
+            self.dialect.joined(name, waiter, ticket, at);
+        }
     }
 
     /// Whether, where the dialect polls, a waiter of this process queued for `name` is nearer
@@ -291,12 +295,12 @@ impl<D: Dialect> Client<D> {
     }
 
     /// The statement that releases the lock's `lease`: for a lease granted from the queue,
-    /// where the dialect has it, the release that hands the row to the queue's head
-    /// (`Statements::hand`), since others were likely queued behind it.
+    /// the release that hands the row to the queue's head (`Statements::hand`), since others
+    /// were likely queued behind it.
     pub(crate) fn lock_release(&self, lease: &Lease) -> &Stmt {
-        match &self.sql.hand {
-            Some(hand) if queued_head(lease.handle()).is_some() => hand,
-            _ => &self.sql.release,
+        match queued_head(lease.handle()) {
+            Some(_) => &self.sql.hand,
+            None => &self.sql.release,
         }
     }
 

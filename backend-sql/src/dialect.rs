@@ -140,6 +140,11 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         Wake::default()
     }
 
+    /// Records that `waiter`, subscribed to `name`'s lock with [`wake`](Self::wake), joined the
+    /// queue with `ticket` by a join sent at `at` (PostgreSQL: so that a hand-over's
+    /// notification naming that ticket can be taken as a grant made after `at`).
+    fn joined(&self, _name: &LockName, _waiter: OwnerId, _ticket: i64, _at: Instant) {}
+
     /// `DistributedLock::wait_for_release`: by default a sleep until `until` (polling).
     fn wait_for_release(
         &self,
@@ -268,7 +273,9 @@ pub struct Statements {
     pub floor_acquire: Stmt,
     /// A queued waiter's attempt: the fence if granted, the holder's time left in µs where the
     /// dialect reports it, and, where it says, the ticket of the live waiter left at the head
-    /// of the queue after this grant (the doorbell its release rings: see `crate::bell`).
+    /// of the queue after this grant (the doorbell its release rings: see `crate::bell`); where
+    /// it looks for itself (no [`probe`](Self::probe)), the fence and time left in µs of a live
+    /// row already the waiter's, which it reports rather than takes again (a hand-over).
     pub wait_acquire: Stmt,
     /// Read-only look before a waiter writes (a reader never waits for SQLite's write lock):
     /// live waiters ahead of it; the holder's time left in µs; where the row is the waiter's
@@ -281,11 +288,9 @@ pub struct Statements {
     /// [`release`](Self::release); when the queue's first live waiter is a writer whose
     /// liveness was refreshed within [`HAND_FRESH`], the row becomes that waiter's with the
     /// fence bumped and an expiry `$ttl` (the releaser's ttl) from now, else it is freed.
-    /// `None` where the waiter's own grant is the only commit a hand-over waits for anyway
-    /// (PostgreSQL, whose release then commits without waiting for the flush).
-    pub hand: Option<Stmt>,
-    /// Whether a hand-over also deleted the new owner's waiter row (SQLite's triggers);
-    /// otherwise the new owner deletes it once it has found the grant.
+    pub hand: Stmt,
+    /// Whether a hand-over also deleted the new owner's waiter row (SQLite's triggers,
+    /// PostgreSQL's statement); otherwise the new owner deletes it once it has found the grant.
     pub hand_dequeues: bool,
     /// Joins the queue's tail (liveness in `$ttl`); hands back the ticket.
     pub enqueue: Stmt,
@@ -378,7 +383,7 @@ impl Statements {
                 left = D::micros_between(now, "l.expires_at"),
                 mine = "l.name = $name AND l.owner = $owner",
             ))),
-            hand: Some(hand::<D>(&s, &held)),
+            hand: hand::<D>(&s, &held),
             hand_dequeues: false,
             enqueue: s.insert_returning(
                 &format!(

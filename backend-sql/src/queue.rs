@@ -18,12 +18,16 @@
 //! deletes it. A waiter that stalls past its own deadline finds its row expired when it next
 //! refreshes, and rejoins at the tail.
 //!
-//! **Hand-over** (MySQL, SQLite). The release of a lease that was granted from the queue hands
-//! the row to the queue's first live waiter in the same statement (`Statements::hand`): the
-//! row becomes that waiter's with the fence bumped and the releaser's ttl, so the next holder
-//! needs no write of its own, only the look that finds the row its own (`Attempt::Handed`),
-//! and the hand-over waits for one commit rather than two. The release rings that waiter's
-//! doorbell as before; a waiter in another process or host finds the grant at its next look.
+//! **Hand-over.** The release of a lease that was granted from the queue hands the row to the
+//! queue's first live waiter in the same statement (`Statements::hand`): the row becomes that
+//! waiter's with the fence bumped and the releaser's ttl, so the next holder needs no write of
+//! its own, and the hand-over waits for one commit rather than two. On MySQL and SQLite the
+//! release rings that waiter's doorbell, and the waiter's look finds the row its own
+//! (`Attempt::Handed`); a waiter in another process or host finds the grant at its next look.
+//! On PostgreSQL the release's notification, delivered once the hand-over has committed (and
+//! been flushed), carries the grant itself (`wake::Handed`), so the new holder sends no
+//! statement at all; where it cannot use it (see `wake::Waiters::wake`), its next attempt
+//! reports the row as its own (`Attempt::Handed` again).
 //! It is handed over only to a writer (a reader's turn is its own grant) whose liveness was
 //! refreshed within `dialect::HAND_FRESH`; a waiter that died in that window holds the lock
 //! until the handed lease runs out, as a holder that dies does. A waiter whose ttl differs
@@ -33,8 +37,6 @@
 //! own release waits for that delete first (a later holder's release would otherwise hand the
 //! lock to the row again, to an owner id nobody waits as). A waiter that leaves or is dropped
 //! after the hand-over frees the row as its clean-up frees any grant it never returned.
-//! PostgreSQL does not hand over: its release commits without waiting for the flush when
-//! someone waits, so the head's grant is the one flush there already.
 //!
 //! An armed cleanup spawned at once covers every way the future can end without returning the
 //! lease (dropped, failed): it deletes the waiter's rows and frees the lease row if a grant to
@@ -92,7 +94,8 @@ pub(crate) enum Attempt {
         head: Option<i64>,
     },
     /// A release handed the lease row to us (see "Hand-over" in the module docs): it is ours
-    /// with this fence, for `left` by the database's clock as of a look sent at `seen`.
+    /// with this fence, for at least `left` by the database's clock from `seen` (a look sent
+    /// then, or on PostgreSQL the join that the notification names).
     Handed {
         fence: i64,
         left: Duration,
@@ -154,7 +157,8 @@ impl<D: Dialect> Client<D> {
     }
 
     /// One waiter-mode attempt. On dialects where the grant and the dequeue are one statement
-    /// (PostgreSQL), a grant has also deleted the waiter's row. The statement that may grant
+    /// (PostgreSQL), a grant has also deleted the waiter's row. `woken`: whether a wake-up
+    /// started this round (a permit waiter then skips its look). The statement that may grant
     /// runs detached (`common::detached`), undone with [`leave`](Self::leave) if the caller is
     /// gone when it completes. A grant sets the fence to `GREATEST(fence + 1, floor)` (`floor` 0
     /// = none, see `common::floor_of`).
@@ -178,13 +182,8 @@ impl<D: Dialect> Client<D> {
             Kind::Lock => {}
         }
         let mut ahead = None;
-        // Woken, a waiter skips the look, unless a release may have handed it the row.
-        let look = self
-            .sql
-            .probe
-            .as_ref()
-            .filter(|_| !woken || self.sql.hand.is_some());
-        if let Some(probe) = look {
+        // Woken or not, a waiter looks: a release may have handed it the row.
+        if let Some(probe) = &self.sql.probe {
             // Look first (read-only): only the head of the queue, with the row free, takes the
             // database's write lock.
             let sent = Instant::now();
@@ -212,6 +211,7 @@ impl<D: Dialect> Client<D> {
             ahead = Some(0);
         }
         let (client, name2) = (self.clone(), name.clone());
+        let sent = Instant::now();
         let statement = async move {
             let args = Args::of(&name2).owner(waiter).ttl(ttl);
             let args = args.ticket(ticket).floor(floor);
@@ -223,12 +223,21 @@ impl<D: Dialect> Client<D> {
         let undo = self.leave_later(name, waiter, kind);
         let reply = detached(D::BACKEND, name, statement, |r| r.value().is_some(), undo).await?;
         let holder_left = from_micros(reply.second());
-        Ok(match reply.value() {
-            Some(fence) => Attempt::Granted {
+        // Where the statement reports a live row already ours (PostgreSQL: a release handed
+        // it over), columns 3 and 4 hold its fence and time left.
+        let mine = (reply.col(3), from_micros(reply.col(4)));
+        Ok(match (reply.value(), mine) {
+            (Some(fence), _) => Attempt::Granted {
                 fence,
                 head: reply.col(2),
             },
-            None => Attempt::Blocked { ahead, holder_left },
+            (None, (Some(fence), Some(left))) if fence >= floor => Attempt::Handed {
+                fence,
+                left,
+                seen: sent,
+                head: None,
+            },
+            (None, _) => Attempt::Blocked { ahead, holder_left },
         })
     }
 
@@ -381,8 +390,15 @@ pub(crate) async fn acquire<D: Dialect>(
     // looked), every look would count it ahead of the waiters behind it while `waiter` counts
     // them ahead of itself, and the queue would stand still as long as the row lived. Only the
     // row with `ticket` is refreshed, so the other runs out within `LIVENESS`.
-    let mut ticket = q.join(name, waiter, kind).await?;
-    q.joined(name, waiter, permits, ticket, terms);
+    // Where the waiter is recorded with when it joined: a release may hand it the lock and
+    // say so before the join's reply is here (see `wake::Handed`).
+    let join = async || -> Result<i64> {
+        let at = Instant::now();
+        let ticket = q.join(name, waiter, kind).await?;
+        q.joined(name, waiter, permits, (ticket, at), terms);
+        Ok(ticket)
+    };
+    let mut ticket = join().await?;
     // Where the dialect polls, a release in another process of this host rings it (see
     // `crate::bell`); a permit waiter's doorbell is the permit queue's.
     let bell_for = |ticket| q.bell(ticket, permits);
@@ -391,8 +407,8 @@ pub(crate) async fn acquire<D: Dialect>(
     let mut pace = Pace::new(Instant::now());
     // Whether a wake-up (not a timer) started this round: a release or a grant named this
     // waiter, or it is this process's nearest to the head, so the read-only look that spares
-    // the row's lock to waiters who cannot be granted is skipped (a permit's; the lock's only
-    // where no release hands over, since the look is what finds a hand-over).
+    // the row's lock to waiters who cannot be granted is skipped (a permit's; never the lock's,
+    // since its look is what finds a hand-over).
     let mut woken = false;
     // Whether this is the first round after joining (see `behind` below).
     let mut joined = true;
@@ -410,15 +426,39 @@ pub(crate) async fn acquire<D: Dialect>(
         // transaction from when it was sent (see `crate::semaphore`). An attempt of ours that
         // was under way meanwhile either saw it (and took it over with a newer fence, which
         // it returned) or ran before it and wrote nothing.
+        //
+        // Or a release elsewhere handed this waiter the lock's row and said so (PostgreSQL's
+        // `H` notification, taken only for this waiter's current join): the row is ours with
+        // that fence for at least `ttl` from `sent`. Below the caller's token floor, the next
+        // attempt takes the row again with a greater fence.
         let handed = wake.take_handed();
         let (started, attempt) = match handed {
-            Some(Handed { fence, sent, .. }) => (sent, Attempt::Granted { fence, head: None }),
-            None => {
+            Some(Handed {
+                fence,
+                sent,
+                ttl: Some(left),
+                ..
+            }) if fence >= floor => {
+                let seen = sent;
+                let attempt = Attempt::Handed {
+                    fence,
+                    left,
+                    seen,
+                    head: None,
+                };
+                (sent, attempt)
+            }
+            Some(Handed {
+                fence,
+                sent,
+                ttl: None,
+                ..
+            }) => (sent, Attempt::Granted { fence, head: None }),
+            _ => {
                 if refreshed.elapsed() >= REFRESH {
                     if !q.refresh(name, waiter, ticket, kind).await? {
                         tracing::debug!(backend = D::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
-                        ticket = q.join(name, waiter, kind).await?;
-                        q.joined(name, waiter, permits, ticket, terms);
+                        ticket = join().await?;
                         bell = bell_for(ticket);
                         pace = Pace::new(Instant::now());
                         expects_ring = None;
@@ -503,8 +543,9 @@ pub(crate) async fn acquire<D: Dialect>(
                     tracing::debug!(backend = D::BACKEND, lock = %name, error = %e, "leaving the queue after a timeout failed; retrying in the background")
                 }
             }
-            // A release here may have handed this waiter a permit after its last look.
-            if let Some(handed) = wake.end() {
+            // A release here may have handed this waiter a permit after its last look. (A lock
+            // row handed to it is freed by the leaving above.)
+            if let Some(handed) = wake.end().filter(|h| h.ttl.is_none()) {
                 q.give_back(name, waiter, handed.fence).await?;
             }
             return Ok(None);

@@ -437,10 +437,16 @@ impl<D: Dialect> Client<D> {
         // Handed: the waiter wakes the next itself if permits are left (now the next here is
         // still that waiter). If it went away meanwhile, its clean-up may have run before the
         // grant: give the permit back here.
-        if !self
-            .local
-            .hand(&key, next.owner, Handed { fence, sent, more })
-        {
+        if !self.local.hand(
+            &key,
+            next.owner,
+            Handed {
+                fence,
+                sent,
+                more,
+                ttl: None,
+            },
+        ) {
             self.give_back(name, next.owner, fence).await?;
         }
         Ok(Released::Released)

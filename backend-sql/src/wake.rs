@@ -21,6 +21,11 @@ use tokio::sync::{Notify, watch};
 /// - `W<waiter><name>`: wake only `waiter` (32 hex digits), the live head of `name`'s queue when
 ///   the lock was freed; it is the only waiter whose attempt can be granted. Listeners of the
 ///   name that are not queued (`wait_for_release`) wake too.
+/// - `H<waiter><fence>,<ttl>,<ticket>,<name>`: a release handed the lock row of `name` to
+///   `waiter`, whose row in the queue had `ticket`, with `fence` for `ttl` µs from the
+///   hand-over (PostgreSQL's hand-over, sent only once it committed): the grant itself, which
+///   the waiter takes as its lease where it can tell when it was made (see [`Waiters::wake`]),
+///   else a wake-up like `W`. Listeners of the name that are not queued wake too.
 /// - `N<name>`: wake everyone interested in `name` (nobody was queued, or a waiter left).
 /// - `Q<waiter><name>`: wake only `waiter`, the live head of the permit queue of the semaphore
 ///   `name`, when a permit was freed or a grant left one free: the only permit waiter whose
@@ -34,8 +39,19 @@ use tokio::sync::{Notify, watch};
 /// versions is slower but never stuck.
 #[derive(Debug, PartialEq, Eq)]
 enum Payload<'a> {
-    Head { waiter: &'a str, name: &'a str },
-    PermitHead { waiter: &'a str, name: &'a str },
+    Head {
+        waiter: &'a str,
+        name: &'a str,
+    },
+    Handed {
+        waiter: &'a str,
+        name: &'a str,
+        grant: Grant,
+    },
+    PermitHead {
+        waiter: &'a str,
+        name: &'a str,
+    },
     Name(&'a str),
     Permits(&'a str),
     Unknown,
@@ -55,21 +71,55 @@ impl<'a> Payload<'a> {
         if let Some(name) = payload.strip_prefix('P') {
             return Payload::Permits(name);
         }
+        if let Some(rest) = payload.strip_prefix('H') {
+            return Self::handed(rest).unwrap_or(Payload::Unknown);
+        }
         let (permits, rest) = match (payload.strip_prefix('W'), payload.strip_prefix('Q')) {
             (Some(rest), _) => (false, rest),
             (None, Some(rest)) => (true, rest),
             (None, None) => return Payload::Unknown,
         };
-        if rest.len() <= 32 || !rest.is_char_boundary(32) {
+        let Some((waiter, name)) = split_waiter(rest) else {
             return Payload::Unknown;
-        }
-        let (waiter, name) = rest.split_at(32);
+        };
         if permits {
             Payload::PermitHead { waiter, name }
         } else {
             Payload::Head { waiter, name }
         }
     }
+
+    /// An `H` payload after its first byte.
+    fn handed(rest: &'a str) -> Option<Self> {
+        let (waiter, rest) = split_waiter(rest)?;
+        let mut fields = rest.splitn(4, ',');
+        let mut number = || fields.next()?.parse::<i64>().ok();
+        let (fence, ttl, ticket) = (number()?, number()?, number()?);
+        let name = fields.next().filter(|n| !n.is_empty())?;
+        let ttl = Duration::from_micros(u64::try_from(ttl).ok()?);
+        let grant = Grant { fence, ttl, ticket };
+        Some(Payload::Handed {
+            waiter,
+            name,
+            grant,
+        })
+    }
+}
+
+/// The 32-hex-digit waiter that starts `rest`, and what follows it (not empty).
+fn split_waiter(rest: &str) -> Option<(&str, &str)> {
+    (rest.len() > 32 && rest.is_char_boundary(32)).then(|| rest.split_at(32))
+}
+
+/// What an `H` notification says of the lock row a release handed to a waiter (see
+/// [`Payload`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Grant {
+    fence: i64,
+    /// How long the row runs from the hand-over.
+    ttl: Duration,
+    /// The waiter's ticket in the queue, the row the release found it by.
+    ticket: i64,
 }
 
 /// The wakeups of one name in this client.
@@ -88,10 +138,38 @@ struct Queued {
     owner: OwnerId,
     /// Its place in the store's queue, once it has joined (see [`Waiters::joined`]).
     ticket: Option<i64>,
+    /// When the join that made `ticket` was sent, where the waiter said (see
+    /// [`Waiters::joined`]).
+    joined_at: Option<Instant>,
     /// A permit waiter's terms, once it has joined: a release may hand it a permit on them.
     terms: Option<Terms>,
     notify: Arc<Notify>,
     handed: Arc<Mutex<Option<Handed>>>,
+}
+
+impl Queued {
+    /// Keeps the lock's row that an `H` notification says a release handed to this waiter, for
+    /// the waiter to take as its lease, where the notification names the row this waiter joined
+    /// with and that join is recent: the join was sent before the hand-over found its row, so
+    /// the row runs at least `ttl` from the join's sending, which becomes the lease's start. A
+    /// join more than a tenth of that ttl ago would cost the lease that much of its time, and a
+    /// notification for an earlier row or an earlier acquisition under the same owner id would
+    /// be no grant of this one: the waiter is then only woken, and its next attempt finds the
+    /// row its own and takes it again.
+    fn take_grant(&self, grant: Grant) {
+        let (Some(ticket), Some(at)) = (self.ticket, self.joined_at) else {
+            return;
+        };
+        if ticket != grant.ticket || at.elapsed() > grant.ttl / 10 {
+            return;
+        }
+        *self.handed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Handed {
+            fence: grant.fence,
+            sent: at,
+            more: false,
+            ttl: Some(grant.ttl),
+        });
+    }
 }
 
 /// What a permit waiter asks for: a release that hands it a permit grants it on these terms.
@@ -113,15 +191,21 @@ pub struct Next {
     pub terms: Terms,
 }
 
-/// A permit that a release in this process granted to a waiter of this process: its fence,
-/// when the release was sent (the grant's `now` is later, so a lease valid from then is valid),
-/// and whether permits were still free after it (the waiter then wakes the next, once it has
-/// left this registry).
+/// A grant a waiter found waiting for it rather than made: a permit that a release in this
+/// process granted to a waiter of this process, or the lock's row that a release handed to it
+/// and said so by a notification (PostgreSQL). Its fence; an instant no later than the grant
+/// (the permit's release was sent then; the waiter's join was sent then, and the hand-over
+/// found its row), so a lease valid from then is valid; whether permits were still free after
+/// it (the waiter then wakes the next, once it has left this registry); and for the lock, how
+/// long the row runs from the grant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Handed {
     pub fence: i64,
     pub sent: Instant,
     pub more: bool,
+    /// The lock row's ttl from the hand-over; `None` for a permit, granted on the waiter's own
+    /// terms.
+    pub ttl: Option<Duration>,
 }
 
 impl Interest {
@@ -133,7 +217,12 @@ impl Interest {
 
     /// The wake-up of the queued waiter `id`.
     fn get(&self, id: &str) -> Option<&Arc<Notify>> {
-        self.queued.iter().find(|q| q.id == id).map(|q| &q.notify)
+        self.find(id).map(|q| &q.notify)
+    }
+
+    /// The queued waiter `id`.
+    fn find(&self, id: &str) -> Option<&Queued> {
+        self.queued.iter().find(|q| q.id == id)
     }
 }
 
@@ -191,6 +280,7 @@ impl Waiters {
                 id: owner.to_string(),
                 owner,
                 ticket: None,
+                joined_at: None,
                 terms: None,
                 notify: notify.clone(),
                 handed: handed.clone(),
@@ -217,6 +307,19 @@ impl Waiters {
                     }
                 }
             }
+            Payload::Handed {
+                waiter,
+                name,
+                grant,
+            } => {
+                if let Some(i) = map.get(name) {
+                    i.any.notify_waiters();
+                    if let Some(q) = i.find(waiter) {
+                        q.take_grant(grant);
+                        q.notify.notify_waiters();
+                    }
+                }
+            }
             Payload::Name(name) => map.get(name).into_iter().for_each(Interest::wake_all),
             Payload::PermitHead { waiter, name } => {
                 if let Some(n) = map.get(&permits_key(name)).and_then(|i| i.get(waiter)) {
@@ -231,13 +334,21 @@ impl Waiters {
         }
     }
 
-    /// Records the ticket with which the registered `waiter` of `key` joined the store's queue
-    /// (and a permit waiter's terms).
-    pub fn joined(&self, key: &str, waiter: OwnerId, ticket: i64, terms: Option<Terms>) {
+    /// Records the ticket with which the registered `waiter` of `key` joined the store's queue,
+    /// when that join was sent, and a permit waiter's terms.
+    pub fn joined(
+        &self,
+        key: &str,
+        waiter: OwnerId,
+        ticket: i64,
+        at: Instant,
+        terms: Option<Terms>,
+    ) {
         let mut map = self.map();
         let queued = map.get_mut(key).into_iter().flat_map(|i| &mut i.queued);
         if let Some(q) = queued.into_iter().find(|q| q.owner == waiter) {
             q.ticket = Some(ticket);
+            q.joined_at = Some(at);
             q.terms = terms;
         }
     }

@@ -37,16 +37,20 @@ pub struct Postgres {
     extend_many: SqlStr,
 }
 
-/// The take-over of an existing row (free, expired, or already ours: a retry of the same
-/// statement) with the new fence `fence`, returning the fence.
-fn upsert(fence: &str) -> String {
+/// The take-over of an existing row (free, expired, or already ours where `ours` holds) with
+/// the new fence `fence`, returning the fence.
+fn upsert(fence: &str, ours: &str) -> String {
     format!(
         "ON CONFLICT (name) DO UPDATE \
          SET owner = EXCLUDED.owner, fence = {fence}, expires_at = EXCLUDED.expires_at \
-         WHERE l.owner IS NULL OR l.expires_at <= {NOW} OR l.owner = EXCLUDED.owner \
+         WHERE l.owner IS NULL OR l.expires_at <= {NOW} OR (l.owner = EXCLUDED.owner AND {ours}) \
          RETURNING fence"
     )
 }
+
+/// [`upsert`]'s `ours` for a row already ours that is taken again: always (a retry of the same
+/// statement after a lost reply succeeds with a newer fence).
+const AGAIN: &str = "true";
 
 /// Frees the row where `condition` holds and notifies the name's waiters (see `Payload`): with
 /// `head`, only the queue's live head when there is one. Counts the notifications sent.
@@ -219,7 +223,7 @@ impl Dialect for Postgres {
             s.t,
             Self::expiry(),
             s.w,
-            upsert("GREATEST(l.fence + 1, $floor::bigint)")
+            upsert("GREATEST(l.fence + 1, $floor::bigint)", AGAIN)
         ))
     }
 
@@ -232,7 +236,40 @@ impl Dialect for Postgres {
              VALUES ($name, $owner, 1, {}) {}",
             s.t,
             Self::expiry(),
-            upsert("l.fence + 1")
+            upsert("l.fence + 1", AGAIN)
+        ))
+    }
+
+    /// The hand-over (see [`Statements::hand`]), which also deletes the new owner's waiter
+    /// rows and tells it by a notification that carries the grant (`H`, see `wake::Payload`):
+    /// the server delivers it only once the statement has committed, and this one waits for
+    /// the WAL flush (it writes the new fence), so the new owner may hold on the notification
+    /// alone, without a statement of its own. Where the row is freed instead (the head is a
+    /// reader, or has not refreshed its liveness lately), it wakes the head as
+    /// [`free_and_notify`] does, and then commits without waiting for the flush.
+    fn hand(s: &Sql, next: &str, held: &str) -> Stmt {
+        let (t, w, table) = (&s.t, &s.w, &s.table);
+        s.row(&format!(
+            "WITH n AS (SELECT ({next}) AS next), \
+             moved AS (UPDATE {t} AS l SET owner = n.next, \
+             fence = CASE WHEN n.next IS NULL THEN l.fence ELSE l.fence + 1 END, \
+             expires_at = CASE WHEN n.next IS NULL THEN l.expires_at ELSE {expiry} END \
+             FROM n WHERE {held} RETURNING l.name, l.owner, l.fence), \
+             handed AS (SELECT min(w.ticket) AS ticket FROM {w} AS w, moved AS m \
+             WHERE w.name = m.name AND w.waiter = m.owner AND w.expires_at > {NOW}), \
+             dequeued AS (DELETE FROM {w} AS w USING moved AS m WHERE w.name = m.name \
+             AND (w.waiter = m.owner OR w.expires_at <= {NOW})), \
+             head AS (SELECT waiter FROM {w} WHERE name = $name AND waiter <> $owner \
+             AND expires_at > {NOW} ORDER BY ticket LIMIT 1), \
+             quick AS (SELECT set_config('synchronous_commit', 'off', true) \
+             FROM moved, head WHERE moved.owner IS NULL) \
+             SELECT count(pg_notify('{table}', CASE WHEN m.owner IS NOT NULL \
+             THEN 'H' || m.owner || m.fence || ',' || $ttl::bigint || ',' \
+             || COALESCE(k.ticket, 0) || ',' || m.name \
+             WHEN h.waiter IS NOT NULL THEN 'W' || h.waiter || m.name ELSE 'N' || m.name END)) \
+             FROM moved AS m LEFT JOIN handed AS k ON true LEFT JOIN head AS h ON true \
+             LEFT JOIN quick ON true",
+            expiry = Self::expiry(),
         ))
     }
 
@@ -240,9 +277,12 @@ impl Dialect for Postgres {
         // Only when no live waiter with a smaller ticket is queued and the row is not held by
         // another (checked first, so waiters that are not next write nothing); the grant sets
         // the fence to GREATEST(fence + 1, floor) and deletes the waiter's row (and expired
-        // ones) in the same statement. Returns the fence if granted, and the holder's time
-        // left in µs.
+        // ones) in the same statement. A row already ours (a release handed it over, see
+        // `hand`, or a lost reply's try granted it) is not taken again but reported, unless
+        // its fence is below the floor. Returns the fence if granted, the holder's time left
+        // in µs, no head, and the fence and time left in µs of a live row already ours.
         let (t, w) = (&s.t, &s.w);
+        let left = Self::micros_between(NOW, "h.expires_at");
         s.row(&format!(
             "WITH acq AS (\
              INSERT INTO {t} AS l (name, owner, fence, expires_at) \
@@ -254,13 +294,18 @@ impl Dialect for Postgres {
              WHERE h.name = $name AND h.owner <> $owner AND h.expires_at > {NOW}) {}), \
              dequeued AS (DELETE FROM {w} AS w WHERE w.name = $name \
              AND (w.waiter = $owner OR w.expires_at <= {NOW}) \
-             AND EXISTS (SELECT 1 FROM acq)) \
+             AND EXISTS (SELECT 1 FROM acq)), \
+             mine AS (SELECT h.fence, {left} AS left_us FROM {t} AS h \
+             WHERE h.name = $name AND h.owner = $owner AND h.expires_at > {NOW}) \
              SELECT (SELECT fence FROM acq), \
-             (SELECT {} FROM {t} AS h WHERE h.name = $name AND h.owner IS NOT NULL \
-             AND h.expires_at > {NOW})",
+             (SELECT {left} FROM {t} AS h WHERE h.name = $name AND h.owner IS NOT NULL \
+             AND h.expires_at > {NOW}), NULL::bigint, \
+             (SELECT fence FROM mine), (SELECT left_us FROM mine)",
             Self::expiry(),
-            upsert("GREATEST(l.fence + 1, $floor::bigint)"),
-            Self::micros_between(NOW, "h.expires_at"),
+            upsert(
+                "GREATEST(l.fence + 1, $floor::bigint)",
+                "l.fence < $floor::bigint"
+            ),
         ))
     }
 
@@ -271,13 +316,13 @@ impl Dialect for Postgres {
     fn adapt(s: &Sql, sql: &mut Statements) {
         let (t, w, table, expiry) = (&s.t, &s.w, &s.table, Self::expiry());
         // `wait_acquire` looks for itself, and the grant deletes the waiter's row in the same
-        // statement.
+        // statement; so does the hand-over (see `hand`), whose notification is the new owner's
+        // grant. A waiter that cannot use that notification (it came too late, or names
+        // another of its rows) finds the row its own at its next attempt, which takes it again.
         sql.probe = None;
-        // The release commits without waiting for the flush when someone waits (see
-        // `free_and_notify`), so the head's grant is already the one flush of a hand-over.
-        sql.hand = None;
         sql.dequeue = None;
         sql.grant_dequeues = true;
+        sql.hand_dequeues = true;
         // Joins the tail; drops expired waiters of the name on the way.
         sql.enqueue = s.row(&format!(
             "WITH gc AS (DELETE FROM {w} WHERE name = $name AND expires_at <= {NOW}), {ASYNC} \
@@ -342,6 +387,11 @@ impl Dialect for Postgres {
         let registration =
             waiters.register(&crate::wake::key(name.as_str(), permits), Some(waiter));
         registration.into_wake(Some(waiters.ready.subscribe()))
+    }
+
+    fn joined(&self, name: &LockName, waiter: OwnerId, ticket: i64, at: Instant) {
+        let waiters = &self.listener.waiters;
+        waiters.joined(name.as_str(), waiter, ticket, at, None);
     }
 
     async fn wait_for_release(

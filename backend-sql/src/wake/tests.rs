@@ -41,6 +41,37 @@ fn payloads_parse_by_their_first_byte() {
             },
         ),
         (format!("Q{A}"), Payload::Unknown),
+        (
+            format!("H{A}12,5000000,7,jobs/1"),
+            Payload::Handed {
+                waiter: A,
+                name: "jobs/1",
+                grant: Grant {
+                    fence: 12,
+                    ttl: Duration::from_secs(5),
+                    ticket: 7,
+                },
+            },
+        ),
+        // The name is the rest, commas and all.
+        (
+            format!("H{A}1,10000,2,a,b"),
+            Payload::Handed {
+                waiter: A,
+                name: "a,b",
+                grant: Grant {
+                    fence: 1,
+                    ttl: Duration::from_millis(10),
+                    ticket: 2,
+                },
+            },
+        ),
+        // A field missing or not a number, a negative ttl, no name.
+        (format!("H{A}12,5000000,jobs/1"), Payload::Unknown),
+        (format!("H{A}12,x,7,jobs/1"), Payload::Unknown),
+        (format!("H{A}12,-1,7,jobs/1"), Payload::Unknown),
+        (format!("H{A}12,5000000,7,"), Payload::Unknown),
+        (format!("H{A}"), Payload::Unknown),
     ] {
         assert_eq!(Payload::parse(&payload), parsed, "{payload}");
     }
@@ -141,8 +172,8 @@ fn wake_first_wakes_only_the_local_waiter_nearest_the_head() {
     let rb = w.register(&key, Some(b));
     let rc = w.register(&key, Some(c));
     let lock = w.register("n", Some(OwnerId(4)));
-    w.joined(&key, a, 20, None);
-    w.joined(&key, b, 10, None);
+    w.joined(&key, a, 20, Instant::now(), None);
+    w.joined(&key, b, 10, Instant::now(), None);
     {
         let (mut fa, mut fb, mut fc, mut fl) = (arm(&ra), arm(&rb), arm(&rc), arm(&lock));
         w.wake_first(&key);
@@ -200,8 +231,8 @@ fn a_release_hands_a_permit_to_the_joined_waiter_nearest_the_head() {
     let ra = w.register(&key, Some(a));
     let rb = w.register(&key, Some(b));
     assert!(w.next(&key).is_none(), "nobody has joined yet");
-    w.joined(&key, a, 20, Some(terms(4)));
-    w.joined(&key, b, 10, Some(terms(4)));
+    w.joined(&key, a, 20, Instant::now(), Some(terms(4)));
+    w.joined(&key, b, 10, Instant::now(), Some(terms(4)));
     let next = w.next(&key).expect("a joined waiter");
     assert_eq!((next.owner, next.ticket, next.terms.permits), (b, 10, 4));
     assert!(w.behind_another(&key, a) && !w.behind_another(&key, b));
@@ -211,6 +242,7 @@ fn a_release_hands_a_permit_to_the_joined_waiter_nearest_the_head() {
         fence: 7,
         sent: Instant::now(),
         more: false,
+        ttl: None,
     };
     {
         let mut fb = Box::pin(wb.notify.notified());
@@ -245,12 +277,13 @@ fn a_waiter_listening_elsewhere_is_handed_permits_through_its_own_wake_up() {
         .register(&key, Some(a))
         .into_wake(None)
         .with_hand_over(&hub, &key, a);
-    hub.joined(&key, a, 3, Some(terms(2)));
+    hub.joined(&key, a, 3, Instant::now(), Some(terms(2)));
     assert_eq!(hub.next(&key).map(|n| n.owner), Some(a));
     let handed = Handed {
         fence: 1,
         sent: Instant::now(),
         more: false,
+        ttl: None,
     };
     {
         let mut f = Box::pin(wake.notify.notified());
@@ -261,4 +294,76 @@ fn a_waiter_listening_elsewhere_is_handed_permits_through_its_own_wake_up() {
     assert_eq!(wake.take_handed(), Some(handed));
     drop(wake);
     assert!(hub.map().is_empty() && listener.map().is_empty());
+}
+
+/// The registration of lock waiter `a` on name `n` as PostgreSQL's listener makes it, joined
+/// with ticket 7 by a join sent at `at`.
+fn joined_at(w: &Arc<Waiters>, a: OwnerId, at: Instant) -> Wake {
+    let wake = w.register("n", Some(a)).into_wake(None);
+    w.joined("n", a, 7, at, None);
+    wake
+}
+
+#[test]
+fn a_hand_over_notification_is_a_grant_for_the_join_it_names() {
+    let w = Arc::<Waiters>::default();
+    let a = OwnerId(0xaa);
+    let at = Instant::now();
+    let wake = joined_at(&w, a, at);
+    let any = w.register("n", None);
+    let (mut f, mut fany) = (Box::pin(wake.notify.notified()), arm(&any));
+    f.as_mut().enable();
+    w.wake(&format!("H{A}12,5000000,7,n"));
+    assert!(woken(&mut f), "the waiter handed the lock was not woken");
+    assert!(woken(&mut fany), "a name-wide listener was not woken");
+    let handed = Handed {
+        fence: 12,
+        sent: at,
+        more: false,
+        ttl: Some(Duration::from_secs(5)),
+    };
+    assert_eq!(
+        wake.take_handed(),
+        Some(handed),
+        "the lease starts at the join"
+    );
+    assert_eq!(wake.take_handed(), None, "a grant is taken once");
+}
+
+#[test]
+fn a_hand_over_notification_for_another_join_only_wakes() {
+    let w = Arc::<Waiters>::default();
+    let a = OwnerId(0xaa);
+    // Another ticket: an earlier row of this waiter, or another acquisition under the same
+    // owner id.
+    let wake = joined_at(&w, a, Instant::now());
+    let mut f = Box::pin(wake.notify.notified());
+    f.as_mut().enable();
+    w.wake(&format!("H{A}12,5000000,6,n"));
+    assert!(woken(&mut f), "not woken");
+    assert_eq!(wake.take_handed(), None, "taken for another join");
+
+    // Not joined yet (the join's reply is not here): its own attempt finds the row.
+    let b = OwnerId(0xbb);
+    let early = w.register("n", Some(b)).into_wake(None);
+    w.wake(&format!("H{}12,5000000,7,n", b));
+    assert_eq!(early.take_handed(), None, "taken before the join was known");
+
+    // A join more than a tenth of the ttl ago would shorten the lease by as much.
+    let c = OwnerId(0xcc);
+    let long_ago = Instant::now()
+        .checked_sub(Duration::from_millis(600))
+        .expect("an instant 0.6 s ago");
+    let old = joined_at(&w, c, long_ago);
+    w.wake(&format!("H{}12,5000000,7,n", c));
+    assert_eq!(
+        old.take_handed(),
+        None,
+        "taken from a join 0.6 s before a 5 s lease"
+    );
+    w.wake(&format!("H{}12,7000000,7,n", c));
+    assert!(
+        old.take_handed().is_some(),
+        "0.6 s is within a tenth of 7 s"
+    );
 }
