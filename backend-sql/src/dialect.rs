@@ -283,6 +283,12 @@ pub struct Statements {
     /// µs; and the ticket of the live waiter first in line behind it. `None` where
     /// [`wait_acquire`](Self::wait_acquire) looks for itself.
     pub probe: Option<Stmt>,
+    /// The look of a waiter that was woken (most likely handed the row, see
+    /// [`hand`](Self::hand)): the fence and time left in µs of a live row of `$owner`, and the
+    /// ticket of the live waiter first in line behind it; no row if it is not the waiter's.
+    /// Lighter than [`probe`](Self::probe), which follows it when it finds nothing. `None`
+    /// where there is no probe.
+    pub claim: Option<Stmt>,
     /// The release of a lease granted from the queue, which hands the row over in the same
     /// statement (see `crate::queue`, "Hand-over"): owner- and fence-checked as
     /// [`release`](Self::release); when the queue's first live waiter is a writer whose
@@ -382,6 +388,12 @@ impl Statements {
                 head_of::<D>(&s.w),
                 left = D::micros_between(now, "l.expires_at"),
                 mine = "l.name = $name AND l.owner = $owner",
+            ))),
+            claim: Some(s.row(&format!(
+                "SELECT l.fence, {}, ({}) FROM {t} AS l \
+                 WHERE l.name = $name AND l.owner = $owner AND l.expires_at > {now}",
+                D::micros_between(now, "l.expires_at"),
+                head_of::<D>(&s.w),
             ))),
             hand: hand::<D>(&s, &held),
             hand_dequeues: false,

@@ -184,6 +184,25 @@ impl<D: Dialect> Client<D> {
         let mut ahead = None;
         // Woken or not, a waiter looks: a release may have handed it the row.
         if let Some(probe) = &self.sql.probe {
+            // Woken (rung), it was most likely handed the row: its own row is all it reads.
+            if let Some(claim) = self.sql.claim.as_ref().filter(|_| woken) {
+                let sent = Instant::now();
+                let mine = self
+                    .core
+                    .reply("acquire", claim, Args::of(name).owner(waiter));
+                let mine = mine.await?;
+                if let (Some(fence), Some(left)) = (mine.value(), from_micros(mine.second())) {
+                    if fence >= floor {
+                        let head = mine.col(2);
+                        return Ok(Attempt::Handed {
+                            fence,
+                            left,
+                            seen: sent,
+                            head,
+                        });
+                    }
+                }
+            }
             // Look first (read-only): only the head of the queue, with the row free, takes the
             // database's write lock.
             let sent = Instant::now();

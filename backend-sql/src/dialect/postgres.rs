@@ -320,6 +320,7 @@ impl Dialect for Postgres {
         // grant. A waiter that cannot use that notification (it came too late, or names
         // another of its rows) finds the row its own at its next attempt, which takes it again.
         sql.probe = None;
+        sql.claim = None;
         sql.dequeue = None;
         sql.grant_dequeues = true;
         sql.hand_dequeues = true;
