@@ -112,6 +112,26 @@ pub(crate) enum Attempt {
     },
 }
 
+impl Attempt {
+    /// A live row already the waiter's, as a look sent at `seen` reported it (its fence, its
+    /// time left in µs, the ticket of the waiter first in line behind it): handed over, unless
+    /// there is no such row or its fence is below the caller's token `floor` (the next grant
+    /// then takes the row again with a greater one).
+    fn handed(
+        (fence, left, head): (Option<i64>, Option<i64>, Option<i64>),
+        seen: Instant,
+        floor: i64,
+    ) -> Option<Attempt> {
+        let (fence, left) = (fence.filter(|f| *f >= floor)?, from_micros(left)?);
+        Some(Attempt::Handed {
+            fence,
+            left,
+            seen,
+            head,
+        })
+    }
+}
+
 /// The queue's statements. Each may retry internally (see `Core::run`), so each must be
 /// idempotent for the same inputs.
 impl<D: Dialect> Client<D> {
@@ -191,16 +211,9 @@ impl<D: Dialect> Client<D> {
                     .core
                     .reply("acquire", claim, Args::of(name).owner(waiter));
                 let mine = mine.await?;
-                if let (Some(fence), Some(left)) = (mine.value(), from_micros(mine.second())) {
-                    if fence >= floor {
-                        let head = mine.col(2);
-                        return Ok(Attempt::Handed {
-                            fence,
-                            left,
-                            seen: sent,
-                            head,
-                        });
-                    }
+                let row = (mine.value(), mine.second(), mine.col(2));
+                if let Some(handed) = Attempt::handed(row, sent, floor) {
+                    return Ok(handed);
                 }
             }
             // Look first (read-only): only the head of the queue, with the row free, takes the
@@ -208,18 +221,10 @@ impl<D: Dialect> Client<D> {
             let sent = Instant::now();
             let args = Args::of(name).owner(waiter).ticket(ticket);
             let seen = self.core.reply("acquire", probe, args).await?;
-            if let (Some(fence), Some(left)) = (seen.col(2), from_micros(seen.col(3))) {
-                // Handed over. Below the caller's token floor, the grant below raises the
-                // fence (the row being ours, it is taken again).
-                if fence >= floor {
-                    let head = seen.col(4);
-                    return Ok(Attempt::Handed {
-                        fence,
-                        left,
-                        seen: sent,
-                        head,
-                    });
-                }
+            if let Some(handed) =
+                Attempt::handed((seen.col(2), seen.col(3), seen.col(4)), sent, floor)
+            {
+                return Ok(handed);
             }
             let holder_left = from_micros(seen.second());
             let waiting = u64::try_from(seen.count()).unwrap_or(0);
@@ -244,19 +249,14 @@ impl<D: Dialect> Client<D> {
         let holder_left = from_micros(reply.second());
         // Where the statement reports a live row already ours (PostgreSQL: a release handed
         // it over), columns 3 and 4 hold its fence and time left.
-        let mine = (reply.col(3), from_micros(reply.col(4)));
+        let mine = Attempt::handed((reply.col(3), reply.col(4), None), sent, floor);
         Ok(match (reply.value(), mine) {
             (Some(fence), _) => Attempt::Granted {
                 fence,
                 head: reply.col(2),
             },
-            (None, (Some(fence), Some(left))) if fence >= floor => Attempt::Handed {
-                fence,
-                left,
-                seen: sent,
-                head: None,
-            },
-            (None, _) => Attempt::Blocked { ahead, holder_left },
+            (None, Some(handed)) => handed,
+            (None, None) => Attempt::Blocked { ahead, holder_left },
         })
     }
 
