@@ -154,8 +154,8 @@ impl Queued {
     /// the row runs at least `ttl` from the join's sending, which becomes the lease's start. A
     /// join more than a tenth of that ttl ago would cost the lease that much of its time, and a
     /// notification for an earlier row or an earlier acquisition under the same owner id would
-    /// be no grant of this one: the waiter is then only woken, and its next attempt finds the
-    /// row its own and takes it again.
+    /// be no grant of this one: the waiter is then only woken, and its next attempt looks (a
+    /// row that is its own it reports, with the time left by the database's clock).
     fn take_grant(&self, grant: Grant) {
         let (Some(ticket), Some(at)) = (self.ticket, self.joined_at) else {
             return;
