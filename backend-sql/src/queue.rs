@@ -113,16 +113,16 @@ pub(crate) enum Attempt {
 }
 
 impl Attempt {
-    /// A live row already the waiter's, as a look sent at `seen` reported it (its fence, its
-    /// time left in µs, the ticket of the waiter first in line behind it): handed over, unless
-    /// there is no such row or its fence is below the caller's token `floor` (the next grant
-    /// then takes the row again with a greater one).
+    /// A live row already the waiter's, as a look sent at `seen` (or the join a hand-over's
+    /// notification names) reported it: its fence, its time left, the ticket of the waiter
+    /// first in line behind it. Handed over, unless there is no such row or its fence is below
+    /// the caller's token `floor` (the next grant then takes the row again with a greater one).
     fn handed(
-        (fence, left, head): (Option<i64>, Option<i64>, Option<i64>),
+        (fence, left, head): (Option<i64>, Option<Duration>, Option<i64>),
         seen: Instant,
         floor: i64,
     ) -> Option<Attempt> {
-        let (fence, left) = (fence.filter(|f| *f >= floor)?, from_micros(left)?);
+        let (fence, left) = (fence.filter(|f| *f >= floor)?, left?);
         Some(Attempt::Handed {
             fence,
             left,
@@ -211,7 +211,7 @@ impl<D: Dialect> Client<D> {
                     .core
                     .reply("acquire", claim, Args::of(name).owner(waiter));
                 let mine = mine.await?;
-                let row = (mine.value(), mine.second(), mine.col(2));
+                let row = (mine.value(), from_micros(mine.second()), mine.col(2));
                 if let Some(handed) = Attempt::handed(row, sent, floor) {
                     return Ok(handed);
                 }
@@ -221,9 +221,8 @@ impl<D: Dialect> Client<D> {
             let sent = Instant::now();
             let args = Args::of(name).owner(waiter).ticket(ticket);
             let seen = self.core.reply("acquire", probe, args).await?;
-            if let Some(handed) =
-                Attempt::handed((seen.col(2), seen.col(3), seen.col(4)), sent, floor)
-            {
+            let row = (seen.col(2), from_micros(seen.col(3)), seen.col(4));
+            if let Some(handed) = Attempt::handed(row, sent, floor) {
                 return Ok(handed);
             }
             let holder_left = from_micros(seen.second());
@@ -249,7 +248,7 @@ impl<D: Dialect> Client<D> {
         let holder_left = from_micros(reply.second());
         // Where the statement reports a live row already ours (PostgreSQL: a release handed
         // it over), columns 3 and 4 hold its fence and time left.
-        let mine = Attempt::handed((reply.col(3), reply.col(4), None), sent, floor);
+        let mine = Attempt::handed((reply.col(3), from_micros(reply.col(4)), None), sent, floor);
         Ok(match (reply.value(), mine) {
             (Some(fence), _) => Attempt::Granted {
                 fence,
@@ -451,28 +450,18 @@ pub(crate) async fn acquire<D: Dialect>(
         // that fence for at least `ttl` from `sent`. Below the caller's token floor, the next
         // attempt takes the row again with a greater fence.
         let handed = wake.take_handed();
-        let (started, attempt) = match handed {
-            Some(Handed {
-                fence,
-                sent,
-                ttl: Some(left),
-                ..
-            }) if fence >= floor => {
-                let seen = sent;
-                let attempt = Attempt::Handed {
-                    fence,
-                    left,
-                    seen,
-                    head: None,
-                };
-                (sent, attempt)
+        let found = match handed {
+            Some(h) if h.ttl.is_some() => {
+                Attempt::handed((Some(h.fence), h.ttl, None), h.sent, floor)
             }
-            Some(Handed {
-                fence,
-                sent,
-                ttl: None,
-                ..
-            }) => (sent, Attempt::Granted { fence, head: None }),
+            Some(h) => Some(Attempt::Granted {
+                fence: h.fence,
+                head: None,
+            }),
+            None => None,
+        };
+        let (started, attempt) = match (handed, found) {
+            (Some(Handed { sent, .. }), Some(attempt)) => (sent, attempt),
             _ => {
                 if refreshed.elapsed() >= REFRESH {
                     if !q.refresh(name, waiter, ticket, kind).await? {

@@ -318,7 +318,7 @@ impl Dialect for Postgres {
         // `wait_acquire` looks for itself, and the grant deletes the waiter's row in the same
         // statement; so does the hand-over (see `hand`), whose notification is the new owner's
         // grant. A waiter that cannot use that notification (it came too late, or names
-        // another of its rows) finds the row its own at its next attempt, which takes it again.
+        // another of its rows) finds the row its own at its next attempt, which reports it.
         sql.probe = None;
         sql.claim = None;
         sql.dequeue = None;
