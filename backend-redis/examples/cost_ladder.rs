@@ -80,11 +80,8 @@ impl ladder::Steps for Scripts {
             for key in [&lock, &fence, &queue].into_iter().take(nkeys) {
                 invocation.key(key);
             }
+            // The real try script as the backend sends it: no token floor, no argument.
             invocation.arg(OWNER).arg(10_000);
-            if step >= 3 {
-                // The real try script's token floor (0 = none).
-                invocation.arg(0);
-            }
             let reply: redis::Value = invocation.invoke_async(con).await?;
             let token = ladder::granted_token(&reply)?;
             if step == 4 {

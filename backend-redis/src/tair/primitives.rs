@@ -264,9 +264,9 @@ impl TairLock {
     }
 
     /// dlock's single attempt at the write lock (`lock_as` in mode `try`, not reentrant,
-    /// without a waiting mark): `try_fast.lua`, with the three keys and three arguments its
-    /// common case reads, and `lock.lua` only where that answers that someone reads or queues
-    /// (or this owner's mark stands).
+    /// without a waiting mark): `try_fast.lua`, with the three keys and the arguments its
+    /// common case reads (the token floor only when there is one), and `lock.lua` only where
+    /// that answers that someone reads or queues (or this owner's mark stands).
     pub(super) async fn try_lock(
         &self,
         name: &LockName,
@@ -277,7 +277,8 @@ impl TairLock {
         lockcore::check_ttl(ttl)?;
         let node = &self.client.inner.node;
         let call = node.call_on(&TRY_FAST, name, &KEYS[..3]);
-        let call = call.owner_arg(owner).arg(millis(ttl)).arg(floor);
+        let call = call.owner_arg(owner).arg(millis(ttl));
+        let call = if floor > 0 { call.arg(floor) } else { call };
         let value = self.eval("expireLock", name, &call).await?;
         if replies::int(&value) == Some(-1) {
             let full = self.lock_as(name, owner, ttl, false, None, floor, Queue::Try);
@@ -400,7 +401,10 @@ impl TairLock {
         whole: bool,
     ) -> Result<ExpireUnlock> {
         let (_, wakes) = self.client.inner.node.wake_args(name);
-        let call = self.call(&UNLOCK, name).arg(expiry);
+        // The four keys `unlock.lua` reads, not the ticket counter: every key is an object and
+        // a Lua string per call.
+        let node = &self.client.inner.node;
+        let call = node.call_on(&UNLOCK, name, &KEYS[..4]).arg(expiry);
         let call = match owner {
             Some(owner) => call.owner_arg(owner),
             None => call.arg(""),

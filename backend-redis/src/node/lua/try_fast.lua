@@ -1,5 +1,6 @@
--- TRY (fast path of an exclusive `try` acquire): KEYS lock, fence; ARGV owner, ttl_ms, token
--- floor (0 = none)
+-- TRY (fast path of an exclusive `try` acquire): KEYS lock, fence; ARGV owner, ttl_ms, [token
+-- floor] (absent = none: every argument costs Redis an object and a Lua string per call, so
+-- the common call sends two)
 -- Returns `<owner>:<token>` when granted (the lock key was absent; one string, the cheapest reply
 -- for Redis to build from Lua, where a table reply is several times dearer), {0, fence} when a
 -- plain holder holds it (nobody queued or reading; fence: the counter's value, the holder's
@@ -13,7 +14,7 @@
 -- `MGET`. The token is max(fence + 1, floor), and the counter moves to it in the same step.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local token = redis.call('INCR', KEYS[2])
-  if token < tonumber(ARGV[3]) then
+  if ARGV[3] and token < tonumber(ARGV[3]) then
     token = tonumber(ARGV[3])
     redis.call('SET', KEYS[2], ARGV[3])
   end

@@ -32,8 +32,8 @@ if redis.call('EXISTS', KEYS[2], KEYS[3]) == 0 then
   if not (f[1] == '1' and was > at) and f[4] ~= ARGV[1] then
     local proof = string.format('%d', math.max(at + tonumber(ARGV[2]), was + 1))
     local v = math.max(tonumber(f[3] or '0') + 1, tonumber(ARGV[5]))
-    redis.call('HSET', KEYS[1], 'locked', 1, 'expire', proof, 'proof', proof, 'owner', ARGV[1],
-      'count', 1, 'version', string.format('%d', v))
+    redis.call('HSET', KEYS[1], 'locked', '1', 'expire', proof, 'proof', proof, 'owner', ARGV[1],
+      'count', '1', 'version', string.format('%d', v))
     return {1, proof, v, 1}
   end
 end
@@ -90,6 +90,6 @@ if version < tonumber(ARGV[5]) then
   version = tonumber(ARGV[5])
   redis.call('HSET', hash, 'version', ARGV[5])
 end
-redis.call('HSET', hash, 'locked', 1, 'expire', int(new_expire), 'proof', int(new_expire),
-  'owner', owner, 'count', 1)
+redis.call('HSET', hash, 'locked', '1', 'expire', int(new_expire), 'proof', int(new_expire),
+  'owner', owner, 'count', '1')
 return {1, int(new_expire), version, 1}

@@ -1,8 +1,10 @@
 -- TRY_FAST (dlock's single attempt at the write lock, its common case): KEYS hash, readers,
---           queue; ARGV owner, ttl_ms, token floor (0 = none)
+--           queue; ARGV owner, ttl_ms, [token floor] (absent = none)
 -- `lock.lua` in mode 'try' (not reentrant, no waiting mark) for the case that needs no queue:
--- with the three keys and three arguments that case reads, where `lock.lua` takes five and
--- nine, each of which Redis makes into a string on every call. It defines none of the prelude.
+-- with the three keys and two or three arguments that case reads, where `lock.lua` takes five
+-- and nine, each of which Redis makes into a string on every call. It defines none of the
+-- prelude. Numbers it writes go to Redis as strings: Lua's own number-to-text conversion (a
+-- `%.14g` printf) costs more than the rest of a field's write.
 -- Returns, as `lock.lua` would:
 --   {1, proof, version, 1} when locked: nobody reads or queues (neither key exists), no writer
 --     holds, and this owner left no `writer waiting` mark of its own; the grant is one write of
@@ -24,7 +26,10 @@ if f[1] == '1' and was > at then
   return {0, string.format('%d', was), f[5] or '', -1, was - at}
 end
 local proof = string.format('%d', math.max(at + tonumber(ARGV[2]), was + 1))
-local v = math.max(tonumber(f[3] or '0') + 1, tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 'locked', 1, 'expire', proof, 'proof', proof, 'owner', ARGV[1],
-  'count', 1, 'version', string.format('%d', v))
+local v = tonumber(f[3] or '0') + 1
+if ARGV[3] then
+  v = math.max(v, tonumber(ARGV[3]))
+end
+redis.call('HSET', KEYS[1], 'locked', '1', 'expire', proof, 'proof', proof, 'owner', ARGV[1],
+  'count', '1', 'version', string.format('%d', v))
 return {1, proof, v, 1}

@@ -21,7 +21,7 @@ if ARGV[3] ~= '1' and tonumber(h[4] or '1') > 1 then
   redis.call('HINCRBY', KEYS[1], 'count', -1)
   return 2
 end
-redis.call('HSET', KEYS[1], 'locked', 0, 'count', 0)
+redis.call('HSET', KEYS[1], 'locked', '0', 'count', '0')
 if redis.call('EXISTS', KEYS[3]) == 0 then
   return 1
 end
