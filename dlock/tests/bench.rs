@@ -38,6 +38,19 @@ async fn uncontended_reports_pairs_and_the_floor() {
     assert!(floor.ratio > 0.0);
     let expected = u.pairs_per_sec / floor.pairs_per_sec;
     assert!((floor.ratio - expected).abs() < 1e-9);
+    // 300 ms of each loop in 200 ms turns: at least one round of both, and the spread only
+    // when there were two.
+    match floor.rounds {
+        0 => assert!(
+            floor.ratio_p25.is_none() && floor.self_ratio.is_none(),
+            "{floor:?}"
+        ),
+        _ => {
+            let (p25, p75) = (floor.ratio_p25.unwrap(), floor.ratio_p75.unwrap());
+            assert!(floor.rounds >= 2 && p25 > 0.0 && p25 <= p75, "{floor:?}");
+            assert!(floor.self_ratio.unwrap() > 0.0, "{floor:?}");
+        }
+    }
 }
 
 /// A dual lock is judged against both stores' floors one after the other (its pairs make the

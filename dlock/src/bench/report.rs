@@ -89,6 +89,18 @@ pub struct FloorReport {
     pub errors: u64,
     /// dlock pairs/s ÷ floor pairs/s (1.0 means dlock costs nothing over the raw commands).
     pub ratio: f64,
+    /// Rounds behind the quartiles below: a round is one 200 ms turn of dlock and the floor's
+    /// next turn (0 when the run had fewer than two).
+    pub rounds: usize,
+    /// First quartile of the per-round ratio (dlock's pairs/s in its turn ÷ the floor's in
+    /// the next).
+    pub ratio_p25: Option<f64>,
+    /// Third quartile of the per-round ratio.
+    pub ratio_p75: Option<f64>,
+    /// The floor against itself: its pairs/s over its odd-numbered turns ÷ over its even ones.
+    /// Two loops that do the same work disagree by this much in this run, so a `ratio` within
+    /// that distance of a target does not tell whether the target is met.
+    pub self_ratio: Option<f64>,
 }
 
 /// N clients, each with its own connection, contending for one name.

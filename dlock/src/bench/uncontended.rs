@@ -23,6 +23,9 @@ pub(super) struct LoopStats {
     pub(super) first_error: Option<String>,
     /// Wall time spent measuring this loop (after warm-up).
     pub(super) measured: Duration,
+    /// Each turn's completed pairs and measured time, in order (interleaved loops only; a turn
+    /// wholly inside the warm-up is left out).
+    pub(super) turns: Vec<(u64, Duration)>,
 }
 
 impl LoopStats {
@@ -32,6 +35,7 @@ impl LoopStats {
             errors: 0,
             first_error: None,
             measured: Duration::ZERO,
+            turns: Vec::new(),
         }
     }
 
@@ -62,6 +66,7 @@ pub(super) async fn run_slice<F, Fut>(
     Fut: Future<Output = Result<()>>,
 {
     let slice_start = Instant::now();
+    let pairs_before = stats.hist.len();
     loop {
         let t0 = Instant::now();
         if t0 >= until {
@@ -73,7 +78,63 @@ pub(super) async fn run_slice<F, Fut>(
         }
     }
     let from = slice_start.max(measure_from);
-    stats.measured += Instant::now().saturating_duration_since(from);
+    let measured = Instant::now().saturating_duration_since(from);
+    stats.measured += measured;
+    if !measured.is_zero() {
+        stats
+            .turns
+            .push((stats.hist.len() - pairs_before, measured));
+    }
+}
+
+/// How steady a ratio of two interleaved loops was over one run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Spread {
+    /// Turns that both loops measured (each turn of one beside the other's next).
+    pub(super) rounds: usize,
+    /// First quartile of the per-round ratio of `a`'s pairs/s to `b`'s.
+    pub(super) p25: f64,
+    /// Third quartile of the same.
+    pub(super) p75: f64,
+    /// `b` against itself: its pairs/s in odd rounds ÷ in even rounds.
+    pub(super) self_ratio: f64,
+}
+
+/// The spread of `a`'s pairs/s over `b`'s, round by round, and of `b` against itself; `None`
+/// with fewer than two rounds in which both loops completed pairs.
+pub(super) fn spread(a: &[(u64, Duration)], b: &[(u64, Duration)]) -> Option<Spread> {
+    let rate = |(pairs, t): (u64, Duration)| pairs as f64 / t.as_secs_f64();
+    let mut ratios: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| x.0 > 0 && y.0 > 0)
+        .map(|(&x, &y)| rate(x) / rate(y))
+        .collect();
+    if ratios.len() < 2 || b.len() < 2 {
+        return None;
+    }
+    ratios.sort_by(f64::total_cmp);
+    let half = |parity: usize| {
+        let (pairs, t) = b
+            .iter()
+            .skip(parity)
+            .step_by(2)
+            .fold((0, Duration::ZERO), |(p, d), &(x, y)| (p + x, d + y));
+        rate((pairs, t))
+    };
+    Some(Spread {
+        rounds: ratios.len(),
+        p25: quantile(&ratios, 0.25),
+        p75: quantile(&ratios, 0.75),
+        self_ratio: half(1) / half(0),
+    })
+}
+
+/// The `q` quantile of sorted, non-empty `v`, interpolated between neighbours.
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let at = q * (v.len() - 1) as f64;
+    let (lo, hi) = (at.floor() as usize, at.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
 }
 
 /// Alternates `a` and each floor in [`SLICE`] turns for `warmup + duration` each, so each gets
@@ -213,6 +274,7 @@ pub(super) async fn uncontended(
     for ((kind, (f, _)), raw) in kinds.into_iter().zip(&floors).zip(raws) {
         let floor_pairs = raw.hist.len();
         let floor_per_sec = per_sec(floor_pairs, raw.measured);
+        let spread = spread(&dlock.turns, &raw.turns);
         let report = FloorReport {
             description: f.description(),
             pairs: floor_pairs,
@@ -224,6 +286,10 @@ pub(super) async fn uncontended(
             } else {
                 0.0
             },
+            rounds: spread.map_or(0, |s| s.rounds),
+            ratio_p25: spread.map(|s| s.p25),
+            ratio_p75: spread.map(|s| s.p75),
+            self_ratio: spread.map(|s| s.self_ratio),
         };
         match kind {
             "plain" => floor = Some(report),
@@ -264,4 +330,62 @@ pub(super) async fn floor_median(
     };
     let stats = timed_loop(&short, Phase::Floor, progress, || floor.pair(&name)).await;
     Ok((!stats.hist.is_empty()).then(|| LatencySummary::of(&stats.hist).p50_us))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turns(rates: &[u64]) -> Vec<(u64, Duration)> {
+        // One second per turn, so a turn's pairs are its pairs/s.
+        rates.iter().map(|&p| (p, Duration::from_secs(1))).collect()
+    }
+
+    #[test]
+    fn spread_gives_the_per_round_quartiles_and_the_floor_against_itself() {
+        // Ratios per round: 0.5, 0.9, 1.0, 0.8, 0.95 → sorted 0.5, 0.8, 0.9, 0.95, 1.0.
+        let a = turns(&[50, 90, 100, 80, 95]);
+        let b = turns(&[100, 100, 100, 100, 100]);
+        let s = spread(&a, &b).expect("five rounds");
+        assert_eq!(s.rounds, 5);
+        assert!((s.p25 - 0.8).abs() < 1e-12, "{s:?}");
+        assert!((s.p75 - 0.95).abs() < 1e-12, "{s:?}");
+        assert!((s.self_ratio - 1.0).abs() < 1e-12, "{s:?}");
+    }
+
+    #[test]
+    fn the_floor_against_itself_weighs_turns_by_their_time() {
+        // Odd turns: 300 pairs in 2 s (150/s); even turns: 100 + 200 pairs in 1 s + 1 s.
+        let b = vec![
+            (100, Duration::from_secs(1)),
+            (100, Duration::from_secs(1)),
+            (200, Duration::from_secs(1)),
+            (200, Duration::from_secs(1)),
+        ];
+        let a = turns(&[100, 100, 100, 100]);
+        let s = spread(&a, &b).expect("four rounds");
+        assert!((s.self_ratio - 1.0).abs() < 1e-12, "{s:?}");
+        let b = vec![
+            (100, Duration::from_secs(1)),
+            (150, Duration::from_secs(1)),
+            (100, Duration::from_secs(1)),
+            (150, Duration::from_secs(1)),
+        ];
+        let s = spread(&a, &b).expect("four rounds");
+        assert!((s.self_ratio - 1.5).abs() < 1e-12, "{s:?}");
+        // Quartiles interpolate: ratios 100/150, 100/150, 1, 1.
+        assert!((s.p25 - 2.0 / 3.0).abs() < 1e-12, "{s:?}");
+        assert!((s.p75 - 1.0).abs() < 1e-12, "{s:?}");
+    }
+
+    #[test]
+    fn spread_needs_two_rounds_with_pairs_on_both_sides() {
+        assert_eq!(spread(&turns(&[10]), &turns(&[10])), None);
+        // A round in which either loop completed nothing is left out.
+        assert_eq!(spread(&turns(&[10, 0, 10]), &turns(&[0, 10, 10])), None);
+        assert_eq!(
+            spread(&turns(&[10, 0, 10, 20]), &turns(&[0, 10, 10, 10])).map(|s| s.rounds),
+            Some(2)
+        );
+    }
 }

@@ -5,7 +5,9 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::bench::{self, BenchOptions, BenchReport, LatencySummary, Mode, Phase, Progress};
+use dlock::bench::{
+    self, BenchOptions, BenchReport, FloorReport, LatencySummary, Mode, Phase, Progress,
+};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use clap::{Args, ValueEnum};
@@ -235,6 +237,18 @@ fn table(rows: &[Vec<String>]) -> String {
     out
 }
 
+/// How steady a floor's ratio was, under its ratio line: the per-round quartiles and the floor
+/// against itself (empty when the run had too few rounds to say).
+fn spread_line(f: &FloorReport) -> String {
+    match (f.ratio_p25, f.ratio_p75, f.self_ratio) {
+        (Some(p25), Some(p75), Some(own)) => format!(
+            "      per round {p25:.3} – {p75:.3} (quartiles of {}); the floor against itself {own:.3}\n",
+            f.rounds
+        ),
+        _ => String::new(),
+    }
+}
+
 fn latency_cells(l: &LatencySummary) -> Vec<String> {
     vec![
         fmt_us(l.p50_us),
@@ -358,12 +372,14 @@ fn render(r: &BenchReport) -> String {
                     "  ratio dlock/floor = {:.3}   (floor: {})",
                     f.ratio, f.description
                 );
+                out.push_str(&spread_line(f));
                 if let Some(f) = &u.fenced_floor {
                     let _ = writeln!(
                         out,
                         "  ratio dlock/fenced floor = {:.3}   (same guarantee: {})",
                         f.ratio, f.description
                     );
+                    out.push_str(&spread_line(f));
                 }
                 if let Some(f) = &u.recipe_floor {
                     let _ = writeln!(
