@@ -154,7 +154,8 @@ impl ladder::Steps for Scripts {
                 for k in &keys[..3] {
                     lock.key(k);
                 }
-                lock.arg(OWNER).arg(10_000).arg(0);
+                // No token floor, so no floor argument, as the backend sends it.
+                lock.arg(OWNER).arg(10_000);
                 let reply: Value = lock.invoke_async(con).await?;
                 let proof = proof_of(&reply)?;
                 let mut unlock = s.tair.unlock.prepare_invoke();
