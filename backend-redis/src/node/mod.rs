@@ -441,9 +441,8 @@ impl Node {
         let fast = keys
             .call(&scripts::TRY_FAST, &[Key::Lock, Key::Fence])
             .owner_arg(owner)
-            .arg(millis(opts.ttl_value()));
-        // No floor is no argument (see `try_fast.lua`).
-        let fast = if floor > 0 { fast.arg(floor) } else { fast };
+            .arg(millis(opts.ttl_value()))
+            .floor_arg(floor);
         let value = self.run("acquire", name, &fast).await?;
         match replies::parse_try_fast(&value, owner)
             .map_err(|e| protocol_error("acquire", Some(name), e))?

@@ -189,6 +189,13 @@ impl Call {
         self.arg(&owner_hex(owner)[..])
     }
 
+    /// Appends a token floor as the last argument of a fast attempt (`try_fast.lua`, on a node
+    /// and in the Tair emulation), and nothing for no floor (0): the scripts read an absent
+    /// floor as none, and every argument costs the server an object and a Lua string per call.
+    pub(crate) fn floor_arg(self, floor: u64) -> Self {
+        if floor > 0 { self.arg(floor) } else { self }
+    }
+
     /// The command to send.
     pub(crate) fn cmd(&self) -> &Cmd {
         &self.cmd

@@ -277,8 +277,7 @@ impl TairLock {
         lockcore::check_ttl(ttl)?;
         let node = &self.client.inner.node;
         let call = node.call_on(&TRY_FAST, name, &KEYS[..3]);
-        let call = call.owner_arg(owner).arg(millis(ttl));
-        let call = if floor > 0 { call.arg(floor) } else { call };
+        let call = call.owner_arg(owner).arg(millis(ttl)).floor_arg(floor);
         let value = self.eval("expireLock", name, &call).await?;
         if replies::int(&value) == Some(-1) {
             let full = self.lock_as(name, owner, ttl, false, None, floor, Queue::Try);

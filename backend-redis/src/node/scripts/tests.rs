@@ -64,6 +64,22 @@ fn a_call_is_evalsha_with_keys_then_arguments() {
 }
 
 #[test]
+fn a_token_floor_is_an_argument_only_when_there_is_one() {
+    let keys = Keys::new("p", &LockName::new("n").unwrap());
+    let attempt = |floor| {
+        let call = keys.call(&TRY_FAST, &[Key::Lock, Key::Fence]);
+        words(&call.owner_arg(OwnerId(1)).arg(5000u64).floor_arg(floor))
+    };
+    let none = attempt(0);
+    assert_eq!(none.len(), 7, "{none:?}");
+    assert_eq!(none.last().map(String::as_str), Some("5000"));
+    let some = attempt(9_007);
+    assert_eq!(some.len(), 8, "{some:?}");
+    assert_eq!(some[..7], none[..]);
+    assert_eq!(some.last().map(String::as_str), Some("9007"));
+}
+
+#[test]
 fn scripts_have_distinct_hashes() {
     let mut shas: Vec<&str> = all().iter().map(|l| l.sha.as_str()).collect();
     shas.sort_unstable();
