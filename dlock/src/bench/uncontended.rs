@@ -103,7 +103,7 @@ pub(super) struct Spread {
 /// The spread of `a`'s pairs/s over `b`'s, round by round, and of `b` against itself; `None`
 /// with fewer than two rounds in which both loops completed pairs.
 pub(super) fn spread(a: &[(u64, Duration)], b: &[(u64, Duration)]) -> Option<Spread> {
-    let rate = |(pairs, t): (u64, Duration)| pairs as f64 / t.as_secs_f64();
+    let rate = |(pairs, t): (u64, Duration)| per_sec(pairs, t);
     let mut ratios: Vec<f64> = a
         .iter()
         .zip(b)
