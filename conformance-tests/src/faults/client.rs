@@ -54,11 +54,7 @@ pub(crate) async fn paused_past_ttl(ctx: Ctx, primitive: Primitive) {
     let steady = if primitive == Primitive::Permit {
         let s = ctx.connect(&url).await;
         let opts = held(10 * SEC);
-        let guard = primitive
-            .take(&s, &name, &opts)
-            .await
-            .expect("the steady holder");
-        Some((guard, Instant::now()))
+        Some(first_hold(&s, &name, primitive, &opts, "the steady holder").await)
     } else {
         None
     };
@@ -125,12 +121,7 @@ impl PausedClient {
             .expect("A's runtime");
         rt.block_on(async move {
             let a = self.target.connect(&self.url).await.expect("A connects");
-            let ga = self
-                .primitive
-                .take(&a, &self.name, &held(SEC))
-                .await
-                .expect("A acquires");
-            let at = Instant::now();
+            let (ga, at) = first_hold(&a, &self.name, self.primitive, &held(SEC), "A").await;
             self.fenced.write(ga.fencing_token(), 1).expect("A writes");
             let _ = got.send(ga.fencing_token());
             // Paused: nothing of A's runs until B has taken over.

@@ -37,11 +37,8 @@ async fn holder_blackholed(ctx: Ctx, fault: Fault, primitive: Primitive) {
     let fenced = FencedResource::new();
     let mut findings = Findings::default();
 
-    let guard = primitive
-        .take(&holder, &name, &held(1500 * ms(1)))
-        .await
-        .expect("holder acquires");
-    let held_at = Instant::now();
+    let (guard, held_at) =
+        first_hold(&holder, &name, primitive, &held(1500 * ms(1)), "the holder").await;
     let stale = guard.fencing_token();
     fenced.write(stale, 1).expect("the holder writes");
 

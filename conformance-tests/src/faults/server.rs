@@ -14,11 +14,8 @@ async fn kill9_and_restart(ctx: Ctx, persistence: Persistence, primitive: Primit
 
     let holder = ctx.connect(&url).await;
     bump(&holder, &name, 3).await;
-    let guard = primitive
-        .take(&holder, &name, &held(2 * SEC))
-        .await
-        .expect("holder acquires");
-    let held_at = Instant::now();
+    let (guard, held_at) =
+        first_hold(&holder, &name, primitive, &held(2 * SEC), "the holder").await;
     let holder_token = guard.fencing_token();
     fenced.write(holder_token, 0).expect("the first write");
 
@@ -121,8 +118,7 @@ pub async fn server_paused_past_ttl(ctx: Ctx) {
     let mut findings = Findings::default();
 
     let a = ctx.connect(&url).await;
-    let ga = a.lock(&name, &held(2 * SEC)).await.expect("A acquires");
-    let a_at = Instant::now();
+    let (ga, a_at) = first_hold(&a, &name, Primitive::Lock, &held(2 * SEC), "A").await;
     fenced.write(ga.fencing_token(), 1).expect("A writes");
 
     spawned.server.pause();
@@ -176,11 +172,8 @@ pub async fn store_connections_killed(ctx: Ctx) {
 
     let holder = ctx.connect(&url).await;
     let waiter_client = ctx.connect(&url).await;
-    let guard = holder
-        .lock(&name, &held(SEC))
-        .await
-        .expect("holder acquires");
-    let held_at = Instant::now();
+    let (guard, held_at) =
+        first_hold(&holder, &name, Primitive::Lock, &held(SEC), "the holder").await;
     let token = guard.fencing_token();
     fenced.write(token, 1).expect("the holder writes");
     let waiting = {
