@@ -24,18 +24,24 @@ pub async fn dropping_guard_releases(ctx: Ctx) {
     gb.release().await.expect("release");
 }
 
-/// A lease with ttl 300 ms and keep-alive stays held for many ttls.
+/// A lease with ttl 2 s and keep-alive stays held for over three ttls.
+///
+/// The ttl is not shorter because keep-alive rides out a late store (or a late scheduler) only
+/// for what is left of the lease after the renewal interval (ttl/3) and its margin: about
+/// 1.2 s here. With the 600 ms ttl this case had, that was under 400 ms, and one CI run on a
+/// loaded 2-core machine went past it on SQLite: the lease ran out, as it must, and the case
+/// failed on the machine rather than on keep-alive.
 pub async fn keep_alive_holds_past_ttl(ctx: Ctx) {
     let (a, b) = (ctx.client().await, ctx.client().await);
     let n = ctx.name("x");
     let opts = AcquireOptions::new()
-        .ttl(ms(600))
+        .ttl(2 * SEC)
         .keep_alive(KeepAlive::renew())
         .wait(Wait::No);
     let g = a.lock(&n, &opts).await.expect("acquire");
     let token = g.fencing_token();
-    for _ in 0..6 {
-        tokio::time::sleep(ms(300)).await;
+    for _ in 0..9 {
+        tokio::time::sleep(ms(700)).await;
         assert!(!is_free(&b, &n).await, "keep-alive let the lock go");
     }
     assert!(g.is_held(), "the guard thinks it lost a renewed lock");
@@ -45,11 +51,13 @@ pub async fn keep_alive_holds_past_ttl(ctx: Ctx) {
 }
 
 /// A renewal cap stops keep-alive; `lost()` then reports `RenewalLimit` and the lock frees.
+/// (A ttl of 1 s, not less: a renewal later than what is left of the lease would end it as
+/// `ConnectionLost` first; see [`keep_alive_holds_past_ttl`].)
 pub async fn keep_alive_renewal_cap_ends_lease(ctx: Ctx) {
     let (a, b) = (ctx.client().await, ctx.client().await);
     let n = ctx.name("x");
     let opts = AcquireOptions::new()
-        .ttl(ms(300))
+        .ttl(SEC)
         .keep_alive(KeepAlive::max_renewals(2))
         .wait(Wait::No);
     let g = a.lock(&n, &opts).await.expect("acquire");
