@@ -102,7 +102,9 @@ pub async fn dropped_acquire_leaves_nothing(ctx: Ctx) {
 pub async fn long_waiter_keeps_its_lease(ctx: Ctx) {
     let (a, b, c) = (ctx.client().await, ctx.client().await, ctx.client().await);
     let n = ctx.name("x");
-    let ttl = ms(800);
+    // Renewed every 500 ms: a renewal may be almost a second late (a busy SQLite file on a
+    // loaded machine) before a lease is lost; with 800 ms it could be under half a second.
+    let ttl = ms(1500);
     let renewed = AcquireOptions::new()
         .ttl(ttl)
         .keep_alive(KeepAlive::renew());
