@@ -2359,7 +2359,9 @@ async fn permit_tokens_increase_across_release_and_expiry(kind: Kind) {
         .unwrap()
         .expect("first");
     assert_eq!(a.release(&p1).await.unwrap(), Released::Released);
-    let p2 = permit(&b, &n, 1, opts(Duration::from_millis(200)))
+    // A 1 s ttl, not less: the refusal below needs p2 still held (a stalled test process once
+    // outlasted a 200 ms one).
+    let p2 = permit(&b, &n, 1, opts(Duration::from_secs(1)))
         .await
         .unwrap()
         .expect("second");
@@ -2376,7 +2378,7 @@ async fn permit_tokens_increase_across_release_and_expiry(kind: Kind) {
         Some(p2.token().0 as i64)
     );
     // Expired without release: the next grant gets a higher token; the old lease is dead.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep_until((p2.valid_until() + Duration::from_millis(300)).into()).await;
     match b.extend(&p2, Duration::from_secs(30)).await {
         Err(Error::LockLost { .. }) => {}
         other => panic!("extend of an expired permit resurrected it: {other:?}"),
