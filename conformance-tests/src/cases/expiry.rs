@@ -51,13 +51,13 @@ pub async fn keep_alive_holds_past_ttl(ctx: Ctx) {
 }
 
 /// A renewal cap stops keep-alive; `lost()` then reports `RenewalLimit` and the lock frees.
-/// (A ttl of 1 s, not less: a renewal later than what is left of the lease would end it as
-/// `ConnectionLost` first; see [`keep_alive_holds_past_ttl`].)
+/// (A ttl of 2 s, not less: a renewal later than what is left of the lease ends it as
+/// `Expired` or `ConnectionLost` before the cap; see [`keep_alive_holds_past_ttl`].)
 pub async fn keep_alive_renewal_cap_ends_lease(ctx: Ctx) {
     let (a, b) = (ctx.client().await, ctx.client().await);
     let n = ctx.name("x");
     let opts = AcquireOptions::new()
-        .ttl(SEC)
+        .ttl(2 * SEC)
         .keep_alive(KeepAlive::max_renewals(2))
         .wait(Wait::No);
     let g = a.lock(&n, &opts).await.expect("acquire");

@@ -172,8 +172,16 @@ pub async fn store_connections_killed(ctx: Ctx) {
 
     let holder = ctx.connect(&url).await;
     let waiter_client = ctx.connect(&url).await;
-    let (guard, held_at) =
-        first_hold(&holder, &name, Primitive::Lock, &held(SEC), "the holder").await;
+    // A 2 s lease, renewed every 667 ms: the scenario is about connections, so a renewal may
+    // be over a second late (a stalled machine) before the lease runs out.
+    let (guard, held_at) = first_hold(
+        &holder,
+        &name,
+        Primitive::Lock,
+        &held(2 * SEC),
+        "the holder",
+    )
+    .await;
     let token = guard.fencing_token();
     fenced.write(token, 1).expect("the holder writes");
     let waiting = {
@@ -213,7 +221,7 @@ pub async fn store_connections_killed(ctx: Ctx) {
     // and the next attempt goes over a new connection.
     within(30 * SEC, "extend after the kills", async {
         loop {
-            match guard.extend(SEC).await {
+            match guard.extend(2 * SEC).await {
                 Ok(()) => break,
                 Err(e) if e.is_retryable() => tokio::time::sleep(ms(50)).await,
                 Err(e) => panic!("extend after the kills: {e}"),
