@@ -100,6 +100,8 @@ pub struct NextTemplates {
     pub grant: String,
     pub regrant: String,
     pub dequeue: String,
+    /// A routine's writes for `$next` (see [`PermitTemplates::writes`]).
+    pub writes: String,
 }
 
 /// The templates of the semaphore statements that PostgreSQL also runs inside its grant and
@@ -123,7 +125,22 @@ impl PermitTemplates {
             grant: as_next(&self.grant).replace("$fence", fence),
             regrant: as_next(&self.regrant).replace("$fence", fence),
             dequeue: as_next(&self.dequeue),
+            writes: as_next(&self.writes(fence)),
         }
+    }
+
+    /// What a server-side routine (PostgreSQL's and MySQL's alike) writes once its look grants
+    /// the permit: the name's expired holder rows deleted when the look counted any
+    /// (`v_expired`), then the owner's permit row inserted, or updated where the owner holds a
+    /// live one already (`v_mine`), with the new fence in `fence`.
+    pub fn writes(&self, fence: &str) -> String {
+        format!(
+            "IF v_expired > 0 THEN {gc}; END IF; \
+             IF v_mine IS NULL THEN {grant}; ELSE {regrant}; END IF;",
+            gc = self.gc,
+            grant = self.grant.replace("$fence", fence),
+            regrant = self.regrant.replace("$fence", fence),
+        )
     }
 
     /// `D`'s templates, over the tables named in `s`.

@@ -2,6 +2,7 @@
 //! SQLite (the dialect that sends its statements one by one).
 
 use super::*;
+use crate::statement::Reply;
 
 #[test]
 fn the_hand_over_routines_row_reads_as_what_the_release_did() {

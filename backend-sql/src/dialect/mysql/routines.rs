@@ -69,8 +69,7 @@ fn grant_body(s: &Sql) -> String {
          IF {REFUSED} THEN ROLLBACK; {BLOCKED}; LEAVE body; END IF; \
          {bump}; \
          SET v_fence = LAST_INSERT_ID(); \
-         IF v_expired > 0 THEN {gc}; END IF; \
-         IF v_mine IS NULL THEN {grant}; ELSE {regrant}; END IF; \
+         {writes} \
          IF p_ticket < {max} THEN {dequeue}; END IF; \
          COMMIT; \
          SELECT 0, v_fence, NULL, NULL, NULL; \
@@ -79,9 +78,7 @@ fn grant_body(s: &Sql) -> String {
         max = i64::MAX,
         lock = semaphore_lock(&s.s, false),
         bump = semaphore_lock(&s.s, true),
-        gc = t.gc,
-        grant = t.grant.replace("$fence", "v_fence"),
-        regrant = t.regrant.replace("$fence", "v_fence"),
+        writes = t.writes("v_fence"),
         dequeue = t.dequeue,
     )
 }
@@ -132,8 +129,7 @@ fn hand_body(s: &Sql) -> String {
          OR ({REFUSED}) THEN COMMIT; SELECT v_freed, NULL, NULL; LEAVE body; END IF; \
          {bump}; \
          SET v_fence = LAST_INSERT_ID(); \
-         IF v_expired > 0 THEN {gc}; END IF; \
-         IF v_mine IS NULL THEN {grant}; ELSE {regrant}; END IF; \
+         {writes} \
          {dequeue}; \
          COMMIT; \
          SELECT v_freed, v_fence, p_permits - v_holders - 1; \
@@ -142,9 +138,7 @@ fn hand_body(s: &Sql) -> String {
         lock = semaphore_lock(&s.s, false),
         release = t.release,
         bump = semaphore_lock(&s.s, true),
-        gc = t.gc,
-        grant = next.grant,
-        regrant = next.regrant,
+        writes = next.writes,
         dequeue = next.dequeue,
     )
 }

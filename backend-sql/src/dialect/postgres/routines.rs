@@ -51,8 +51,7 @@ fn grant_body(s: &Sql, wake: &str) -> String {
          IF {refused} THEN o_outcome := 1; \
          IF v_holders < p_permits THEN o_left := NULL; END IF; RETURN; END IF; \
          {bump} INTO p_fence; \
-         IF v_expired > 0 THEN {gc}; END IF; \
-         IF v_mine IS NULL THEN {grant}; ELSE {regrant}; END IF; \
+         {writes} \
          IF p_ticket < {max} THEN {dequeue}; \
          IF v_mine IS NULL AND v_holders + 1 < p_permits THEN \
          PERFORM pg_notify('{table}', {wake}); END IF; END IF; \
@@ -61,9 +60,7 @@ fn grant_body(s: &Sql, wake: &str) -> String {
         look = t.state,
         lock = semaphore_lock(&s.s, false),
         bump = semaphore_lock(&s.s, true),
-        gc = t.gc,
-        grant = t.grant,
-        regrant = t.regrant,
+        writes = t.writes("$fence"),
         dequeue = t.dequeue,
         max = i64::MAX,
         table = s.table,
@@ -139,8 +136,7 @@ fn hand_body(s: &Sql, wake: &str) -> String {
          IF v_queued = 0 OR {refused} THEN PERFORM pg_notify('{table}', {wake}); RETURN; \
          END IF; \
          {bump} INTO o_fence; \
-         IF v_expired > 0 THEN {gc}; END IF; \
-         IF v_mine IS NULL THEN {grant}; ELSE {regrant}; END IF; \
+         {writes} \
          {dequeue}; \
          o_free := p_permits - v_holders - 1; \
          IF o_free > 0 THEN PERFORM pg_notify('{table}', {wake}); END IF; \
@@ -149,9 +145,7 @@ fn hand_body(s: &Sql, wake: &str) -> String {
         release = t.release,
         look = next.state,
         bump = semaphore_lock(&s.s, true),
-        gc = t.gc,
-        grant = next.grant,
-        regrant = next.regrant,
+        writes = next.writes,
         dequeue = next.dequeue,
         table = s.table,
     )
