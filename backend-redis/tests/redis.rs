@@ -612,6 +612,63 @@ async fn scripts_reload_after_flush() {
     assert!(info.is_some_and(|i| !i.is_held()));
 }
 
+/// How many times `command` ran on `redis` since the last `CONFIG RESETSTAT`, by `INFO
+/// commandstats` (`cmdstat_<command>:calls=N,...`); 0 when it has not run.
+async fn calls_of(redis: &Redis, command: &str) -> u64 {
+    let RedisReply::Bulk(Some(info)) = redis.command(&["INFO", "commandstats"]).await.unwrap()
+    else {
+        panic!("INFO commandstats: not a bulk string");
+    };
+    let info = String::from_utf8(info).unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// A script the server does not know (after a restart or `SCRIPT FLUSH`) costs one round trip
+/// more, not two: the call that met `NOSCRIPT` is sent again as `EVAL` with the script's
+/// source, and nothing is sent with `SCRIPT LOAD`. A pipeline of renewals that all met it sends
+/// the source once, for the first of them, and the rest by SHA behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noscript_is_answered_by_one_eval_with_the_source() {
+    let redis = Redis::start().await.expect("kit redis");
+    let c = backend_redis::connect(&redis.url()).await.unwrap();
+    ok(&redis, &["CONFIG", "RESETSTAT"]).await;
+    basic_round(&c, "first-eval").await;
+    assert_eq!(calls_of(&redis, "script|load").await, 0);
+    let first = calls_of(&redis, "eval").await;
+    assert!(first >= 1, "no EVAL after NOSCRIPT on a new server");
+
+    let keep = AcquireOptions::new()
+        .ttl(3 * SEC)
+        .keep_alive(KeepAlive::renew());
+    let mut guards = Vec::new();
+    for i in 0..20 {
+        let name = unique(&format!("batch-{i}"));
+        guards.push(c.lock(&name, &keep).await.expect("acquire"));
+    }
+    ok(&redis, &["SCRIPT", "FLUSH"]).await;
+    ok(&redis, &["CONFIG", "RESETSTAT"]).await;
+    // Renewals are due a third of the ttl after each grant; after 2.5 s every lease has been
+    // renewed at least once, through the flushed cache.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        guards.iter().all(|g| g.is_held()),
+        "a renewal failed after SCRIPT FLUSH"
+    );
+    assert!(calls_of(&redis, "evalsha").await >= 20);
+    assert_eq!(
+        calls_of(&redis, "eval").await,
+        1,
+        "the source was sent more than once"
+    );
+    assert_eq!(calls_of(&redis, "script|load").await, 0);
+    for g in guards {
+        assert_eq!(g.release().await.unwrap(), Released::Released);
+    }
+}
+
 /// A release wakes the head waiter's client only: with B and C queued behind A, A's release
 /// sends one message, to B; C hears nothing until B releases and C is the head.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,7 @@
-//! The two deployments behind one interface: run a script (`EVALSHA`, loading it on
-//! `NOSCRIPT`, e.g. after a server restart), run many scripts as pipelines, run a plain command,
-//! open a subscriber; and map redis errors to [`lockcore::Error`].
+//! The two deployments behind one interface: run a script (`EVALSHA`, sent again as `EVAL`
+//! with its source on `NOSCRIPT`, e.g. after a server restart), run many scripts as
+//! pipelines, run a plain command, open a subscriber; and map redis errors to
+//! [`lockcore::Error`].
 
 use std::collections::BTreeMap;
 
@@ -11,7 +12,7 @@ use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::cluster::{Cluster, NodeAddr, slot};
-use super::scripts::{Call, Lua};
+use super::scripts::Call;
 use super::single::Single;
 use crate::BACKEND;
 
@@ -36,59 +37,54 @@ fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
-fn script_load(lua: &Lua) -> Cmd {
-    let mut cmd = redis::cmd("SCRIPT");
-    cmd.arg("LOAD").arg(&lua.code);
-    cmd
-}
-
 async fn run<C: ConnectionLike>(con: &mut C, cmd: &Cmd) -> RedisResult<Value> {
     cmd.query_async(con).await
 }
 
-/// Runs `calls` as one pipeline on `con`; replies in order, one result per call. Scripts the
-/// server does not know are loaded and their calls sent again (a second pipeline).
-async fn pipeline_on<C: ConnectionLike>(con: &mut C, calls: &[&Call]) -> Vec<RedisResult<Value>> {
+/// Sends `cmds` as one pipeline on `con`: one result per command, in order (all failed alike
+/// when the pipeline failed or its reply count is wrong).
+async fn pipeline_of<C: ConnectionLike>(con: &mut C, cmds: Vec<Cmd>) -> Vec<RedisResult<Value>> {
+    let n = cmds.len();
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
-    for call in calls {
-        pipe.add_command(call.cmd().clone());
+    for cmd in cmds {
+        pipe.add_command(cmd);
     }
-    let mut results: Vec<RedisResult<Value>> =
-        match pipe.query_async::<Vec<RedisResult<Value>>>(con).await {
-            Ok(r) if r.len() == calls.len() => r,
-            Ok(r) => {
-                let e = RedisError::from((
-                    ErrorKind::Parse,
-                    "pipeline reply count mismatch",
-                    format!("{} replies for {} commands", r.len(), calls.len()),
-                ));
-                return calls.iter().map(|_| Err(e.clone())).collect();
-            }
-            Err(e) => return calls.iter().map(|_| Err(e.clone())).collect(),
-        };
+    let e = match pipe.query_async::<Vec<RedisResult<Value>>>(con).await {
+        Ok(r) if r.len() == n => return r,
+        Ok(r) => RedisError::from((
+            ErrorKind::Parse,
+            "pipeline reply count mismatch",
+            format!("{} replies for {n} commands", r.len()),
+        )),
+        Err(e) => e,
+    };
+    (0..n).map(|_| Err(e.clone())).collect()
+}
+
+/// Runs `calls` as one pipeline on `con`; replies in order, one result per call. Calls the
+/// server answered with `NOSCRIPT` did not run: they are sent again as a second pipeline, the
+/// first call of each script with its source (see `Call::eval_cmd`), which leaves it cached
+/// for the calls of it behind (a batch of 10 000 renewals sends the source once).
+async fn pipeline_on<C: ConnectionLike>(con: &mut C, calls: &[&Call]) -> Vec<RedisResult<Value>> {
+    let mut results = pipeline_of(con, calls.iter().map(|c| c.cmd().clone()).collect()).await;
     let missing: Vec<usize> = (0..calls.len())
         .filter(|&i| results[i].as_ref().err().is_some_and(is_noscript))
         .collect();
     if missing.is_empty() {
         return results;
     }
-    let mut loaded: Vec<&str> = Vec::new();
-    for &i in &missing {
-        let lua = calls[i].lua;
-        if !loaded.contains(&lua.sha.as_str()) {
-            if let Err(e) = run(con, &script_load(lua)).await {
-                for &j in &missing {
-                    results[j] = Err(e.clone());
-                }
-                return results;
+    let mut sent: Vec<&str> = Vec::new();
+    let again = (missing.iter().map(|&i| calls[i]))
+        .map(|call| match sent.contains(&call.lua.sha.as_str()) {
+            true => call.cmd().clone(),
+            false => {
+                sent.push(&call.lua.sha);
+                call.eval_cmd()
             }
-            loaded.push(&lua.sha);
-        }
-    }
-    let retry: Vec<&Call> = missing.iter().map(|&i| calls[i]).collect();
-    let again = Box::pin(pipeline_on(con, &retry)).await;
-    for (i, r) in missing.into_iter().zip(again) {
+        })
+        .collect();
+    for (i, r) in missing.into_iter().zip(pipeline_of(con, again).await) {
         results[i] = r;
     }
     results
@@ -97,10 +93,8 @@ async fn pipeline_on<C: ConnectionLike>(con: &mut C, calls: &[&Call]) -> Vec<Red
 async fn eval_on<C: ConnectionLike>(con: &mut C, call: &Call) -> RedisResult<Value> {
     let cmd = call.cmd();
     match run(con, cmd).await {
-        Err(e) if is_noscript(&e) => {
-            run(con, &script_load(call.lua)).await?;
-            run(con, cmd).await
-        }
+        // The server had not run it: send it again with its source (see `Call::eval_cmd`).
+        Err(e) if is_noscript(&e) => run(con, &call.eval_cmd()).await,
         other => other,
     }
 }
@@ -192,7 +186,7 @@ pub(crate) fn access_denied(operation: &'static str, e: &RedisError) -> Option<E
     } else if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
         format!(
             "the server's ACL does not let this user run what the lock needs (NOPERM: {}); \
-             it needs EVALSHA, SCRIPT LOAD, PING and SUBSCRIBE on the prefix's keys and channels",
+             it needs EVALSHA, EVAL, PING and SUBSCRIBE on the prefix's keys and channels",
             e.detail().unwrap_or("")
         )
     } else {
