@@ -312,7 +312,7 @@ impl DistributedLock for RedlockLock {
         // name this lease any more. The caller is not kept waiting for the slowest node: those
         // still unanswered finish in a task of their own, where their answers change nothing.
         // Until they land, any client (this one too: a delete that met `NOSCRIPT` is sent again
-        // with the script's source, behind whatever this client sent meanwhile) finds at most a
+        // behind the script's load, after whatever this client sent meanwhile) finds at most a
         // minority still holding, and a majority free.
         let mut pending: FuturesUnordered<_> = inner
             .nodes

@@ -12,9 +12,9 @@
 //!   a failure;
 //! * **the scripts** (`src/node/lua/`): acquire, release, extend, cancel, inspect, forget, the
 //!   fence write-back, the bench floors, and the counting semaphore's (`sem_*.lua`), sent with
-//!   `EVALSHA` and again as `EVAL` with their source on `NOSCRIPT`; the read-write lock's
-//!   readers go through the lock's acquire, cancel and inspect scripts and the semaphore's
-//!   release and extend;
+//!   `EVALSHA` and, on `NOSCRIPT`, again behind their `SCRIPT LOAD` in one pipeline; the
+//!   read-write lock's readers go through the lock's acquire, cancel and inspect scripts and
+//!   the semaphore's release and extend;
 //! * **the node operations** over one lock name's keys, each one script call with its reply
 //!   decoded and checked: [`try_once`](Node::try_once), [`acquire`](Node::acquire),
 //!   [`give_back`](Node::give_back), [`release`](Node::release), [`extend`](Node::extend),

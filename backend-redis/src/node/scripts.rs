@@ -201,26 +201,6 @@ impl Call {
         &self.cmd
     }
 
-    /// The same call as `EVAL` with the script's source: what is sent after the server
-    /// answered [`cmd`](Call::cmd) with `NOSCRIPT` (it had not run it). One round trip that
-    /// runs the script and leaves it in the server's script cache, where `SCRIPT LOAD` and a
-    /// second `EVALSHA` took two.
-    pub(crate) fn eval_cmd(&self) -> Cmd {
-        let rest: Vec<&[u8]> = (self.cmd.args_iter().skip(2))
-            .filter_map(|arg| match arg {
-                redis::Arg::Simple(bytes) => Some(bytes),
-                _ => None,
-            })
-            .collect();
-        let size = 4 + self.lua.code.len() + rest.iter().map(|a| a.len()).sum::<usize>();
-        let mut cmd = Cmd::with_capacity(2 + rest.len(), size);
-        cmd.arg("EVAL").arg(self.lua.code.as_str());
-        for arg in rest {
-            cmd.arg(arg);
-        }
-        cmd
-    }
-
     /// The first key (it decides the Cluster slot); empty for a call without keys.
     pub(crate) fn first_key(&self) -> &[u8] {
         let mut after_sha = self.cmd.args_iter().skip(2);

@@ -1,7 +1,6 @@
-//! The two deployments behind one interface: run a script (`EVALSHA`, sent again as `EVAL`
-//! with its source on `NOSCRIPT`, e.g. after a server restart), run many scripts as
-//! pipelines, run a plain command, open a subscriber; and map redis errors to
-//! [`lockcore::Error`].
+//! The two deployments behind one interface: run a script (`EVALSHA`, sent again behind a
+//! `SCRIPT LOAD` on `NOSCRIPT`, e.g. after a server restart), run many scripts as pipelines,
+//! run a plain command, open a subscriber; and map redis errors to [`lockcore::Error`].
 
 use std::collections::BTreeMap;
 
@@ -12,7 +11,7 @@ use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::cluster::{Cluster, NodeAddr, slot};
-use super::scripts::Call;
+use super::scripts::{Call, Lua};
 use super::single::Single;
 use crate::BACKEND;
 
@@ -62,10 +61,20 @@ async fn pipeline_of<C: ConnectionLike>(con: &mut C, cmds: Vec<Cmd>) -> Vec<Redi
     (0..n).map(|_| Err(e.clone())).collect()
 }
 
+fn script_load(lua: &Lua) -> Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(&lua.code);
+    cmd
+}
+
 /// Runs `calls` as one pipeline on `con`; replies in order, one result per call. Calls the
-/// server answered with `NOSCRIPT` did not run: they are sent again as a second pipeline, the
-/// first call of each script with its source (see `Call::eval_cmd`), which leaves it cached
-/// for the calls of it behind (a batch of 10 000 renewals sends the source once).
+/// server answered with `NOSCRIPT` did not run: they go again in a second pipeline, behind a
+/// `SCRIPT LOAD` of each script they need, so a script the server does not know (after a
+/// restart or `SCRIPT FLUSH`) costs one round trip more, and its source is sent once however
+/// many calls of it the batch holds. (Not `EVAL` with the source, also one round trip: Redis 8
+/// and Valkey 8 evict the oldest of the scripts that `EVAL` cached beyond 500, never one that
+/// `SCRIPT LOAD` did, so on a server shared with an application that builds its scripts
+/// `EVAL` would keep costing the extra round trip.)
 async fn pipeline_on<C: ConnectionLike>(con: &mut C, calls: &[&Call]) -> Vec<RedisResult<Value>> {
     let mut results = pipeline_of(con, calls.iter().map(|c| c.cmd().clone()).collect()).await;
     let missing: Vec<usize> = (0..calls.len())
@@ -74,27 +83,55 @@ async fn pipeline_on<C: ConnectionLike>(con: &mut C, calls: &[&Call]) -> Vec<Red
     if missing.is_empty() {
         return results;
     }
-    let mut sent: Vec<&str> = Vec::new();
-    let again = (missing.iter().map(|&i| calls[i]))
-        .map(|call| match sent.contains(&call.lua.sha.as_str()) {
-            true => call.cmd().clone(),
-            false => {
-                sent.push(&call.lua.sha);
-                call.eval_cmd()
-            }
-        })
+    let mut scripts: Vec<&Lua> = Vec::new();
+    for &i in &missing {
+        if !scripts.iter().any(|l| l.sha == calls[i].lua.sha) {
+            scripts.push(calls[i].lua);
+        }
+    }
+    let again = (scripts.iter().map(|l| script_load(l)))
+        .chain(missing.iter().map(|&i| calls[i].cmd().clone()))
         .collect();
-    for (i, r) in missing.into_iter().zip(pipeline_of(con, again).await) {
-        results[i] = r;
+    let mut replies = pipeline_of(con, again).await.into_iter();
+    let loads: Vec<RedisResult<Value>> = replies.by_ref().take(scripts.len()).collect();
+    for (i, r) in missing.into_iter().zip(replies) {
+        results[i] = loaded(r, &calls[i].lua.sha, &scripts, &loads);
     }
     results
 }
 
+/// A call's answer after its script's `SCRIPT LOAD` went ahead of it: still `NOSCRIPT` where
+/// that load failed (an ACL without `SCRIPT LOAD`, say), in which case the load's error is the
+/// one that says why.
+fn loaded(
+    r: RedisResult<Value>,
+    sha: &str,
+    scripts: &[&Lua],
+    loads: &[RedisResult<Value>],
+) -> RedisResult<Value> {
+    match r {
+        Err(e) if is_noscript(&e) => {
+            let load = scripts.iter().position(|l| l.sha == sha);
+            match load.and_then(|k| loads.get(k)) {
+                Some(Err(load_error)) => Err(load_error.clone()),
+                _ => Err(e),
+            }
+        }
+        other => other,
+    }
+}
+
+/// Runs one call on `con`; on `NOSCRIPT` (it did not run), sends its script's `SCRIPT LOAD`
+/// and the call again as one pipeline: one round trip more, not two. In a Cluster the pair
+/// goes to the call's node, since `SCRIPT LOAD` names no key.
 async fn eval_on<C: ConnectionLike>(con: &mut C, call: &Call) -> RedisResult<Value> {
     let cmd = call.cmd();
     match run(con, cmd).await {
-        // The server had not run it: send it again with its source (see `Call::eval_cmd`).
-        Err(e) if is_noscript(&e) => run(con, &call.eval_cmd()).await,
+        Err(e) if is_noscript(&e) => {
+            let mut pair = pipeline_of(con, vec![script_load(call.lua), cmd.clone()]).await;
+            let answer = pair.pop().unwrap_or(Err(e));
+            loaded(answer, &call.lua.sha, &[call.lua], &pair)
+        }
         other => other,
     }
 }
@@ -186,7 +223,7 @@ pub(crate) fn access_denied(operation: &'static str, e: &RedisError) -> Option<E
     } else if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
         format!(
             "the server's ACL does not let this user run what the lock needs (NOPERM: {}); \
-             it needs EVALSHA, EVAL, PING and SUBSCRIBE on the prefix's keys and channels",
+             it needs EVALSHA, SCRIPT LOAD, PING and SUBSCRIBE on the prefix's keys and channels",
             e.detail().unwrap_or("")
         )
     } else {
@@ -285,3 +322,6 @@ async fn cluster_many(c: &Cluster, calls: &[Call]) -> Vec<RedisResult<Value>> {
         .map(|r| r.unwrap_or_else(|| Err(RedisError::from((ErrorKind::Client, "no reply")))))
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

@@ -222,9 +222,9 @@ async fn acquire_through_errors(
 
 /// A scenario's first hold, taken before any fault while the store is up. A no-wait take on a
 /// healthy store may still fail retryably: a Redlock vote on freshly started durable nodes
-/// (each grant an `appendfsync always` write, the first one a `NOSCRIPT` and an `EVAL` with
-/// the source too) fails as a whole when every node misses the 50 ms node timeout, which a
-/// loaded machine once made all three do at once. That is no answer, so it is asked again (see
+/// (each grant an `appendfsync always` write, the first one a `NOSCRIPT` and a script load
+/// too) fails as a whole when every node misses the 50 ms node timeout, which a loaded machine
+/// once made all three do at once. That is no answer, so it is asked again (see
 /// [`take_through_errors`]), for up to a minute; any other error fails the scenario.
 pub(crate) async fn first_hold(
     c: &Arc<dyn DistributedLock>,
