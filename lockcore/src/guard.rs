@@ -1,11 +1,9 @@
 //! [`LockGuard`]: an owned handle on a held lock, with background keep-alive and a lost signal.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use tokio::sync::watch;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use crate::held::{LostReason, Shared, lock};
 use crate::{DistributedLock, Error, FencingToken, KeepAlive, Lease, LockName, Released, Result};
@@ -38,12 +36,12 @@ impl LeaseWatch {
 
     /// Cheap local check: not reported lost and `valid_until` still ahead. No I/O.
     pub fn is_held(&self) -> bool {
-        self.shared.lost.borrow().is_none() && lock(&self.shared.lease).is_valid()
+        self.shared.lost_reason().is_none() && lock(&self.shared.lease).is_valid()
     }
 
     /// The reason, if the lock is already known to be lost.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        *self.shared.lost.borrow()
+        self.shared.lost_reason()
     }
 
     /// Resolves as soon as the library knows, or must assume, that the lock is no longer held.
@@ -51,22 +49,7 @@ impl LeaseWatch {
     /// # Cancel safety
     /// Cancel safe: it only observes.
     pub async fn lost(&self) -> LostReason {
-        let mut rx = self.shared.lost.subscribe();
-        loop {
-            if let Some(reason) = *rx.borrow_and_update() {
-                return reason;
-            }
-            let until = lock(&self.shared.lease).valid_until();
-            if Instant::now() >= until {
-                let fallback = *lock(&self.shared.fallback);
-                self.shared.set_lost(fallback);
-                continue;
-            }
-            tokio::select! {
-                _ = rx.changed() => {}
-                _ = tokio::time::sleep_until(until.into()) => {}
-            }
-        }
+        self.shared.lost().await
     }
 }
 
@@ -102,13 +85,7 @@ impl LockGuard {
     ///
     /// Keep-alive needs a tokio runtime; without one the guard works without renewals.
     pub fn new(backend: Arc<dyn DistributedLock>, lease: Lease, policy: KeepAlive) -> Self {
-        let shared = Arc::new(Shared {
-            backend: backend.capabilities().backend,
-            finished: AtomicBool::new(false),
-            lease: Mutex::new(lease),
-            fallback: Mutex::new(LostReason::Expired),
-            lost: watch::Sender::new(None),
-        });
+        let shared = Arc::new(Shared::new(backend.capabilities().backend, lease));
         let keep_alive = match policy {
             KeepAlive::Renew {
                 every,
