@@ -612,6 +612,45 @@ async fn scripts_reload_after_flush() {
     assert!(info.is_some_and(|i| !i.is_held()));
 }
 
+/// The connect-time probe reads the four persistence settings (one pipeline on a single
+/// server) and judges them: no persistence (the kit's server) is conditional on persistence; a
+/// user whose ACL refuses `CONFIG` still locks, conditional on what could not be checked; a
+/// server that fsyncs every write and evicts nothing is strict, each setting asked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probe_judges_persistence() {
+    let redis = Redis::start().await.expect("kit redis");
+    let plain = backend_redis::connect(&redis.url()).await.unwrap();
+    assert_eq!(
+        plain.capabilities().fencing,
+        Fencing::Conditional {
+            assumption: backend_redis::ASSUMPTION_NO_PERSISTENCE
+        }
+    );
+
+    let password = format!(">{PASSWORD}");
+    let user = ["ACL", "SETUSER", "noconfig", "on", &password, "~*", "&*"];
+    ok(&redis, &[&user[..], &["+@all", "-config"]].concat()).await;
+    let port = redis.port();
+    let url = format!("redis://noconfig:{PASSWORD}@127.0.0.1:{port}");
+    let blind = backend_redis::connect(&url)
+        .await
+        .expect("connects without CONFIG");
+    assert_eq!(
+        blind.capabilities().fencing,
+        Fencing::Conditional {
+            assumption: backend_redis::ASSUMPTION_UNKNOWN
+        }
+    );
+    basic_round(&blind, "noconfig").await;
+
+    ok(&redis, &["CONFIG", "SET", "appendonly", "yes"]).await;
+    ok(&redis, &["CONFIG", "SET", "appendfsync", "always"]).await;
+    ok(&redis, &["CONFIG", "RESETSTAT"]).await;
+    let durable = backend_redis::connect(&redis.url()).await.unwrap();
+    assert_eq!(durable.capabilities().fencing, Fencing::Strict);
+    assert_eq!(calls_of(&redis, "config|get").await, 4);
+}
+
 /// How many times `command` ran on `redis` since the last `CONFIG RESETSTAT`, by `INFO
 /// commandstats` (`cmdstat_<command>:calls=N,...`); 0 when it has not run.
 async fn calls_of(redis: &Redis, command: &str) -> u64 {

@@ -121,11 +121,17 @@ pub(super) fn open_single(
 /// `maxmemory`, `maxmemory-policy`): `Strict` only for a server that fsyncs every write to its
 /// AOF and never evicts keys; [`ASSUMPTION_UNKNOWN`] when `CONFIG GET` is not permitted.
 pub(super) async fn detect_fencing(store: &Store) -> Fencing {
+    let params = ["appendonly", "appendfsync", "maxmemory", "maxmemory-policy"];
+    let cmds: Vec<redis::Cmd> = (params.iter())
+        .map(|param| {
+            let mut cmd = redis::cmd("CONFIG");
+            cmd.arg("GET").arg(*param);
+            cmd
+        })
+        .collect();
     let mut values = Vec::new();
-    for param in ["appendonly", "appendfsync", "maxmemory", "maxmemory-policy"] {
-        let mut cmd = redis::cmd("CONFIG");
-        cmd.arg("GET").arg(param);
-        match store.query(&cmd).await {
+    for answer in store.query_many(&cmds).await {
+        match answer {
             Ok(v) => values.push(config_value(&v).unwrap_or_default()),
             Err(e) => {
                 tracing::debug!(error = %e, "redis: CONFIG GET not permitted; fencing is conditional");

@@ -333,9 +333,10 @@ impl Node {
     }
 
     /// [`ping`](Node::ping)s, then reads the persistence settings (`CONFIG GET appendonly`,
-    /// `appendfsync`, `maxmemory`, `maxmemory-policy`) to decide the fencing guarantee the node
-    /// gives: `Strict` only for a server that fsyncs every write to its AOF and never evicts
-    /// keys; [`ASSUMPTION_UNKNOWN`] when `CONFIG GET` is not permitted.
+    /// `appendfsync`, `maxmemory`, `maxmemory-policy`; one pipeline, so the probe is two round
+    /// trips on a single server) to decide the fencing guarantee the node gives: `Strict` only
+    /// for a server that fsyncs every write to its AOF and never evicts keys;
+    /// [`ASSUMPTION_UNKNOWN`] when `CONFIG GET` is not permitted.
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is written.

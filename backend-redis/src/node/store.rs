@@ -181,6 +181,25 @@ impl Store {
         }
     }
 
+    /// Runs plain commands that name no key: as one pipeline on a single server, one by one
+    /// in a Cluster (where each goes wherever redis-rs routes it). One result per command.
+    pub(crate) async fn query_many(&self, cmds: &[Cmd]) -> Vec<RedisResult<Value>> {
+        match self {
+            Store::Single(s) => {
+                let request = |mut con| async move { pipeline_of(&mut con, cmds.to_vec()).await };
+                let unconnected = |e: RedisError| cmds.iter().map(|_| Err(e.clone())).collect();
+                s.send(false, request, first_failure, unconnected).await
+            }
+            Store::Cluster(c) => {
+                join_all(
+                    cmds.iter()
+                        .map(|cmd| async move { run(&mut c.connection(), cmd).await }),
+                )
+                .await
+            }
+        }
+    }
+
     /// A new dedicated subscriber connection.
     pub(crate) async fn pubsub(&self) -> RedisResult<PubSub> {
         match self {
