@@ -100,8 +100,24 @@ pub struct NextTemplates {
     pub grant: String,
     pub regrant: String,
     pub dequeue: String,
-    /// A routine's writes for `$next` (see [`PermitTemplates::writes`]).
-    pub writes: String,
+}
+
+impl NextTemplates {
+    /// A routine's writes for `$next` (see [`PermitTemplates::writes`]), with the expired
+    /// holders' delete `gc`.
+    pub fn writes(&self, gc: &str) -> String {
+        routine_writes(gc, &self.grant, &self.regrant)
+    }
+}
+
+/// The writes of a server-side routine (PostgreSQL's and MySQL's alike) once its look grants
+/// the permit: `gc` when the look counted expired holder rows (`v_expired`), then `grant`, or
+/// `regrant` where the owner holds a live permit already (`v_mine`).
+fn routine_writes(gc: &str, grant: &str, regrant: &str) -> String {
+    format!(
+        "IF v_expired > 0 THEN {gc}; END IF; \
+         IF v_mine IS NULL THEN {grant}; ELSE {regrant}; END IF;"
+    )
 }
 
 /// The templates of the semaphore statements that PostgreSQL also runs inside its grant and
@@ -125,7 +141,6 @@ impl PermitTemplates {
             grant: as_next(&self.grant).replace("$fence", fence),
             regrant: as_next(&self.regrant).replace("$fence", fence),
             dequeue: as_next(&self.dequeue),
-            writes: as_next(&self.writes(fence)),
         }
     }
 
@@ -134,13 +149,8 @@ impl PermitTemplates {
     /// (`v_expired`), then the owner's permit row inserted, or updated where the owner holds a
     /// live one already (`v_mine`), with the new fence in `fence`.
     pub fn writes(&self, fence: &str) -> String {
-        format!(
-            "IF v_expired > 0 THEN {gc}; END IF; \
-             IF v_mine IS NULL THEN {grant}; ELSE {regrant}; END IF;",
-            gc = self.gc,
-            grant = self.grant.replace("$fence", fence),
-            regrant = self.regrant.replace("$fence", fence),
-        )
+        let fenced = |template: &str| template.replace("$fence", fence);
+        routine_writes(&self.gc, &fenced(&self.grant), &fenced(&self.regrant))
     }
 
     /// `D`'s templates, over the tables named in `s`.

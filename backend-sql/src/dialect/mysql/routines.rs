@@ -138,7 +138,7 @@ fn hand_body(s: &Sql) -> String {
         lock = semaphore_lock(&s.s, false),
         release = t.release,
         bump = semaphore_lock(&s.s, true),
-        writes = next.writes,
+        writes = next.writes(&t.gc),
         dequeue = next.dequeue,
     )
 }

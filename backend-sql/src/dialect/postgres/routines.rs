@@ -145,7 +145,7 @@ fn hand_body(s: &Sql, wake: &str) -> String {
         release = t.release,
         look = next.state,
         bump = semaphore_lock(&s.s, true),
-        writes = next.writes,
+        writes = next.writes(&t.gc),
         dequeue = next.dequeue,
         table = s.table,
     )
