@@ -10,8 +10,9 @@
 //! 1. the same with `TIME` in both scripts (the price of the server's clock alone);
 //! 2. the least that keeps the emulation's hash: `TIME` + `HMGET` + `HSET` each way;
 //! 3. the scripts the backend's single attempt and release send (`tair/lua/try_fast.lua`,
-//!    `unlock.lua`), which also keep dlock's FIFO queue and the readers out (an `EXISTS` in
-//!    each), called from bare redis-rs;
+//!    `unlock.lua`), which also keep dlock's FIFO queue and the readers out (a `busy` field
+//!    read with the hash, which the readers' and the queue's entries set), called from bare
+//!    redis-rs;
 //! 4. the backend's `try_acquire` + `release` through `DistributedLock`;
 //! 5. lockcore's `lock()` and guard.
 //!
@@ -151,9 +152,7 @@ impl ladder::Steps for Scripts {
                 // the unlock by proof and owner.
                 let keys = ["tair", "readers", "tair:queue", "tair:alive"].map(key);
                 let mut lock = s.tair.try_fast.prepare_invoke();
-                for k in &keys[..3] {
-                    lock.key(k);
-                }
+                lock.key(&keys[0]);
                 // No token floor, so no floor argument, as the backend sends it.
                 lock.arg(OWNER).arg(10_000);
                 let reply: Value = lock.invoke_async(con).await?;

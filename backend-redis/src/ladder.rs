@@ -87,7 +87,7 @@ impl RealScripts {
 #[derive(Clone, Debug)]
 pub struct TairScripts {
     /// dlock's single attempt when nobody reads or queues (`tair/lua/try_fast.lua`): KEYS
-    /// hash, readers, queue; ARGV owner, ttl_ms, token floor.
+    /// hash; ARGV owner, ttl_ms, token floor.
     pub try_fast: Script,
     /// `expireUnlock` (`tair/lua/unlock.lua`): KEYS hash, readers, queue, alive; ARGV proof,
     /// owner, whole, wakes.

@@ -648,21 +648,7 @@ async fn the_probe_judges_persistence() {
     ok(&redis, &["CONFIG", "RESETSTAT"]).await;
     let durable = backend_redis::connect(&redis.url()).await.unwrap();
     assert_eq!(durable.capabilities().fencing, Fencing::Strict);
-    assert_eq!(calls_of(&redis, "config|get").await, 4);
-}
-
-/// How many times `command` ran on `redis` since the last `CONFIG RESETSTAT`, by `INFO
-/// commandstats` (`cmdstat_<command>:calls=N,...`); 0 when it has not run.
-async fn calls_of(redis: &Redis, command: &str) -> u64 {
-    let RedisReply::Bulk(Some(info)) = redis.command(&["INFO", "commandstats"]).await.unwrap()
-    else {
-        panic!("INFO commandstats: not a bulk string");
-    };
-    let info = String::from_utf8(info).unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    assert_eq!(redis.calls("config|get").await.unwrap(), 4);
 }
 
 /// A script the server does not know (after a restart or `SCRIPT FLUSH`) is loaded with
@@ -675,13 +661,13 @@ async fn noscript_loads_each_script_once() {
     let c = backend_redis::connect(&redis.url()).await.unwrap();
     ok(&redis, &["CONFIG", "RESETSTAT"]).await;
     basic_round(&c, "first-load").await;
-    let loads = calls_of(&redis, "script|load").await;
+    let loads = redis.calls("script|load").await.unwrap();
     // The round runs a lock, a refused try and a release: two or three scripts.
     assert!(
         (2..=3).contains(&loads),
         "{loads} SCRIPT LOADs for one round"
     );
-    assert_eq!(calls_of(&redis, "eval").await, 0);
+    assert_eq!(redis.calls("eval").await.unwrap(), 0);
 
     let keep = AcquireOptions::new()
         .ttl(3 * SEC)
@@ -700,13 +686,13 @@ async fn noscript_loads_each_script_once() {
         guards.iter().all(|g| g.is_held()),
         "a renewal failed after SCRIPT FLUSH"
     );
-    assert!(calls_of(&redis, "evalsha").await >= 40);
+    assert!(redis.calls("evalsha").await.unwrap() >= 40);
     assert_eq!(
-        calls_of(&redis, "script|load").await,
+        redis.calls("script|load").await.unwrap(),
         1,
         "one script, loaded once"
     );
-    assert_eq!(calls_of(&redis, "eval").await, 0);
+    assert_eq!(redis.calls("eval").await.unwrap(), 0);
     for g in guards {
         assert_eq!(g.release().await.unwrap(), Released::Released);
     }

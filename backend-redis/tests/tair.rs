@@ -519,3 +519,95 @@ async fn dlock_waiters_queue_while_tairs_own_commands_keep_exclusion() {
     let info = t.inspect(&name(n)).await.unwrap().expect("held");
     assert_eq!(info.waiters, Some(0));
 }
+
+/// The hash's `busy` field, as the store has it.
+async fn busy(redis: &Redis, n: &LockName) -> Option<String> {
+    let key = format!("{{dlock:{}}}:tair", n.escaped());
+    let reply = redis_command(redis.addr(), &["HGET", &key, "busy"]).await;
+    reply.expect("HGET").as_text()
+}
+
+/// The uncontended single attempt and unlock learn from the hash's `busy` field that nobody
+/// reads or queues, instead of asking the readers' and the queue's keys: so the field must
+/// stand whenever a reader (Tair's own or dlock's) or a queued waiter may be in, and it goes
+/// once they are all gone, by exit, by grant, or by expiry. Uncontended pairs then send no
+/// `EXISTS` at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_busy_mark_stands_while_anyone_reads_or_queues() {
+    use lockcore::{LockExt, Wait};
+
+    let redis = Redis::start().await.expect("kit redis");
+    let t = tair(&redis).await;
+    let n = name("busy");
+    let opts = |wait| AcquireOptions::new().ttl(30 * SEC).wait(wait);
+    let one =
+        |t: &TairLock| -> std::sync::Arc<dyn DistributedLock> { std::sync::Arc::new(t.clone()) };
+
+    // Uncontended pairs: no mark, and not one EXISTS.
+    redis.command(&["CONFIG", "RESETSTAT"]).await.unwrap();
+    for _ in 0..20 {
+        let guard = one(&t).lock("busy", &opts(Wait::No)).await.unwrap();
+        guard.release().await.unwrap();
+    }
+    assert_eq!(redis.calls("exists").await.unwrap(), 0);
+    assert!(redis.calls("hmget").await.unwrap() >= 40);
+    assert_eq!(busy(&redis, &n).await, None);
+
+    // Tair's own reader marks it: a dlock try is refused; its exit clears the mark.
+    let reader = OwnerId::random();
+    assert!(matches!(
+        t.read_enter(&n, reader, 30 * SEC).await.unwrap(),
+        ReadEnter::Entered { .. }
+    ));
+    assert_eq!(busy(&redis, &n).await.as_deref(), Some("1"));
+    assert!(
+        one(&t)
+            .try_lock("busy", &opts(Wait::No))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(t.read_exit(&n, reader).await.unwrap());
+    assert_eq!(busy(&redis, &n).await, None);
+
+    // A queued writer marks it while it waits; its grant (the queue emptied) clears it.
+    let holder = one(&t).lock("busy", &opts(Wait::No)).await.unwrap();
+    let t2 = tair(&redis).await;
+    let waiter =
+        tokio::spawn(async move { one(&t2).lock("busy", &opts(Wait::For(60 * SEC))).await });
+    let queued = async {
+        while t.inspect(&n).await.unwrap().expect("held").waiters != Some(1) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(30 * SEC, queued)
+        .await
+        .expect("queued");
+    assert_eq!(busy(&redis, &n).await.as_deref(), Some("1"));
+    holder.release().await.unwrap();
+    let next = tokio::time::timeout(30 * SEC, waiter)
+        .await
+        .expect("the waiter was woken")
+        .unwrap()
+        .expect("the waiter acquires");
+    assert_eq!(busy(&redis, &n).await, None);
+    next.release().await.unwrap();
+
+    // A reader that never exits: the mark outlives it, and the next try, sent to the full
+    // script by the mark, drops the expired reader and clears the mark as it grants.
+    let short = Duration::from_millis(200);
+    assert!(matches!(
+        t.read_enter(&n, OwnerId::random(), short).await.unwrap(),
+        ReadEnter::Entered { .. }
+    ));
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    assert_eq!(busy(&redis, &n).await.as_deref(), Some("1"));
+    let lease = one(&t).try_lock("busy", &opts(Wait::No)).await.unwrap();
+    assert!(lease.is_some(), "an expired reader kept the lock");
+    assert_eq!(busy(&redis, &n).await, None);
+    let readers = format!("{{dlock:{}}}:readers", n.escaped());
+    let left = redis_command(redis.addr(), &["EXISTS", &readers])
+        .await
+        .unwrap();
+    assert_eq!(left, RedisReply::Integer(0), "the expired reader stayed");
+}

@@ -264,9 +264,9 @@ impl TairLock {
     }
 
     /// dlock's single attempt at the write lock (`lock_as` in mode `try`, not reentrant,
-    /// without a waiting mark): `try_fast.lua`, with the three keys and the arguments its
-    /// common case reads (the token floor only when there is one), and `lock.lua` only where
-    /// that answers that someone reads or queues (or this owner's mark stands).
+    /// without a waiting mark): `try_fast.lua`, with the one key and the arguments its common
+    /// case reads (the token floor only when there is one), and `lock.lua` only where that
+    /// answers that someone may read or queue (or this owner's mark stands).
     pub(super) async fn try_lock(
         &self,
         name: &LockName,
@@ -276,7 +276,7 @@ impl TairLock {
     ) -> Result<ExpireLock> {
         lockcore::check_ttl(ttl)?;
         let node = &self.client.inner.node;
-        let call = node.call_on(&TRY_FAST, name, &KEYS[..3]);
+        let call = node.call_on(&TRY_FAST, name, &KEYS[..1]);
         let call = call.owner_arg(owner).arg(millis(ttl)).floor_arg(floor);
         let value = self.eval("expireLock", name, &call).await?;
         if replies::int(&value) == Some(-1) {

@@ -76,6 +76,28 @@ impl Redis {
     pub async fn command(&self, args: &[&str]) -> KitResult<RedisReply> {
         redis_command(self.addr(), args).await
     }
+
+    /// How many times the server ran `command` (lower case, a subcommand as `script|load`)
+    /// since it started or since `CONFIG RESETSTAT`, from `INFO commandstats`; commands a
+    /// script ran count too. 0 when it never ran.
+    ///
+    /// # Errors
+    /// Connection or protocol errors, or an `INFO` reply that is not a bulk string.
+    pub async fn calls(&self, command: &str) -> KitResult<u64> {
+        let bad = |what: String| KitError::new(KitErrorKind::Command, what);
+        let RedisReply::Bulk(Some(info)) = self.command(&["INFO", "commandstats"]).await? else {
+            return Err(bad("INFO commandstats: not a bulk string".into()));
+        };
+        let info = String::from_utf8_lossy(&info);
+        let prefix = format!("cmdstat_{command}:calls=");
+        let Some(rest) = info.lines().find_map(|line| line.strip_prefix(&prefix)) else {
+            return Ok(0);
+        };
+        let calls = rest.split(',').next().unwrap_or_default();
+        calls
+            .parse()
+            .map_err(|e| bad(format!("{prefix}{calls}: {e}")))
+    }
 }
 
 /// Several independent Redis servers (Redlock's masters), controlled together: as a

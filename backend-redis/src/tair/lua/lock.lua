@@ -20,16 +20,16 @@
 -- holds in the way last unless released (-1: none, only the queue).
 --
 -- The uncontended lock comes first, before the prelude (Redis makes every helper of the prelude
--- anew on each call): nobody reads or queues (neither key exists, so the queue and the readers
--- have nothing to say in any mode), no writer holds, and this owner left no mark of its own to
--- clear. Then the grant is one write of the hash, the version max(version + 1, floor) computed
--- from the same read, with what the full path below would return.
-if redis.call('EXISTS', KEYS[2], KEYS[3]) == 0 then
+-- anew on each call): nobody reads or queues (the hash is not marked `busy`, so the queue and
+-- the readers have nothing to say in any mode), no writer holds, and this owner left no mark
+-- of its own to clear. Then the grant is one write of the hash, the version max(version + 1,
+-- floor) computed from the same read, with what the full path below would return.
+do
   local t = redis.call('TIME')
   local at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local f = redis.call('HMGET', KEYS[1], 'locked', 'expire', 'version', 'wwait')
+  local f = redis.call('HMGET', KEYS[1], 'locked', 'expire', 'version', 'wwait', 'busy')
   local was = tonumber(f[2] or '0')
-  if not (f[1] == '1' and was > at) and f[4] ~= ARGV[1] then
+  if not f[5] and not (f[1] == '1' and was > at) and f[4] ~= ARGV[1] then
     local proof = string.format('%d', math.max(at + tonumber(ARGV[2]), was + 1))
     local v = math.max(tonumber(f[3] or '0') + 1, tonumber(ARGV[5]))
     redis.call('HSET', KEYS[1], 'locked', '1', 'expire', proof, 'proof', proof, 'owner', ARGV[1],
@@ -58,6 +58,7 @@ local holder, blocked = '', -1
 if held then
   holder, blocked = h[3], expire - now
 else
+  redis.call('ZREMRANGEBYSCORE', readers, '-inf', int(now))
   local last = redis.call('ZREVRANGEBYSCORE', readers, '+inf', '(' .. int(now), 'WITHSCORES', 'LIMIT', 0, 1)
   if last[2] then
     holder, blocked = 'readers', tonumber(last[2]) - now
@@ -71,7 +72,7 @@ if mode == 'wait' or (mode == 'try' and redis.call('EXISTS', queue) == 1) then
   local function first(r)
     return r == 0 or (not r and redis.call('ZCARD', queue) == 0)
   end
-  turn, rank = queue_turn(queue, alive, seq, owner .. ARGV[8], mode, turn, first, now,
+  turn, rank = queue_turn(hash, queue, alive, seq, owner .. ARGV[8], mode, turn, first, now,
     now + tonumber(ARGV[7]), ARGV[9])
 end
 if not turn then
@@ -84,6 +85,7 @@ end
 if redis.call('HGET', hash, 'wwait') == owner then
   redis.call('HDEL', hash, 'wwait', 'wwait_until')
 end
+settle(hash, readers, queue)
 local new_expire = math.max(now + tonumber(ARGV[2]), expire + 1)
 local version = redis.call('HINCRBY', hash, 'version', 1)
 if version < tonumber(ARGV[5]) then

@@ -24,9 +24,12 @@ local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', readers, '-inf', int(now))
 if op == 'exit' then
   local gone = redis.call('ZREM', readers, reader)
-  if gone == 1 and redis.call('ZCARD', readers) == 0 and redis.call('EXISTS', queue) == 1 then
-    prune(queue, alive, now)
-    wake_if_free(hash, readers, queue, wakes, now)
+  if gone == 1 and redis.call('ZCARD', readers) == 0 then
+    if redis.call('EXISTS', queue) == 1 then
+      prune(queue, alive, now)
+      wake_if_free(hash, readers, queue, wakes, now)
+    end
+    settle(hash, readers, queue)
   end
   return gone
 end
@@ -43,6 +46,7 @@ if op == 'leave' then
   redis.call('ZREM', alive, entry, entry .. 'r')
   if gone > 0 then
     wake_if_free(hash, readers, queue, wakes, now)
+    settle(hash, readers, queue)
   end
   return gone > 0 and 1 or 0
 end
@@ -67,7 +71,7 @@ elseif mode == 'wait' or redis.call('EXISTS', queue) == 1 then
   local function first(r)
     return not writer_ahead(queue, r)
   end
-  turn, rank = queue_turn(queue, alive, seq, reader .. ARGV[7] .. 'r', mode, turn, first, now,
+  turn, rank = queue_turn(hash, queue, alive, seq, reader .. ARGV[7] .. 'r', mode, turn, first, now,
     now + tonumber(ARGV[6]), wakes)
 end
 if not turn then
@@ -77,6 +81,7 @@ if not turn then
   return {0, '0', '', rank, -1}
 end
 redis.call('ZADD', readers, int(expiry), reader)
+redis.call('HSET', hash, 'busy', '1')
 -- Every hold gets a token above every earlier one, a reader's too.
 local version = redis.call('HINCRBY', hash, 'version', 1)
 if version < tonumber(ARGV[4]) then
