@@ -3,8 +3,8 @@
 //! Starts from `dlock bench`'s raw floor (`SET NX PX`, then an `EVALSHA` compare-and-delete)
 //! and adds one thing per step: drawing a fencing token in the acquire, the FIFO queue check as
 //! an `EXISTS queue` in both scripts, then the backend's real acquire (the owner echo in its
-//! reply; FIFO kept by the lock key's form instead of the `EXISTS`) and its real release (the
-//! token check; no `EXISTS`), as `backend_redis::ladder::RealScripts` hands them out, then
+//! reply; FIFO kept by the lock key's form instead of the `EXISTS`) and its real release of a
+//! lease that acquire granted (`release_plain.lua`: the token check; no `EXISTS`), as `backend_redis::ladder::RealScripts` hands them out, then
 //! this backend through `DistributedLock`, then lockcore's `lock()` and guard. The steps
 //! alternate in blocks of 200 pairs, in a new order each round, so they see the same machine
 //! load; each prints its median, mean and p90 pair, and its pairs/s relative to the floor's
@@ -45,11 +45,11 @@ struct Scripts {
     fair: Script,
     fair_delete: Script,
     try_fast: Script,
-    release: Script,
+    release_plain: Script,
 }
 
-fn keys(step: usize) -> [String; 4] {
-    ["lock", "fence", "queue", "alive"].map(|k| format!("{{ladder-{step}}}:{k}"))
+fn keys(step: usize) -> [String; 3] {
+    ["lock", "fence", "queue"].map(|k| format!("{{ladder-{step}}}:{k}"))
 }
 
 /// One acquire + release of `step` with raw commands (steps 0 to 4).
@@ -57,7 +57,7 @@ impl ladder::Steps for Scripts {
     async fn pair(&mut self, step: usize) -> Result<(), Failure> {
         let s = self;
         let con = &mut s.con;
-        let [lock, fence, queue, alive] = keys(step);
+        let [lock, fence, queue] = keys(step);
         if step == 0 {
             let set: Option<String> = redis::cmd("SET")
                 .arg(&lock)
@@ -85,15 +85,13 @@ impl ladder::Steps for Scripts {
             let reply: redis::Value = invocation.invoke_async(con).await?;
             let token = ladder::granted_token(&reply)?;
             if step == 4 {
+                // As the backend releases a lease the fast path granted.
                 let released: i64 = s
-                    .release
+                    .release_plain
                     .key(&lock)
                     .key(&fence)
-                    .key(&queue)
-                    .key(&alive)
                     .arg(OWNER)
                     .arg(token)
-                    .arg(format!("{{ladder-{step}}}:released"))
                     .invoke_async(con)
                     .await?;
                 return if released == 1 {
@@ -135,7 +133,7 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
         fair: Script::new(FAIR),
         fair_delete: Script::new(FAIR_DELETE),
         try_fast: real.try_fast,
-        release: real.release,
+        release_plain: real.release_plain,
     };
     let backend = ladder::BackendSteps::new(backend, "ladder")?;
 

@@ -63,6 +63,9 @@ pub struct RealScripts {
     /// The owner- and token-checked release (`lua/release.lua`): KEYS lock, fence, queue,
     /// alive; ARGV owner, token, wakes, client id.
     pub release: Script,
+    /// The release of a lock the fast path granted, while its key is plain
+    /// (`lua/release_plain.lua`): KEYS lock, fence; ARGV owner, token.
+    pub release_plain: Script,
     /// The fenced bench floor's acquire (`lua/floor_fenced.lua`): KEYS key, fence; ARGV value,
     /// ttl_ms.
     pub floor_fenced: Script,
@@ -76,6 +79,7 @@ impl RealScripts {
         RealScripts {
             try_fast: Script::new(&scripts::TRY_FAST.code),
             release: Script::new(&scripts::RELEASE.code),
+            release_plain: Script::new(&scripts::RELEASE_PLAIN.code),
             floor_fenced: Script::new(&scripts::FLOOR_FENCED.code),
             floor_delete: Script::new(&scripts::FLOOR_DELETE.code),
         }

@@ -51,7 +51,7 @@ impl Hold {
         queued: bool,
     ) -> Result<AttemptReply> {
         let now = match (self, mode) {
-            (Hold::Lock, Mode::Try) => node.try_once(name, owner, opts, floor).await?,
+            (Hold::Lock, Mode::Try) => return node.try_attempt(name, owner, opts, floor).await,
             (Hold::Lock, _) => node.acquire(name, owner, opts, mode, floor).await?,
             (Hold::Read, _) => node.acquire_shared(name, owner, opts, mode, floor).await?,
             (Hold::Permit(n), _) => {
@@ -173,6 +173,9 @@ impl Queued for OnNode {
             AttemptReply::Now(AcquireReply::Granted(token)) => {
                 Step::Granted(self.hold.lease(name, owner, token, started, opts))
             }
+            AttemptReply::Plain(token) => Step::Granted(node::plain(
+                self.hold.lease(name, owner, token, started, opts),
+            )),
             AttemptReply::Now(AcquireReply::Waiting { pttl, rank, .. }) => {
                 Step::Waiting { pttl, rank }
             }
@@ -239,6 +242,9 @@ pub(crate) async fn try_acquire(
     Ok(match reply {
         AttemptReply::Now(AcquireReply::Granted(token)) => {
             Some(hold.lease(name, owner, token, started, opts))
+        }
+        AttemptReply::Plain(token) => {
+            Some(node::plain(hold.lease(name, owner, token, started, opts)))
         }
         AttemptReply::Now(AcquireReply::Waiting { .. }) => None,
         // Never for a try: nothing is handed to an owner that never queued.

@@ -2049,3 +2049,93 @@ async fn a_renewed_reader_keeps_writers_out_past_its_first_ttl() {
     assert!(w.is_some(), "the writer once the reader left");
     w.unwrap().release().await.unwrap();
 }
+
+/// The number of keys of each `EVALSHA` that carried `owner` among its arguments since the
+/// slow log was reset, oldest first (the server must log every command: `slowlog-log-slower-than
+/// 0`).
+async fn scripts_of(redis: &Redis, owner: lockcore::OwnerId) -> Vec<String> {
+    let RedisReply::Array(Some(entries)) =
+        redis.command(&["SLOWLOG", "GET", "1000"]).await.unwrap()
+    else {
+        panic!("SLOWLOG GET: not an array");
+    };
+    let owner = owner.to_string();
+    let mut calls: Vec<String> = entries
+        .iter()
+        .filter_map(|entry| {
+            let RedisReply::Array(Some(fields)) = entry else {
+                return None;
+            };
+            let Some(RedisReply::Array(Some(args))) = fields.get(3) else {
+                return None;
+            };
+            let args: Vec<String> = args.iter().filter_map(RedisReply::as_text).collect();
+            let script = args.first()?.eq_ignore_ascii_case("evalsha");
+            (script && args.contains(&owner)).then(|| args.get(2).cloned().unwrap_or_default())
+        })
+        .collect();
+    calls.reverse();
+    calls
+}
+
+/// A lock the `try` fast path granted is released by the short `release_plain.lua` (two keys)
+/// while nobody queued behind it. Once a waiter has marked its key, the short script declines
+/// and the full release (four keys) frees it and wakes the waiter. A stale lease is refused by
+/// the short script alone, and the new holder keeps the lock. (The first round loads the scripts:
+/// a call that meets `NOSCRIPT` is sent again, and the slow log shows it twice.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_lease_is_released_by_the_short_script_until_a_waiter_marks_it() {
+    let redis = Redis::start().await.expect("kit redis");
+    let c = backend_redis::connect(&redis.url()).await.unwrap();
+    ok(&redis, &["CONFIG", "SET", "slowlog-log-slower-than", "0"]).await;
+    ok(&redis, &["CONFIG", "SET", "slowlog-max-len", "1000"]).await;
+    for round in 0..2 {
+        let label = unique("plain");
+        let name = LockName::new(&label).unwrap();
+        let o = opts(30 * SEC);
+        let seen = |owner, expected: &'static [&'static str]| {
+            let redis = &redis;
+            async move {
+                let calls = scripts_of(redis, owner).await;
+                if round == 1 {
+                    assert_eq!(calls, expected);
+                }
+            }
+        };
+
+        let lease = c.try_acquire(&name, &o).await.unwrap().expect("free");
+        assert_eq!(lease.handle(), Some(backend_redis::node::PLAIN));
+        ok(&redis, &["SLOWLOG", "RESET"]).await;
+        assert_eq!(c.release(&lease).await.unwrap(), Released::Released);
+        seen(lease.owner(), &["2"]).await;
+
+        // A waiter marks the key: the short script declines, the full one releases and wakes.
+        let lease = c.try_acquire(&name, &o).await.unwrap().expect("free");
+        let c2 = backend_redis::connect(&redis.url()).await.unwrap();
+        let waiter = tokio::spawn({
+            let label = label.clone();
+            async move { c2.lock(&label, &opts(30 * SEC)).await }
+        });
+        within(10 * SEC, "the waiter queued", queued(&c, &label, 1)).await;
+        ok(&redis, &["SLOWLOG", "RESET"]).await;
+        assert_eq!(c.release(&lease).await.unwrap(), Released::Released);
+        seen(lease.owner(), &["2", "4"]).await;
+        let next = within(10 * SEC, "the waiter was woken", waiter)
+            .await
+            .unwrap()
+            .expect("the waiter acquires");
+        assert_eq!(next.release().await.unwrap(), Released::Released);
+
+        // A stale lease: its fence moved on with the next grant.
+        let short = opts(Duration::from_millis(200));
+        let old = c.try_acquire(&name, &short).await.unwrap().expect("free");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let new = c.try_acquire(&name, &o).await.unwrap().expect("expired");
+        ok(&redis, &["SLOWLOG", "RESET"]).await;
+        assert_eq!(c.release(&old).await.unwrap(), Released::NotHeld);
+        seen(old.owner(), &["2"]).await;
+        let info = c.inspect(&name).await.unwrap().expect("held");
+        assert_eq!(info.holder, Some(new.owner().to_string()));
+        assert_eq!(c.release(&new).await.unwrap(), Released::Released);
+    }
+}

@@ -4,14 +4,14 @@
 use std::future::Future;
 use std::time::Duration;
 
-use lockcore::{Lease, Result};
+use lockcore::{Lease, LockName, OwnerId, Result};
 use redis::{RedisResult, Value};
 
 use super::cluster::{NodeAddr, slot};
 use super::replies;
 use super::scripts::{self, Call, Key};
 use super::store::Store;
-use super::{Node, backend_error, is_permit, is_reader, millis, protocol_error};
+use super::{Node, backend_error, is_permit, is_plain, is_reader, millis, protocol_error};
 
 impl Node {
     /// The owner- and token-checked release of `lease`, which also takes the holder's own queue
@@ -19,7 +19,10 @@ impl Node {
     /// `false` when it was no longer `lease`'s. A permit's lease ([`PERMIT`](super::PERMIT)) frees
     /// its permit and hands the free permits to the head waiters in the same script, telling each
     /// its token (see `lua/sem_release.lua`); a reader's ([`READER`](super::READER)) frees its read
-    /// hold, and the last reader's release wakes the head waiter. The call is built now and the
+    /// hold, and the last reader's release wakes the head waiter. A lease the `try` fast path
+    /// granted ([`PLAIN`](super::PLAIN)) is released by `lua/release_plain.lua` while its key is
+    /// still plain, with two keys and two arguments, and by the full script (a second round
+    /// trip) only when a waiter has marked the key since. The call is built now and the
     /// returned future owns all it needs, so it can finish in a task of its own.
     ///
     /// A release over a connection found closed is sent again over a new one; if the first
@@ -32,9 +35,43 @@ impl Node {
     /// [`Error::Backend`](lockcore::Error::Backend) for a store failure or a reply that does not
     /// decode.
     pub fn release(&self, lease: &Lease) -> impl Future<Output = Result<bool>> + Send + 'static {
-        let s = &self.shared;
+        let (node, name) = (self.clone(), lease.name().clone());
+        let (owner, token) = (lease.owner(), lease.token().0);
+        // A lease the fast path granted tries the short script first (see `PLAIN`).
+        let (plain, full) = if is_plain(lease) {
+            let plain = self
+                .keys(lease.name())
+                .call(&scripts::RELEASE_PLAIN, &[Key::Lock, Key::Fence])
+                .owner_arg(owner)
+                .arg(token);
+            (Some(plain), None)
+        } else {
+            (None, Some(self.release_call(lease)))
+        };
+        async move {
+            if let Some(plain) = plain {
+                let value = node.run("release", &name, &plain).await?;
+                match replies::int(&value) {
+                    Some(1) => return Ok(true),
+                    Some(0) => return Ok(false),
+                    // Marked since the grant: only the full release may undo that.
+                    Some(-1) => {}
+                    _ => {
+                        let bad = format!("release: unexpected reply {value:?}");
+                        return Err(protocol_error("release", Some(&name), bad));
+                    }
+                }
+            }
+            let call = full.unwrap_or_else(|| node.lock_release_call(&name, owner, token));
+            let value = node.run("release", &name, &call).await?;
+            replies::parse_flag(&value).map_err(|e| protocol_error("release", Some(&name), e))
+        }
+    }
+
+    /// The full release call of `lease`, whatever it holds.
+    fn release_call(&self, lease: &Lease) -> Call {
         let keys = self.keys(lease.name());
-        let call = if is_permit(lease) {
+        if is_permit(lease) {
             keys.call(
                 &scripts::SEM_RELEASE,
                 &[
@@ -60,20 +97,21 @@ impl Node {
             .arg(&*self.wakes_of(lease.name()))
             .arg(1)
         } else {
-            keys.call(
+            self.lock_release_call(lease.name(), lease.owner(), lease.token().0)
+        }
+    }
+
+    /// `lua/release.lua` for the lock `name` held by `owner` with `token`.
+    fn lock_release_call(&self, name: &LockName, owner: OwnerId, token: u64) -> Call {
+        self.keys(name)
+            .call(
                 &scripts::RELEASE,
                 &[Key::Lock, Key::Fence, Key::Queue, Key::Alive],
             )
-            .owner_arg(lease.owner())
-            .arg(lease.token().0)
-            .arg(&*self.wakes_of(lease.name()))
-            .arg(s.client.as_str())
-        };
-        let (node, name) = (self.clone(), lease.name().clone());
-        async move {
-            let value = node.run("release", &name, &call).await?;
-            replies::parse_flag(&value).map_err(|e| protocol_error("release", Some(&name), e))
-        }
+            .owner_arg(owner)
+            .arg(token)
+            .arg(&*self.wakes_of(name))
+            .arg(self.shared.client.as_str())
     }
 
     /// The extend call of `lease`: a lock's, a permit's (see [`PERMIT`](super::PERMIT)) or a

@@ -55,7 +55,7 @@ mod store;
 mod waiters;
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use lockcore::{AcquireOptions, Fencing, FencingToken, Lease, LockName, OwnerId, Result};
@@ -99,6 +99,23 @@ pub const READER: &str = "reader";
 /// Whether `lease` is a reader's (see [`READER`]).
 pub fn is_reader(lease: &Lease) -> bool {
     lease.handle() == Some(READER)
+}
+
+/// The handle of a lock's lease that the `try` fast path granted ([`Lease::handle`]): its key
+/// was left in the plain form, so its release sends the short `lua/release_plain.lua` first and
+/// the full `lua/release.lua` only when a waiter has marked the key since. A hint, never a
+/// promise: a lease without it is released by the full script alone, as before.
+pub const PLAIN: &str = "plain";
+
+/// Whether `lease` is a lock's that the fast path granted (see [`PLAIN`]).
+pub fn is_plain(lease: &Lease) -> bool {
+    lease.handle() == Some(PLAIN)
+}
+
+/// `lease` with the [`PLAIN`] handle (one shared string, not one per lease).
+pub(crate) fn plain(lease: Lease) -> Lease {
+    static HANDLE: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(PLAIN));
+    lease.with_handle(HANDLE.clone())
 }
 
 /// How the acquire script treats the queue (see `lua/acquire.lua`).
@@ -439,6 +456,34 @@ impl Node {
         opts: &AcquireOptions,
         floor: u64,
     ) -> Result<AcquireReply> {
+        Ok(match self.try_attempt(name, owner, opts, floor).await? {
+            AttemptReply::Plain(token) => AcquireReply::Granted(token),
+            AttemptReply::Now(reply) => reply,
+            AttemptReply::Handed(_) => {
+                return Err(protocol_error(
+                    "acquire",
+                    Some(name),
+                    "a try was answered as a queued waiter".into(),
+                ));
+            }
+        })
+    }
+
+    /// [`try_once`](Node::try_once), saying which script granted: [`AttemptReply::Plain`]
+    /// when the fast script did (the key is in its plain form), else [`AttemptReply::Now`].
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Node::acquire).
+    ///
+    /// # Errors
+    /// As [`acquire`](Node::acquire).
+    pub async fn try_attempt(
+        &self,
+        name: &LockName,
+        owner: OwnerId,
+        opts: &AcquireOptions,
+        floor: u64,
+    ) -> Result<AttemptReply> {
         let keys = self.keys(name);
         let fast = keys
             .call(&scripts::TRY_FAST, &[Key::Lock, Key::Fence])
@@ -449,8 +494,12 @@ impl Node {
         match replies::parse_try_fast(&value, owner)
             .map_err(|e| protocol_error("acquire", Some(name), e))?
         {
-            Some(reply) => Ok(reply),
-            None => self.acquire(name, owner, opts, Mode::Try, floor).await,
+            Some(AcquireReply::Granted(token)) => Ok(AttemptReply::Plain(token)),
+            Some(refused) => Ok(AttemptReply::Now(refused)),
+            None => {
+                let full = self.acquire(name, owner, opts, Mode::Try, floor).await?;
+                Ok(AttemptReply::Now(full))
+            }
         }
     }
 

@@ -138,6 +138,10 @@ pub(crate) fn parse_try_fast(
 pub enum AttemptReply {
     /// What this attempt itself did: granted now, or not.
     Now(AcquireReply),
+    /// Granted now with this token by the `try` fast path (`lua/try_fast.lua`), which leaves
+    /// the lock key in its plain form: the lease's release may send `lua/release_plain.lua`
+    /// first (see [`PLAIN`](super::PLAIN)).
+    Plain(u64),
     /// A release handed this queued owner a permit with this token before the attempt ran. The
     /// permit's lease runs from the owner's last attempt that was answered with a place in the
     /// queue, not from this one.

@@ -73,6 +73,9 @@ pub(crate) static TRY_FAST: LazyLock<Lua> =
 /// Compare-owner-then-delete plus wake-up of the head waiter (`lua/release.lua`).
 pub(crate) static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/release.lua")).repeatable());
+/// The release of a lock the fast path granted, while its key is plain (`lua/release_plain.lua`).
+pub(crate) static RELEASE_PLAIN: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/release_plain.lua")).repeatable());
 /// Compare-owner-then-PEXPIRE (`lua/extend.lua`).
 pub(crate) static EXTEND: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/extend.lua")).repeatable());
@@ -112,11 +115,12 @@ pub(crate) static SEM_INSPECT: LazyLock<Lua> =
 
 /// Every script of a node, for tests that compare hashes.
 #[cfg(test)]
-pub(crate) fn all() -> [&'static Lua; 15] {
+pub(crate) fn all() -> [&'static Lua; 16] {
     [
         &*ACQUIRE,
         &*TRY_FAST,
         &*RELEASE,
+        &*RELEASE_PLAIN,
         &*EXTEND,
         &*CANCEL,
         &*INSPECT,
