@@ -189,17 +189,22 @@ async fn run(backend: Arc<dyn DistributedLock>, key: usize, renewer: Arc<Renewer
     let mut purge_at = INBOX_LIMIT;
     loop {
         // Take what was registered, and say when this task looks next: a later registration
-        // due before that wakes it.
-        let wake = {
+        // due before that wakes it. The scans run outside the inbox's lock; what arrives
+        // meanwhile is taken with the plan, under it.
+        entries.append(&mut renewer.inbox().entries);
+        if entries.len() >= purge_at {
+            entries.retain(Entry::is_live);
+            purge_at = (2 * entries.len()).max(INBOX_LIMIT);
+        }
+        let mut wake = entries.iter().map(Entry::wake_at).min();
+        {
             let mut inbox = renewer.inbox();
-            entries.append(&mut inbox.entries);
-            if entries.len() >= purge_at {
-                entries.retain(Entry::is_live);
-                purge_at = (2 * entries.len()).max(INBOX_LIMIT);
+            for e in inbox.entries.drain(..) {
+                wake = Some(wake.map_or(e.wake_at(), |w| w.min(e.wake_at())));
+                entries.push(e);
             }
-            inbox.planned = entries.iter().map(Entry::wake_at).min();
-            inbox.planned
-        };
+            inbox.planned = wake;
+        }
         let Some(wake) = wake else {
             if tokio::time::timeout(IDLE_EXIT, renewer.wake.notified())
                 .await
