@@ -393,18 +393,25 @@ mod tests {
             .expect("the renewer never took its inbox");
     }
 
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    /// A backend of namespace `ns` whose renewer holds one guard, due in 20 s and taken from
+    /// the inbox: the renewer plans its next pass then.
+    async fn planned(ns: &str) -> (Arc<dyn DistributedLock>, LockGuard) {
+        let backend: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new(ns));
+        let first = lock(&backend, "first", MINUTE).await;
+        drained(&backend).await;
+        (backend, first)
+    }
+
     /// Guards due after the renewer's planned pass wait in its inbox without waking it; one
     /// due before that wakes it, and it takes them all.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn only_a_guard_due_before_the_planned_pass_wakes_the_renewer() {
-        let backend: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new("renewer-inbox"));
-        let minute = Duration::from_secs(60);
-        let first = lock(&backend, "first", minute).await;
-        drained(&backend).await;
-
+        let (backend, first) = planned("renewer-inbox").await;
         let mut later = Vec::new();
         for i in 0..50 {
-            later.push(lock(&backend, &format!("later-{i}"), 2 * minute).await);
+            later.push(lock(&backend, &format!("later-{i}"), 2 * MINUTE).await);
         }
         // Time enough for a woken task to take them.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -428,12 +435,9 @@ mod tests {
     /// `INBOX_LIMIT` registrations rather than growing without bound.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_full_inbox_wakes_the_renewer() {
-        let backend: Arc<dyn DistributedLock> = Arc::new(MemoryLock::new("renewer-full"));
-        let minute = Duration::from_secs(60);
-        let held = lock(&backend, "held", minute).await;
-        drained(&backend).await;
+        let (backend, held) = planned("renewer-full").await;
         for _ in 0..INBOX_LIMIT + 10 {
-            let g = lock(&backend, "churn", 2 * minute).await;
+            let g = lock(&backend, "churn", 2 * MINUTE).await;
             g.release().await.expect("release");
         }
         // The renewer's plan is 20 s away: only the full inbox can have woken it.

@@ -70,12 +70,18 @@ pub(crate) static ACQUIRE: LazyLock<Lua> =
 /// The fast path of a `try` acquire: free and nobody queued (`lua/try_fast.lua`).
 pub(crate) static TRY_FAST: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/try_fast.lua")));
+/// A release script with the plain case both begin with (`lua/release_head.lua`) in place of
+/// its line `--@head` (the whole line: the comments above it name the marker too).
+fn release_with_head(body: &str) -> Lua {
+    let head = concat!("\n", include_str!("lua/release_head.lua"));
+    Lua::new(&body.replacen("\n--@head\n", head, 1)).repeatable()
+}
 /// Compare-owner-then-delete plus wake-up of the head waiter (`lua/release.lua`).
 pub(crate) static RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/release.lua")).repeatable());
+    LazyLock::new(|| release_with_head(include_str!("lua/release.lua")));
 /// The release of a lock the fast path granted, while its key is plain (`lua/release_plain.lua`).
 pub(crate) static RELEASE_PLAIN: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/release_plain.lua")).repeatable());
+    LazyLock::new(|| release_with_head(include_str!("lua/release_plain.lua")));
 /// Compare-owner-then-PEXPIRE (`lua/extend.lua`).
 pub(crate) static EXTEND: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/extend.lua")).repeatable());

@@ -5,15 +5,9 @@
 -- that is all. A marked one takes its own queue entry out (a Redlock waiter keeps its entry
 -- through the vote, see `acquire`), leaves the key RESERVED for the queue (deleted if nobody
 -- live is left in it), and wakes the head waiter.
--- Returns 1 when released, 0 when the lease was no longer current.
-local held = redis.call('MGET', KEYS[1], KEYS[2])
-if held[2] ~= ARGV[2] then
-  return 0
-end
-if held[1] == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
+-- Returns 1 when released, 0 when the lease was no longer current. The plain case is
+-- `release_head.lua`, pasted at the `--@head` line.
+--@head
 --@common
 local now = now_ms()
 if holder_of(held[1], now) ~= ARGV[1] then

@@ -79,6 +79,30 @@ fn a_token_floor_is_an_argument_only_when_there_is_one() {
     assert_eq!(some.last().map(String::as_str), Some("9007"));
 }
 
+/// Every marker line (`--@common`, `--@head`) has been replaced by what it stands for; a marker
+/// named in a comment stays as it is.
+#[test]
+fn every_marker_line_is_replaced() {
+    for lua in all() {
+        let left: Vec<&str> = lua
+            .code
+            .lines()
+            .filter(|line| line.starts_with("--@"))
+            .collect();
+        assert!(left.is_empty(), "{left:?} left in:\n{}", lua.code);
+    }
+    assert!(
+        RELEASE_PLAIN
+            .code
+            .contains("redis.call('MGET', KEYS[1], KEYS[2])")
+    );
+    assert!(
+        RELEASE
+            .code
+            .contains("redis.call('MGET', KEYS[1], KEYS[2])")
+    );
+}
+
 #[test]
 fn scripts_have_distinct_hashes() {
     let mut shas: Vec<&str> = all().iter().map(|l| l.sha.as_str()).collect();
