@@ -247,14 +247,7 @@ pub(crate) async fn try_acquire(
             Some(node::plain(hold.lease(name, owner, token, started, opts)))
         }
         AttemptReply::Now(AcquireReply::Waiting { .. }) => None,
-        // Never for a try: nothing is handed to an owner that never queued.
-        AttemptReply::Handed(_) => {
-            return Err(node::protocol_error(
-                "acquire",
-                Some(name),
-                "a try was answered as a queued waiter".into(),
-            ));
-        }
+        AttemptReply::Handed(_) => return Err(node::handed_to_a_try(name)),
     })
 }
 

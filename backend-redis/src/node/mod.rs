@@ -112,6 +112,13 @@ pub fn is_plain(lease: &Lease) -> bool {
     lease.handle() == Some(PLAIN)
 }
 
+/// A `try` answered as a queued waiter would be: nothing is handed to an owner that never
+/// queued, so the reply belongs to some other request.
+pub(crate) fn handed_to_a_try(name: &LockName) -> lockcore::Error {
+    let what = "a try was answered as a queued waiter".to_owned();
+    protocol_error("acquire", Some(name), what)
+}
+
 /// `lease` with the [`PLAIN`] handle (one shared string, not one per lease).
 pub(crate) fn plain(lease: Lease) -> Lease {
     static HANDLE: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(PLAIN));
@@ -459,13 +466,7 @@ impl Node {
         Ok(match self.try_attempt(name, owner, opts, floor).await? {
             AttemptReply::Plain(token) => AcquireReply::Granted(token),
             AttemptReply::Now(reply) => reply,
-            AttemptReply::Handed(_) => {
-                return Err(protocol_error(
-                    "acquire",
-                    Some(name),
-                    "a try was answered as a queued waiter".into(),
-                ));
-            }
+            AttemptReply::Handed(_) => return Err(handed_to_a_try(name)),
         })
     }
 
