@@ -8,8 +8,8 @@
 //! share while holding, and its resident memory per lease. What one call costs the store
 //! depends on the backend: one pipeline on a single Redis, one per master on a Cluster, one
 //! statement on PostgreSQL, one transaction of a statement per lease on MySQL and SQLite, and on
-//! ZooKeeper one `exists` per lease (the session keeps the nodes; the extend checks that the
-//! node is still this session's).
+//! ZooKeeper one multi-read of up to 1 000 nodes' stats (the session keeps the nodes; the
+//! extend checks that each node is still this session's).
 
 use serde::Serialize;
 
