@@ -21,13 +21,17 @@
 //!    notification, then the woken process's own flushed grant (this crate on PostgreSQL).
 //! 5. **free, ring, grant**: a flushed free, a datagram, and the woken process's flushed grant:
 //!    two flushes in a row.
-//! 6. **+ the queue**: this crate's own design with what its FIFO queue adds, the releaser
-//!    joining the queue again at once (a waiter row `INSERT`, on PostgreSQL without waiting
-//!    for the flush) and looking once (a read), and the new holder's waiter row deleted by its
-//!    grant (PostgreSQL) or after its look (MySQL): step 4 on PostgreSQL, step 2 on MySQL, with
-//!    those statements, which the bench's clients, re-acquiring at once, also send.
+//! 6. **+ the queue**: a design with what its FIFO queue adds, the releaser joining the queue
+//!    again at once (a waiter row `INSERT`, on PostgreSQL without waiting for the flush) and
+//!    looking once (a read), and the new holder's waiter row deleted by its grant (PostgreSQL)
+//!    or after its look (MySQL): step 4 on PostgreSQL (this crate's design there until the
+//!    release handed over), step 2 on MySQL (this crate's design there), with those
+//!    statements, which the bench's clients, re-acquiring at once, also send.
 //! 7. **+ the queue, joined and looked at in one statement** (PostgreSQL): as 6, the join's
 //!    `INSERT` also counting the waiters ahead in the same statement.
+//! 8. **hand, NOTIFY, + the queue** (PostgreSQL): this crate's design there now, step 3 with
+//!    the queue's statements of step 6, the hand-over's `UPDATE` also deleting the new
+//!    holder's waiter row.
 //!
 //! ```text
 //! cargo run --release -p fencedlock-sql --example handoff_ladder -- URL [PROCESSES=8] [SECONDS=4]
@@ -80,9 +84,10 @@ mod ring {
         FreeRingGrant,
         Queued,
         QueuedJoinLooks,
+        HandNotifyQueued,
     }
 
-    const STEPS: [Step; 7] = [
+    const STEPS: [Step; 8] = [
         Step::HandRing,
         Step::HandRingLook,
         Step::HandNotify,
@@ -90,6 +95,7 @@ mod ring {
         Step::FreeRingGrant,
         Step::Queued,
         Step::QueuedJoinLooks,
+        Step::HandNotifyQueued,
     ];
 
     impl Step {
@@ -102,6 +108,7 @@ mod ring {
                 Step::FreeRingGrant => "free (flushed), ring, grant (flushed)",
                 Step::Queued => "+ the queue: 4 on PostgreSQL, 2 on MySQL",
                 Step::QueuedJoinLooks => "+ the queue, the join looking too",
+                Step::HandNotifyQueued => "hand (flushed) + NOTIFY, + the queue",
             }
         }
 
@@ -116,18 +123,22 @@ mod ring {
                 Step::FreeRingGrant => Hand::FreeRingGrant,
                 Step::Queued | Step::QueuedJoinLooks if pg => Hand::FreeNotifyGrant,
                 Step::Queued | Step::QueuedJoinLooks => Hand::RingLook,
+                Step::HandNotifyQueued => Hand::Notify,
             }
         }
 
         /// Whether the step sends the queue's statements besides its hand-over.
         fn queued(self) -> bool {
-            matches!(self, Step::Queued | Step::QueuedJoinLooks)
+            matches!(
+                self,
+                Step::Queued | Step::QueuedJoinLooks | Step::HandNotifyQueued
+            )
         }
 
         /// Whether only PostgreSQL can run the step (NOTIFY, or its join's `RETURNING`).
         fn postgres_only(self) -> bool {
             matches!(self.hand(false), Hand::Notify | Hand::FreeNotifyGrant)
-                || self == Step::QueuedJoinLooks
+                || matches!(self, Step::QueuedJoinLooks | Step::HandNotifyQueued)
         }
     }
 
@@ -388,6 +399,12 @@ mod ring {
             "WITH u AS (UPDATE {t} SET owner = $1, fence = fence + 1 WHERE name = 'x' RETURNING 1) \
              SELECT pg_notify('{t}', $1::text || ' ' || $2::text) FROM u"
         );
+        // Step 8's hand-over: as `hand_notify`, deleting the new holder's waiter row too.
+        let hand_notify_dequeue = format!(
+            "WITH u AS (UPDATE {t} SET owner = $1, fence = fence + 1 WHERE name = 'x' RETURNING 1), \
+             d AS (DELETE FROM {t}_w WHERE name = 'x' AND waiter = $1) \
+             SELECT pg_notify('{t}', $1::text || ' ' || $2::text) FROM u"
+        );
         let free_quick_notify = format!(
             "WITH q AS (SELECT set_config('synchronous_commit', 'off', true)), \
              u AS (UPDATE {t} SET owner = NULL WHERE name = 'x' RETURNING 1) \
@@ -492,7 +509,11 @@ mod ring {
             let at = now_us();
             match hand {
                 Hand::Notify => {
-                    c.run(&hand_notify, &[next_id, at]).await;
+                    let hand = match step.queued() {
+                        true => &hand_notify_dequeue,
+                        false => &hand_notify,
+                    };
+                    c.run(hand, &[next_id, at]).await;
                 }
                 Hand::FreeNotifyGrant => {
                     c.run(&free_quick_notify, &[next_id, at]).await;
@@ -508,7 +529,7 @@ mod ring {
             }
             if step == Step::QueuedJoinLooks {
                 c.run(&join_looks, &[me]).await;
-            } else if step == Step::Queued {
+            } else if step.queued() {
                 // Re-acquiring at once: join the tail and look once.
                 c.run(&join, &[me]).await;
                 c.run(&ahead, &[me]).await;
