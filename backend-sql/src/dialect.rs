@@ -504,7 +504,8 @@ pub async fn create_tables<D: Dialect>(core: &Core<D::Db>, sql: &Statements) -> 
     for statement in &sql.create {
         let mut tries = 0;
         while let Err(e) = core.reply("create table", statement, Args::default()).await {
-            let table = statement.sql.as_str().starts_with("CREATE TABLE");
+            let sql = statement.sql.as_str();
+            let table = sql.starts_with("CREATE TABLE") || sql.starts_with("CREATE UNLOGGED TABLE");
             if table && matches!(e, Error::AccessDenied { .. }) {
                 refused.get_or_insert(e);
                 break;

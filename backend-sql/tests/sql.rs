@@ -1393,6 +1393,114 @@ async fn postgres_waiter_woken_by_notify() {
     assert!(take(&waiter, &n, Duration::from_secs(5)).await.is_some());
 }
 
+/// PostgreSQL's two queue tables (the lock's waiters and the permit waiters) are UNLOGGED, and
+/// only they: holders, fences and read holds stay in logged tables. A crash empties an unlogged
+/// table, which is here done by hand (`TRUNCATE`, as crash recovery does) while two waiters
+/// queue behind a holder: each finds its row gone at its next refresh and joins again at the
+/// tail, so the queue forms again (a `try_lock` is refused again, as a live queue requires), and
+/// the holder's release hands the lock to the waiters in the order of their new rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_queue_tables_are_unlogged_and_waiters_join_again_when_emptied() {
+    let url = fresh_url(Kind::Postgres).await;
+    let (holder, intruder, raw) = (
+        client(&url).await,
+        client(&url).await,
+        Raw::connect(&url).await,
+    );
+    let Raw::Pg(pool) = &raw else {
+        unreachable!("a postgres URL")
+    };
+    let kinds: Vec<(String, String)> = sqlx::query_as(
+        "SELECT relname::text, relpersistence::text FROM pg_class \
+         WHERE relkind = 'r' AND relname LIKE 'dlock_leases%' ORDER BY relname",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("table kinds");
+    let unlogged: Vec<&str> = kinds
+        .iter()
+        .filter(|(_, p)| p == "u")
+        .map(|(t, _)| t.as_str())
+        .collect();
+    assert_eq!(
+        unlogged,
+        ["dlock_leases_permit_queue", "dlock_leases_waiters"],
+        "{kinds:?}"
+    );
+    assert_eq!(kinds.len(), 6, "{kinds:?}");
+
+    let n = name("emptied-queue");
+    let ttl = Duration::from_secs(10);
+    let lease = take(&holder, &n, Duration::from_secs(60))
+        .await
+        .expect("acquire");
+    let ids = [OwnerId::random(), OwnerId::random()];
+    let mut tasks = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let c = client(&url).await;
+        tasks.push(spawn_wait(
+            &c,
+            &n,
+            waiting(Duration::from_secs(30)).owner(*id),
+            false,
+        ));
+        until_queued(&holder, &n, i + 1).await;
+    }
+    let before = raw.tickets(n.as_str()).await;
+    assert_eq!(before.len(), 2, "{before:?}");
+    sqlx::query(sqlx::AssertSqlSafe(format!("TRUNCATE \"{TABLE}_waiters\"")))
+        .execute(pool)
+        .await
+        .expect("truncate the waiters");
+    assert!(
+        take(&intruder, &n, ttl).await.is_none(),
+        "the lock is still held"
+    );
+    // Both waiters join again within a refresh (1 s) or so.
+    let queue: Vec<(i64, String)> =
+        within(Duration::from_secs(20), "the waiters join again", async {
+            loop {
+                let rows: Vec<(i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "SELECT ticket, waiter FROM \"{TABLE}_waiters\" WHERE name = $1 ORDER BY ticket"
+                )))
+                .bind(n.as_str())
+                .fetch_all(pool)
+                .await
+                .expect("waiter rows");
+                if rows.len() == 2 {
+                    break rows;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    assert!(
+        queue.iter().all(|(t, _)| before.iter().all(|b| t > b)),
+        "new rows at the tail: {before:?} then {queue:?}"
+    );
+    holder.release(&lease).await.expect("release");
+    assert!(
+        take(&intruder, &n, ttl).await.is_none(),
+        "a try_lock jumped the queue that formed again"
+    );
+    // The lease goes to the waiter whose new row is first, then to the other.
+    let first = usize::from(queue[0].1 != ids[0].to_string());
+    assert_eq!(queue[1 - first].1, ids[1 - first].to_string(), "{queue:?}");
+    let mut tasks = tasks.into_iter().map(Some).collect::<Vec<_>>();
+    let head = granted("the head's grant", tasks[first].take().expect("task")).await;
+    assert_eq!(head.owner(), ids[first]);
+    let second = tasks[1 - first].take().expect("task");
+    assert!(
+        !second.is_finished(),
+        "the second waiter got in beside the head"
+    );
+    holder.release(&head).await.expect("release the head");
+    let next = granted("the second grant", second).await;
+    assert_eq!(next.owner(), ids[1 - first]);
+    assert!(next.token() > head.token() && head.token() > lease.token());
+    holder.release(&next).await.expect("release the second");
+}
+
 /// `sqlite::memory:` clients are independent stores; file URLs create missing parent dirs. A
 /// file's waiters in other processes of a Linux host are rung by doorbells, which the
 /// capabilities say; a private store has nobody to ring.

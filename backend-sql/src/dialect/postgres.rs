@@ -175,8 +175,11 @@ impl Dialect for Postgres {
         "CREATE TABLE IF NOT EXISTS {t} (name text COLLATE \"C\" NOT NULL PRIMARY KEY, \
          owner text NULL, fence bigint NOT NULL, expires_at timestamptz NOT NULL)",
         // Waiters: one row per queued acquire; `ticket` orders them, `expires_at` is the
-        // waiter's liveness (refreshed while it waits).
-        "CREATE TABLE IF NOT EXISTS {w} (ticket bigint GENERATED ALWAYS AS IDENTITY, \
+        // waiter's liveness (refreshed while it waits). UNLOGGED, as the permit waiters below:
+        // queue bookkeeping writes no WAL, and a crash (or a failover) that empties the table
+        // only sends each waiter back to the tail at its next refresh (see `crate::queue`); no
+        // holder, fence or expiry is kept there.
+        "CREATE UNLOGGED TABLE IF NOT EXISTS {w} (ticket bigint GENERATED ALWAYS AS IDENTITY, \
          name text COLLATE \"C\" NOT NULL, waiter text NOT NULL, \
          expires_at timestamptz NOT NULL, PRIMARY KEY (name, ticket))",
         // Semaphores: the fence of each (never reset by release or expiry), and the row whose
@@ -188,7 +191,7 @@ impl Dialect for Postgres {
          fence bigint NOT NULL, permits bigint NOT NULL, expires_at timestamptz NOT NULL, \
          PRIMARY KEY (name, owner))",
         // Permit waiters: as the lock's waiters, apart from them, with the count.
-        "CREATE TABLE IF NOT EXISTS {v} (ticket bigint GENERATED ALWAYS AS IDENTITY, \
+        "CREATE UNLOGGED TABLE IF NOT EXISTS {v} (ticket bigint GENERATED ALWAYS AS IDENTITY, \
          name text COLLATE \"C\" NOT NULL, waiter text NOT NULL, permits bigint NOT NULL, \
          expires_at timestamptz NOT NULL, PRIMARY KEY (name, ticket))",
         // Readers: one row per read hold (fence set) or per queued reader's mark (fence NULL).
@@ -313,6 +316,8 @@ impl Dialect for Postgres {
     // off for that one transaction): a waiter row lost in a crash is re-created by its waiter's
     // next refresh, and one that comes back expires at its liveness. This keeps the joining
     // waiter's commit from queueing behind (or ahead of) the head's grant on the WAL flush.
+    // (The queue tables this crate creates are UNLOGGED, whose writes need no flush anyway;
+    // tables made by an older version may be logged.)
     fn adapt(s: &Sql, sql: &mut Statements) {
         let (t, w, table, expiry) = (&s.t, &s.w, &s.table, Self::expiry());
         // `wait_acquire` looks for itself, and the grant deletes the waiter's row in the same
