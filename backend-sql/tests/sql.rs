@@ -1438,17 +1438,14 @@ async fn postgres_queue_tables_are_unlogged_and_waiters_join_again_when_emptied(
     let mut tasks = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         let c = client(&url).await;
-        tasks.push(spawn_wait(
-            &c,
-            &n,
-            waiting(Duration::from_secs(30)).owner(*id),
-            false,
-        ));
+        let opts = waiting(Duration::from_secs(30)).owner(*id);
+        tasks.push(spawn_wait(&c, &n, opts, false));
         until_queued(&holder, &n, i + 1).await;
     }
+    let waiters = format!("\"{TABLE}_waiters\"");
     let before = raw.tickets(n.as_str()).await;
     assert_eq!(before.len(), 2, "{before:?}");
-    sqlx::query(sqlx::AssertSqlSafe(format!("TRUNCATE \"{TABLE}_waiters\"")))
+    sqlx::query(sqlx::AssertSqlSafe(format!("TRUNCATE {waiters}")))
         .execute(pool)
         .await
         .expect("truncate the waiters");
@@ -1461,7 +1458,7 @@ async fn postgres_queue_tables_are_unlogged_and_waiters_join_again_when_emptied(
         within(Duration::from_secs(20), "the waiters join again", async {
             loop {
                 let rows: Vec<(i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                    "SELECT ticket, waiter FROM \"{TABLE}_waiters\" WHERE name = $1 ORDER BY ticket"
+                    "SELECT ticket, waiter FROM {waiters} WHERE name = $1 ORDER BY ticket"
                 )))
                 .bind(n.as_str())
                 .fetch_all(pool)
@@ -1486,10 +1483,11 @@ async fn postgres_queue_tables_are_unlogged_and_waiters_join_again_when_emptied(
     // The lease goes to the waiter whose new row is first, then to the other.
     let first = usize::from(queue[0].1 != ids[0].to_string());
     assert_eq!(queue[1 - first].1, ids[1 - first].to_string(), "{queue:?}");
-    let mut tasks = tasks.into_iter().map(Some).collect::<Vec<_>>();
-    let head = granted("the head's grant", tasks[first].take().expect("task")).await;
+    let mut tasks = tasks.into_iter();
+    let (t0, t1) = (tasks.next().expect("task"), tasks.next().expect("task"));
+    let (head, second) = if first == 0 { (t0, t1) } else { (t1, t0) };
+    let head = granted("the head's grant", head).await;
     assert_eq!(head.owner(), ids[first]);
-    let second = tasks[1 - first].take().expect("task");
     assert!(
         !second.is_finished(),
         "the second waiter got in beside the head"
