@@ -241,15 +241,28 @@ async fn a_split_vote_keeps_the_waiters_places_and_releases_leave_no_entries() {
     // so a waiter would rightly win the other two.
     let held = lock_on_every_node(&holder, &set, name, &once(30 * SEC)).await;
     let mut waiters = Vec::new();
-    for _ in 0..2 {
+    for queued in 1..=2 {
         let client = connect(&url).await;
         waiters.push(tokio::spawn(async move {
             let opts = once(30 * SEC).wait(Wait::For(30 * SEC));
             let guard = client.lock(name, &opts).await?;
             guard.release().await.map(|_| ())
         }));
-        // Queued in this order on every node.
-        tokio::time::sleep(ms(300)).await;
+        // Queued in this order on every node: the next waiter starts only once this one has
+        // an entry on each (a fixed pause of 300 ms was once too short on a loaded machine).
+        within(20 * SEC, "the waiter queued on every node", async {
+            loop {
+                let mut on_all = true;
+                for node in set.nodes() {
+                    on_all &= queue_entries(node, name).await.len() == queued;
+                }
+                if on_all {
+                    break;
+                }
+                tokio::time::sleep(ms(20)).await;
+            }
+        })
+        .await;
     }
     let node = &set.nodes()[0];
     let before = queue_entries(node, name).await;
