@@ -13,7 +13,7 @@ use crate::common::{Core, Pending, detached, floor_of, token};
 use crate::config::SqlConfig;
 use crate::dialect::{Dialect, Statements, held};
 use crate::statement::{Args, Reply, Stmt};
-use crate::wake::{Terms, Waiters, Wake, key, local};
+use crate::wake::{Join, Terms, Waiters, Wake, key, local};
 
 /// The lease of a grant to `owner` with fence `fence`, valid from `started` for the ttl of `opts`.
 pub(crate) fn granted(
@@ -227,7 +227,7 @@ impl<D: Dialect> Client<D> {
     }
 
     /// Records where `waiter` (registered with [`wake`](Self::wake)) joined the queue, when
-    /// that join was sent (`at`), and a permit waiter's `terms`, so that this process's releases
+    /// that join was sent and the secret it stored, and a permit waiter's `terms`, so that this process's releases
     /// wake (where the dialect polls) or hand a permit to the nearest to the head, and the
     /// dialect can tell a hand-over's notification for this join (see [`Dialect::joined`]).
     pub(crate) fn joined(
@@ -235,13 +235,13 @@ impl<D: Dialect> Client<D> {
         name: &LockName,
         waiter: OwnerId,
         permits: bool,
-        (ticket, at): (i64, Instant),
+        join: Join,
         terms: Option<Terms>,
     ) {
         let key = key(name.as_str(), permits);
-        self.local.joined(&key, waiter, ticket, at, terms);
+        self.local.joined(&key, waiter, join, terms);
         if !permits {
-            self.dialect.joined(name, waiter, ticket, at);
+            self.dialect.joined(name, waiter, join);
         }
     }
 

@@ -14,7 +14,7 @@ use crate::common::{Class, Core};
 use crate::config::{SqlConfig, WithTls};
 use crate::kept::Kept;
 use crate::statement::{Args, Sql, SqlDb, Stmt, Style};
-use crate::wake::Wake;
+use crate::wake::{Join, Wake};
 
 pub mod mysql;
 mod permits;
@@ -141,9 +141,9 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     }
 
     /// Records that `waiter`, subscribed to `name`'s lock with [`wake`](Self::wake), joined the
-    /// queue with `ticket` by a join sent at `at` (PostgreSQL: so that a hand-over's
-    /// notification naming that ticket can be taken as a grant made after `at`).
-    fn joined(&self, _name: &LockName, _waiter: OwnerId, _ticket: i64, _at: Instant) {}
+    /// queue (PostgreSQL: so that a hand-over's notification naming that join's ticket, with the
+    /// tag of its secret, can be taken as a grant made after the join was sent).
+    fn joined(&self, _name: &LockName, _waiter: OwnerId, _join: Join) {}
 
     /// `DistributedLock::wait_for_release`: by default a sleep until `until` (polling).
     fn wait_for_release(

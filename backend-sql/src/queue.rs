@@ -53,7 +53,7 @@ use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, queued};
 use crate::common::{Pending, detached, floor_of, from_micros};
 use crate::dialect::{Dialect, held};
 use crate::statement::{Args, SqlDb};
-use crate::wake::{Handed, Terms};
+use crate::wake::{Handed, Join, Secret, Terms};
 
 mod handed;
 mod pace;
@@ -135,9 +135,17 @@ impl Attempt {
 /// The queue's statements. Each may retry internally (see `Core::run`), so each must be
 /// idempotent for the same inputs.
 impl<D: Dialect> Client<D> {
-    /// Joins the queue for `name`; returns the ticket. (PostgreSQL also deletes expired waiter
-    /// rows of the name.) A permit waiter joins in a transaction that checks the count.
-    async fn enqueue(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<i64> {
+    /// Joins the queue for `name`, storing `secret` in the waiter's row where the dialect hands
+    /// the lock over by notification (see [`Secret`]); returns the ticket. (PostgreSQL also
+    /// deletes expired waiter rows of the name.) A permit waiter joins in a transaction that
+    /// checks the count.
+    async fn enqueue(
+        &self,
+        name: &LockName,
+        waiter: OwnerId,
+        kind: Kind,
+        secret: Secret,
+    ) -> Result<i64> {
         match kind {
             Kind::Permits(permits) => {
                 return self.enqueue_permit(name, waiter, permits, LIVENESS).await;
@@ -145,7 +153,8 @@ impl<D: Dialect> Client<D> {
             Kind::Read => return self.enqueue_read(name, waiter, LIVENESS).await,
             Kind::Lock => {}
         }
-        let (sql, a) = (&self.sql, Args::of(name).owner(waiter).ttl(LIVENESS));
+        let a = Args::of(name).owner(waiter).ttl(LIVENESS).secret(secret);
+        let sql = &self.sql;
         let ticket = self
             .core
             .join(&sql.own_ticket, a, Some, |mut c| async move {
@@ -328,9 +337,15 @@ impl<D: Dialect> Client<D> {
     /// Joins the queue, detached (see `common::detached`): a join whose caller is gone by the
     /// time it completes is undone at once, rather than left to hold up the queue for its
     /// liveness.
-    async fn join(self: &Arc<Self>, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<i64> {
+    async fn join(
+        self: &Arc<Self>,
+        name: &LockName,
+        waiter: OwnerId,
+        kind: Kind,
+        secret: Secret,
+    ) -> Result<i64> {
         let (client, name2) = (self.clone(), name.clone());
-        let statement = async move { client.enqueue(&name2, waiter, kind).await };
+        let statement = async move { client.enqueue(&name2, waiter, kind, secret).await };
         let undo = self.leave_later(name, waiter, kind);
         detached(D::BACKEND, name, statement, |_| true, undo).await
     }
@@ -411,9 +426,9 @@ pub(crate) async fn acquire<D: Dialect>(
     // Where the waiter is recorded with when it joined: a release may hand it the lock and
     // say so before the join's reply is here (see `wake::Handed`).
     let join = async || -> Result<i64> {
-        let at = Instant::now();
-        let ticket = q.join(name, waiter, kind).await?;
-        q.joined(name, waiter, permits, (ticket, at), terms);
+        let (at, secret) = (Instant::now(), Secret::random());
+        let ticket = q.join(name, waiter, kind, secret).await?;
+        q.joined(name, waiter, permits, Join { ticket, at, secret }, terms);
         Ok(ticket)
     };
     let mut ticket = join().await?;
@@ -446,7 +461,8 @@ pub(crate) async fn acquire<D: Dialect>(
         // it returned) or ran before it and wrote nothing.
         //
         // Or a release elsewhere handed this waiter the lock's row and said so (PostgreSQL's
-        // `H` notification, taken only for this waiter's current join): the row is ours with
+        // `H` notification, taken only for this waiter's current join and only with the tag
+        // of the secret it stored in its row): the row is ours with
         // that fence for at least `ttl` from `sent`. Below the caller's token floor, the next
         // attempt takes the row again with a greater fence.
         let handed = wake.take_handed();

@@ -1,5 +1,5 @@
 //! Statements written once for every dialect: templates name their parameters (`$name`,
-//! `$owner`, `$fence`, `$ttl`, `$ticket`, `$floor`, `$permits`, `$next`), which are expanded to the
+//! `$owner`, `$fence`, `$ttl`, `$ticket`, `$floor`, `$permits`, `$next`, `$secret`), which are expanded to the
 //! database's placeholders and bound in the order it expects (`statement/run.rs`: binding
 //! them, and what a statement hands back, read the same way from every driver).
 
@@ -9,6 +9,7 @@ use lockcore::{LockName, OwnerId};
 use sqlx::{SqlSafeStr, SqlStr};
 
 use crate::turn::Line;
+use crate::wake::Secret;
 
 mod run;
 
@@ -42,10 +43,11 @@ enum Param {
     Floor,
     Permits,
     Next,
+    Secret,
 }
 
 impl Param {
-    const ALL: [Param; 8] = [
+    const ALL: [Param; 9] = [
         Param::Name,
         Param::Owner,
         Param::Fence,
@@ -54,6 +56,7 @@ impl Param {
         Param::Floor,
         Param::Permits,
         Param::Next,
+        Param::Secret,
     ];
 
     /// How templates name it, after the `$`.
@@ -67,6 +70,7 @@ impl Param {
             Param::Floor => "floor",
             Param::Permits => "permits",
             Param::Next => "next",
+            Param::Secret => "secret",
         }
     }
 }
@@ -104,6 +108,8 @@ pub struct Args<'a> {
     permits: i64,
     /// The waiter a release hands the freed permit to (see `crate::semaphore`).
     next: Option<OwnerId>,
+    /// The secret a waiter stores in its row as it joins (see [`Secret`]).
+    secret: Option<Secret>,
 }
 
 impl<'a> Args<'a> {
@@ -155,6 +161,14 @@ impl<'a> Args<'a> {
     pub fn next(self, next: OwnerId) -> Self {
         Args {
             next: Some(next),
+            ..self
+        }
+    }
+
+    /// With `$secret`.
+    pub fn secret(self, secret: Secret) -> Self {
+        Args {
+            secret: Some(secret),
             ..self
         }
     }

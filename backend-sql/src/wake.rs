@@ -16,16 +16,22 @@ use std::time::{Duration, Instant};
 use lockcore::OwnerId;
 use tokio::sync::{Notify, watch};
 
+mod secret;
+
+pub use secret::Secret;
+
 /// What a release notification says (the NOTIFY payload). The channel is the table name; the
 /// payload's first byte tells the form:
 /// - `W<waiter><name>`: wake only `waiter` (32 hex digits), the live head of `name`'s queue when
 ///   the lock was freed; it is the only waiter whose attempt can be granted. Listeners of the
 ///   name that are not queued (`wait_for_release`) wake too.
-/// - `H<waiter><fence>,<ttl>,<ticket>,<name>`: a release handed the lock row of `name` to
-///   `waiter`, whose row in the queue had `ticket`, with `fence` for `ttl` µs from the
-///   hand-over (PostgreSQL's hand-over, sent only once it committed): the grant itself, which
-///   the waiter takes as its lease where it can tell when it was made (see [`Waiters::wake`]),
-///   else a wake-up like `W`. Listeners of the name that are not queued wake too.
+/// - `H<waiter><fence>,<ttl>,<ticket>,<tag>,<name>`: a release handed the lock row of `name`
+///   to `waiter`, whose row in the queue had `ticket`, with `fence` for `ttl` µs from the
+///   hand-over (PostgreSQL's hand-over, sent only once it committed). `tag` is made with the
+///   secret the waiter stored in that row ([`Secret`]): where it checks out, the notification is
+///   the grant itself, which the waiter takes as its lease where it can tell when it was made
+///   (see [`Waiters::wake`]); otherwise (a notification anyone else sent, or an older client's)
+///   it is a wake-up like `W`. Listeners of the name that are not queued wake too.
 /// - `N<name>`: wake everyone interested in `name` (nobody was queued, or a waiter left).
 /// - `Q<waiter><name>`: wake only `waiter`, the live head of the permit queue of the semaphore
 ///   `name`, when a permit was freed or a grant left one free: the only permit waiter whose
@@ -47,6 +53,7 @@ enum Payload<'a> {
         waiter: &'a str,
         name: &'a str,
         grant: Grant,
+        tag: &'a str,
     },
     PermitHead {
         waiter: &'a str,
@@ -92,16 +99,23 @@ impl<'a> Payload<'a> {
     /// An `H` payload after its first byte.
     fn handed(rest: &'a str) -> Option<Self> {
         let (waiter, rest) = split_waiter(rest)?;
-        let mut fields = rest.splitn(4, ',');
+        let mut fields = rest.splitn(5, ',');
         let mut number = || fields.next()?.parse::<i64>().ok();
-        let (fence, ttl, ticket) = (number()?, number()?, number()?);
+        let (fence, ttl_us, ticket) = (number()?, number()?, number()?);
+        let tag = fields.next()?;
         let name = fields.next().filter(|n| !n.is_empty())?;
-        let ttl = Duration::from_micros(u64::try_from(ttl).ok()?);
-        let grant = Grant { fence, ttl, ticket };
+        let ttl = Duration::from_micros(u64::try_from(ttl_us).ok()?);
+        let grant = Grant {
+            fence,
+            ttl,
+            ttl_us,
+            ticket,
+        };
         Some(Payload::Handed {
             waiter,
             name,
             grant,
+            tag,
         })
     }
 }
@@ -118,8 +132,17 @@ struct Grant {
     fence: i64,
     /// How long the row runs from the hand-over.
     ttl: Duration,
+    /// The same, in µs as the notification gave it.
+    ttl_us: i64,
     /// The waiter's ticket in the queue, the row the release found it by.
     ticket: i64,
+}
+
+impl Grant {
+    /// What the tag of this grant to `waiter` covers, as the hand-over statement writes it.
+    fn fields(&self, waiter: &str) -> String {
+        format!("{},{},{},{waiter}", self.fence, self.ttl_us, self.ticket)
+    }
 }
 
 /// The wakeups of one name in this client.
@@ -141,6 +164,9 @@ struct Queued {
     /// When the join that made `ticket` was sent, where the waiter said (see
     /// [`Waiters::joined`]).
     joined_at: Option<Instant>,
+    /// The secret that join stored in the waiter's row, where the dialect hands the lock over
+    /// by notification.
+    secret: Option<Secret>,
     /// A permit waiter's terms, once it has joined: a release may hand it a permit on them.
     terms: Option<Terms>,
     notify: Arc<Notify>,
@@ -149,18 +175,25 @@ struct Queued {
 
 impl Queued {
     /// Keeps the lock's row that an `H` notification says a release handed to this waiter, for
-    /// the waiter to take as its lease, where the notification names the row this waiter joined
-    /// with and that join is recent: the join was sent before the hand-over found its row, so
-    /// the row runs at least `ttl` from the join's sending, which becomes the lease's start. A
-    /// join more than a tenth of that ttl ago would cost the lease that much of its time, and a
-    /// notification for an earlier row or an earlier acquisition under the same owner id would
-    /// be no grant of this one: the waiter is then only woken, and its next attempt looks (a
-    /// row that is its own it reports, with the time left by the database's clock).
-    fn take_grant(&self, grant: Grant) {
-        let (Some(ticket), Some(at)) = (self.ticket, self.joined_at) else {
+    /// the waiter to take as its lease, where the notification is the store's (its `tag` was
+    /// made with the secret of this waiter's join: see [`Secret`]), names the row this waiter
+    /// joined with, and that join is recent: the join was sent before the hand-over found its
+    /// row, so the row runs at least `ttl` from the join's sending, which becomes the lease's
+    /// start. A join more than a tenth of that ttl ago would cost the lease that much of its
+    /// time, and a notification for an earlier row or an earlier acquisition under the same
+    /// owner id would be no grant of this one: the waiter is then only woken, and its next
+    /// attempt looks (a row that is its own it reports, with the time left by the database's
+    /// clock).
+    fn take_grant(&self, grant: Grant, tag: &str) {
+        let (Some(ticket), Some(at), Some(secret)) = (self.ticket, self.joined_at, self.secret)
+        else {
             return;
         };
         if ticket != grant.ticket || at.elapsed() > grant.ttl / 10 {
+            return;
+        }
+        if !secret.signed(&grant.fields(&self.id), tag) {
+            tracing::debug!(waiter = %self.id, "a hand-over notification without the waiter's tag; only woken");
             return;
         }
         *self.handed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Handed {
@@ -170,6 +203,15 @@ impl Queued {
             ttl: Some(grant.ttl),
         });
     }
+}
+
+/// One join of the queue: the ticket it got, when it was sent, and the secret it stored in the
+/// waiter's row.
+#[derive(Clone, Copy, Debug)]
+pub struct Join {
+    pub ticket: i64,
+    pub at: Instant,
+    pub secret: Secret,
 }
 
 /// What a permit waiter asks for: a release that hands it a permit grants it on these terms.
@@ -281,6 +323,7 @@ impl Waiters {
                 owner,
                 ticket: None,
                 joined_at: None,
+                secret: None,
                 terms: None,
                 notify: notify.clone(),
                 handed: handed.clone(),
@@ -311,11 +354,12 @@ impl Waiters {
                 waiter,
                 name,
                 grant,
+                tag,
             } => {
                 if let Some(i) = map.get(name) {
                     i.any.notify_waiters();
                     if let Some(q) = i.find(waiter) {
-                        q.take_grant(grant);
+                        q.take_grant(grant, tag);
                         q.notify.notify_waiters();
                     }
                 }
@@ -335,20 +379,15 @@ impl Waiters {
     }
 
     /// Records the ticket with which the registered `waiter` of `key` joined the store's queue,
-    /// when that join was sent, and a permit waiter's terms.
-    pub fn joined(
-        &self,
-        key: &str,
-        waiter: OwnerId,
-        ticket: i64,
-        at: Instant,
-        terms: Option<Terms>,
-    ) {
+    /// when that join was sent, the secret it stored in its row (see [`Secret`]), and a permit
+    /// waiter's terms.
+    pub fn joined(&self, key: &str, waiter: OwnerId, join: Join, terms: Option<Terms>) {
         let mut map = self.map();
         let queued = map.get_mut(key).into_iter().flat_map(|i| &mut i.queued);
         if let Some(q) = queued.into_iter().find(|q| q.owner == waiter) {
-            q.ticket = Some(ticket);
-            q.joined_at = Some(at);
+            q.ticket = Some(join.ticket);
+            q.joined_at = Some(join.at);
+            q.secret = Some(join.secret);
             q.terms = terms;
         }
     }

@@ -17,7 +17,7 @@ use super::{Dialect, Statements, connect_server, fence_of};
 use crate::common::{Class, Core, from_micros, whole};
 use crate::config::{SqlConfig, Target};
 use crate::statement::{Sql, Stmt, Style};
-use crate::wake::Wake;
+use crate::wake::{Join, Wake};
 use listen::Listener;
 
 const BACKEND: &str = "postgres";
@@ -179,9 +179,15 @@ impl Dialect for Postgres {
         // queue bookkeeping writes no WAL, and a crash (or a failover) that empties the table
         // only sends each waiter back to the tail at its next refresh (see `crate::queue`); no
         // holder, fence or expiry is kept there.
+        // `secret`: what the waiter's hand-over notification is tagged with (see `hand`).
         "CREATE UNLOGGED TABLE IF NOT EXISTS {w} (ticket bigint GENERATED ALWAYS AS IDENTITY, \
          name text COLLATE \"C\" NOT NULL, waiter text NOT NULL, \
-         expires_at timestamptz NOT NULL, PRIMARY KEY (name, ticket))",
+         expires_at timestamptz NOT NULL, secret text NULL, PRIMARY KEY (name, ticket))",
+        // A waiters table made before the secret was: the column is added once (by a role that
+        // may alter the table), and left alone when it is there.
+        "DO $D$ BEGIN IF to_regclass('{w}') IS NOT NULL AND NOT EXISTS (SELECT 1 \
+         FROM pg_attribute WHERE attrelid = to_regclass('{w}') AND attname = 'secret' \
+         AND NOT attisdropped) THEN ALTER TABLE {w} ADD COLUMN secret text NULL; END IF; END $D$",
         // Semaphores: the fence of each (never reset by release or expiry), and the row whose
         // lock serialises the semaphore's grants and joins.
         "CREATE TABLE IF NOT EXISTS {s} (name text COLLATE \"C\" NOT NULL PRIMARY KEY, \
@@ -247,28 +253,40 @@ impl Dialect for Postgres {
     /// rows and tells it by a notification that carries the grant (`H`, see `wake::Payload`):
     /// the server delivers it only once the statement has committed, and this one waits for
     /// the WAL flush (it writes the new fence), so the new owner may hold on the notification
-    /// alone, without a statement of its own. Where the row is freed instead (the head is a
-    /// reader, or has not refreshed its liveness lately), it wakes the head as
-    /// [`free_and_notify`] does, and then commits without waiting for the flush.
+    /// alone, without a statement of its own. Anyone who can connect may send a notification,
+    /// so the grant carries a tag made with the secret the new owner stored in its waiter row
+    /// (see `wake::Secret`), which only a reader of that table can make; a row without one (an
+    /// older client's) gets a plain wake-up (`W`), and its owner's next attempt finds the row
+    /// its own. Where the row is freed instead (the head is a reader, or has not refreshed its
+    /// liveness lately), it wakes the head as [`free_and_notify`] does, and then commits
+    /// without waiting for the flush.
     fn hand(s: &Sql, next: &str, held: &str) -> Stmt {
         let (t, w, table) = (&s.t, &s.w, &s.table);
+        // What the notification grants, then its tag (`wake::Grant::fields` and `Secret::tag`).
+        let grant = "m.fence || ',' || $ttl::bigint || ',' || k.ticket";
+        let tag = format!(
+            "encode(sha256(convert_to(k.secret || ',' || {grant} || ',' || m.owner || ',' \
+             || k.secret, 'UTF8')), 'hex')"
+        );
         s.row(&format!(
             "WITH n AS (SELECT ({next}) AS next), \
              moved AS (UPDATE {t} AS l SET owner = n.next, \
              fence = CASE WHEN n.next IS NULL THEN l.fence ELSE l.fence + 1 END, \
              expires_at = CASE WHEN n.next IS NULL THEN l.expires_at ELSE {expiry} END \
              FROM n WHERE {held} RETURNING l.name, l.owner, l.fence), \
-             handed AS (SELECT min(w.ticket) AS ticket FROM {w} AS w, moved AS m \
-             WHERE w.name = m.name AND w.waiter = m.owner AND w.expires_at > {NOW}), \
+             handed AS (SELECT w.ticket, w.secret FROM {w} AS w, moved AS m \
+             WHERE w.name = m.name AND w.waiter = m.owner AND w.expires_at > {NOW} \
+             ORDER BY w.ticket LIMIT 1), \
              dequeued AS (DELETE FROM {w} AS w USING moved AS m WHERE w.name = m.name \
              AND (w.waiter = m.owner OR w.expires_at <= {NOW})), \
              head AS (SELECT waiter FROM {w} WHERE name = $name AND waiter <> $owner \
              AND expires_at > {NOW} ORDER BY ticket LIMIT 1), \
              quick AS (SELECT set_config('synchronous_commit', 'off', true) \
              FROM moved, head WHERE moved.owner IS NULL) \
-             SELECT count(pg_notify('{table}', CASE WHEN m.owner IS NOT NULL \
-             THEN 'H' || m.owner || m.fence || ',' || $ttl::bigint || ',' \
-             || COALESCE(k.ticket, 0) || ',' || m.name \
+             SELECT count(pg_notify('{table}', CASE \
+             WHEN m.owner IS NOT NULL AND k.secret IS NOT NULL \
+             THEN 'H' || m.owner || {grant} || ',' || {tag} || ',' || m.name \
+             WHEN m.owner IS NOT NULL THEN 'W' || m.owner || m.name \
              WHEN h.waiter IS NOT NULL THEN 'W' || h.waiter || m.name ELSE 'N' || m.name END)) \
              FROM moved AS m LEFT JOIN handed AS k ON true LEFT JOIN head AS h ON true \
              LEFT JOIN quick ON true",
@@ -332,8 +350,8 @@ impl Dialect for Postgres {
         // Joins the tail; drops expired waiters of the name on the way.
         sql.enqueue = s.row(&format!(
             "WITH gc AS (DELETE FROM {w} WHERE name = $name AND expires_at <= {NOW}), {ASYNC} \
-             INSERT INTO {w} (name, waiter, expires_at) \
-             SELECT $name, $owner, {expiry} FROM async_commit RETURNING ticket"
+             INSERT INTO {w} (name, waiter, expires_at, secret) \
+             SELECT $name, $owner, {expiry}, $secret FROM async_commit RETURNING ticket"
         ));
         sql.refresh = s
             .done(&format!(
@@ -395,9 +413,9 @@ impl Dialect for Postgres {
         registration.into_wake(Some(waiters.ready.subscribe()))
     }
 
-    fn joined(&self, name: &LockName, waiter: OwnerId, ticket: i64, at: Instant) {
+    fn joined(&self, name: &LockName, waiter: OwnerId, join: Join) {
         let waiters = &self.listener.waiters;
-        waiters.joined(name.as_str(), waiter, ticket, at, None);
+        waiters.joined(name.as_str(), waiter, join, None);
     }
 
     async fn wait_for_release(

@@ -186,6 +186,7 @@ where
         let name = a.name.map_or("", LockName::as_str);
         let owner = a.owner.map(|o| o.to_string()).unwrap_or_default();
         let next = a.next.map(|o| o.to_string()).unwrap_or_default();
+        let secret = a.secret.map(|s| s.hex()).unwrap_or_default();
         for param in &stmt.binds {
             match param {
                 Param::Name if stmt.style.binary_names => out.add(name.as_bytes()),
@@ -197,6 +198,7 @@ where
                 Param::Floor => out.add(a.floor),
                 Param::Permits => out.add(a.permits),
                 Param::Next => out.add(next.as_str()),
+                Param::Secret => out.add(secret.as_str()),
             }?;
         }
         Ok(out)

@@ -42,35 +42,40 @@ fn payloads_parse_by_their_first_byte() {
         ),
         (format!("Q{A}"), Payload::Unknown),
         (
-            format!("H{A}12,5000000,7,jobs/1"),
+            format!("H{A}12,5000000,7,f00d,jobs/1"),
             Payload::Handed {
                 waiter: A,
                 name: "jobs/1",
                 grant: Grant {
                     fence: 12,
                     ttl: Duration::from_secs(5),
+                    ttl_us: 5_000_000,
                     ticket: 7,
                 },
+                tag: "f00d",
             },
         ),
         // The name is the rest, commas and all.
         (
-            format!("H{A}1,10000,2,a,b"),
+            format!("H{A}1,10000,2,f00d,a,b"),
             Payload::Handed {
                 waiter: A,
                 name: "a,b",
                 grant: Grant {
                     fence: 1,
                     ttl: Duration::from_millis(10),
+                    ttl_us: 10_000,
                     ticket: 2,
                 },
+                tag: "f00d",
             },
         ),
         // A field missing or not a number, a negative ttl, no name.
-        (format!("H{A}12,5000000,jobs/1"), Payload::Unknown),
-        (format!("H{A}12,x,7,jobs/1"), Payload::Unknown),
-        (format!("H{A}12,-1,7,jobs/1"), Payload::Unknown),
-        (format!("H{A}12,5000000,7,"), Payload::Unknown),
+        (format!("H{A}12,5000000,f00d,jobs/1"), Payload::Unknown),
+        (format!("H{A}12,x,7,f00d,jobs/1"), Payload::Unknown),
+        (format!("H{A}12,-1,7,f00d,jobs/1"), Payload::Unknown),
+        (format!("H{A}12,5000000,7,f00d,"), Payload::Unknown),
+        (format!("H{A}12,5000000,7,f00d"), Payload::Unknown),
         (format!("H{A}"), Payload::Unknown),
     ] {
         assert_eq!(Payload::parse(&payload), parsed, "{payload}");
@@ -172,8 +177,8 @@ fn wake_first_wakes_only_the_local_waiter_nearest_the_head() {
     let rb = w.register(&key, Some(b));
     let rc = w.register(&key, Some(c));
     let lock = w.register("n", Some(OwnerId(4)));
-    w.joined(&key, a, 20, Instant::now(), None);
-    w.joined(&key, b, 10, Instant::now(), None);
+    w.joined(&key, a, join(20, Instant::now()), None);
+    w.joined(&key, b, join(10, Instant::now()), None);
     {
         let (mut fa, mut fb, mut fc, mut fl) = (arm(&ra), arm(&rb), arm(&rc), arm(&lock));
         w.wake_first(&key);
@@ -231,8 +236,8 @@ fn a_release_hands_a_permit_to_the_joined_waiter_nearest_the_head() {
     let ra = w.register(&key, Some(a));
     let rb = w.register(&key, Some(b));
     assert!(w.next(&key).is_none(), "nobody has joined yet");
-    w.joined(&key, a, 20, Instant::now(), Some(terms(4)));
-    w.joined(&key, b, 10, Instant::now(), Some(terms(4)));
+    w.joined(&key, a, join(20, Instant::now()), Some(terms(4)));
+    w.joined(&key, b, join(10, Instant::now()), Some(terms(4)));
     let next = w.next(&key).expect("a joined waiter");
     assert_eq!((next.owner, next.ticket, next.terms.permits), (b, 10, 4));
     assert!(w.behind_another(&key, a) && !w.behind_another(&key, b));
@@ -277,7 +282,7 @@ fn a_waiter_listening_elsewhere_is_handed_permits_through_its_own_wake_up() {
         .register(&key, Some(a))
         .into_wake(None)
         .with_hand_over(&hub, &key, a);
-    hub.joined(&key, a, 3, Instant::now(), Some(terms(2)));
+    hub.joined(&key, a, join(3, Instant::now()), Some(terms(2)));
     assert_eq!(hub.next(&key).map(|n| n.owner), Some(a));
     let handed = Handed {
         fence: 1,
@@ -296,12 +301,29 @@ fn a_waiter_listening_elsewhere_is_handed_permits_through_its_own_wake_up() {
     assert!(hub.map().is_empty() && listener.map().is_empty());
 }
 
+/// A join with `ticket` sent `at`, with a fresh secret.
+fn join(ticket: i64, at: Instant) -> Join {
+    Join {
+        ticket,
+        at,
+        secret: Secret::random(),
+    }
+}
+
 /// The registration of lock waiter `a` on name `n` as PostgreSQL's listener makes it, joined
-/// with ticket 7 by a join sent at `at`.
-fn joined_at(w: &Arc<Waiters>, a: OwnerId, at: Instant) -> Wake {
+/// with ticket 7 by a join sent at `at`; and that join's secret.
+fn joined_at(w: &Arc<Waiters>, a: OwnerId, at: Instant) -> (Wake, Secret) {
     let wake = w.register("n", Some(a)).into_wake(None);
-    w.joined("n", a, 7, at, None);
-    wake
+    let join = join(7, at);
+    w.joined("n", a, join, None);
+    (wake, join.secret)
+}
+
+/// The `H` payload a hand-over of the lock `n` to `waiter` sends, tagged with `secret`.
+fn handed(waiter: OwnerId, fence: i64, ttl_us: i64, ticket: i64, secret: Secret) -> String {
+    let fields = format!("{fence},{ttl_us},{ticket}");
+    let tag = secret.tag(&format!("{fields},{waiter}"));
+    format!("H{waiter}{fields},{tag},n")
 }
 
 #[test]
@@ -309,14 +331,14 @@ fn a_hand_over_notification_is_a_grant_for_the_join_it_names() {
     let w = Arc::<Waiters>::default();
     let a = OwnerId(0xaa);
     let at = Instant::now();
-    let wake = joined_at(&w, a, at);
+    let (wake, secret) = joined_at(&w, a, at);
     let any = w.register("n", None);
     let (mut f, mut fany) = (Box::pin(wake.notify.notified()), arm(&any));
     f.as_mut().enable();
-    w.wake(&format!("H{A}12,5000000,7,n"));
+    w.wake(&handed(a, 12, 5_000_000, 7, secret));
     assert!(woken(&mut f), "the waiter handed the lock was not woken");
     assert!(woken(&mut fany), "a name-wide listener was not woken");
-    let handed = Handed {
+    let grant = Handed {
         fence: 12,
         sent: at,
         more: false,
@@ -324,10 +346,37 @@ fn a_hand_over_notification_is_a_grant_for_the_join_it_names() {
     };
     assert_eq!(
         wake.take_handed(),
-        Some(handed),
+        Some(grant),
         "the lease starts at the join"
     );
     assert_eq!(wake.take_handed(), None, "a grant is taken once");
+}
+
+/// Anyone who can connect may NOTIFY: a hand-over without the tag of the secret the waiter
+/// stored in its row (none, a made-up one, another join's, or the right tag with a field
+/// changed) only wakes it.
+#[test]
+fn a_hand_over_notification_without_the_waiters_tag_only_wakes() {
+    let w = Arc::<Waiters>::default();
+    let a = OwnerId(0xaa);
+    let (wake, secret) = joined_at(&w, a, Instant::now());
+    let genuine = handed(a, 12, 5_000_000, 7, secret);
+    let forged = [
+        format!("H{a}12,5000000,7,,n"),
+        format!("H{a}12,5000000,7,{},n", "0".repeat(64)),
+        handed(a, 12, 5_000_000, 7, Secret::random()),
+        genuine.replacen("12,5000000", "13,5000000", 1),
+        genuine.replacen("12,5000000", "12,9000000", 1),
+    ];
+    for payload in forged {
+        let mut f = Box::pin(wake.notify.notified());
+        f.as_mut().enable();
+        w.wake(&payload);
+        assert!(woken(&mut f), "not woken by {payload}");
+        assert_eq!(wake.take_handed(), None, "taken as a grant: {payload}");
+    }
+    w.wake(&genuine);
+    assert!(wake.take_handed().is_some(), "the store's own hand-over");
 }
 
 #[test]
@@ -336,17 +385,17 @@ fn a_hand_over_notification_for_another_join_only_wakes() {
     let a = OwnerId(0xaa);
     // Another ticket: an earlier row of this waiter, or another acquisition under the same
     // owner id.
-    let wake = joined_at(&w, a, Instant::now());
+    let (wake, secret) = joined_at(&w, a, Instant::now());
     let mut f = Box::pin(wake.notify.notified());
     f.as_mut().enable();
-    w.wake(&format!("H{A}12,5000000,6,n"));
+    w.wake(&handed(a, 12, 5_000_000, 6, secret));
     assert!(woken(&mut f), "not woken");
     assert_eq!(wake.take_handed(), None, "taken for another join");
 
     // Not joined yet (the join's reply is not here): its own attempt finds the row.
     let b = OwnerId(0xbb);
     let early = w.register("n", Some(b)).into_wake(None);
-    w.wake(&format!("H{}12,5000000,7,n", b));
+    w.wake(&handed(b, 12, 5_000_000, 7, Secret::random()));
     assert_eq!(early.take_handed(), None, "taken before the join was known");
 
     // A join more than a tenth of the ttl ago would shorten the lease by as much.
@@ -354,14 +403,14 @@ fn a_hand_over_notification_for_another_join_only_wakes() {
     let long_ago = Instant::now()
         .checked_sub(Duration::from_millis(600))
         .expect("an instant 0.6 s ago");
-    let old = joined_at(&w, c, long_ago);
-    w.wake(&format!("H{}12,5000000,7,n", c));
+    let (old, secret) = joined_at(&w, c, long_ago);
+    w.wake(&handed(c, 12, 5_000_000, 7, secret));
     assert_eq!(
         old.take_handed(),
         None,
         "taken from a join 0.6 s before a 5 s lease"
     );
-    w.wake(&format!("H{}12,7000000,7,n", c));
+    w.wake(&handed(c, 12, 7_000_000, 7, secret));
     assert!(
         old.take_handed().is_some(),
         "0.6 s is within a tenth of 7 s"
