@@ -954,6 +954,111 @@ where
     .await
 }
 
+/// A Redis ACL user allowed only pub/sub (no key, no script) sees the wake-up channels and
+/// publishes forged permit hand-overs on each while a holder holds the only permit and three
+/// waiters queue (each in a client of its own, as processes are): for every waiter, every token
+/// the semaphore could have given, in the form a hand-over had before it was tagged and with
+/// tags of its own. No waiter takes one for a permit: after the holder's release the permits go
+/// to the waiters in queue order with increasing tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_permit_hand_overs_grant_nothing() {
+    let redis = shared().await;
+    let user = format!("mallory{:08x}", rand::random::<u32>());
+    let acl = ["ACL", "SETUSER", &user, "on", &format!(">{PASSWORD}")];
+    ok(
+        redis,
+        &[&acl[..], &["resetchannels", "&*", "-@all", "+@pubsub"]].concat(),
+    )
+    .await;
+    let name = unique("forged-permits");
+    let lock_name = LockName::new(&name).expect("name");
+    let holder = backend_redis::connect(&redis.url()).await.expect("holder");
+    let sem = holder.semaphore(&name, 1).expect("semaphore");
+    let held = sem.acquire(&permit_opts(60 * SEC)).await.expect("free");
+    let owners = [(); 3].map(|_| lockcore::OwnerId::random());
+    let mut tasks = Vec::new();
+    for (i, owner) in owners.iter().enumerate() {
+        let c = backend_redis::connect(&redis.url()).await.expect("waiter");
+        let sem = c.semaphore(&name, 1).expect("semaphore");
+        let opts = permit_opts(60 * SEC)
+            .wait(Wait::For(60 * SEC))
+            .owner(*owner);
+        tasks.push(tokio::spawn(async move { sem.acquire(&opts).await }));
+        until("the waiter queued", || async {
+            let info = holder.inspect_semaphore(&lock_name).await.unwrap();
+            info.and_then(|i| i.waiters) == Some(i + 1)
+        })
+        .await;
+    }
+
+    let attacker = redis::Client::open(format!(
+        "redis://{user}:{PASSWORD}@127.0.0.1:{}",
+        redis.port()
+    ))
+    .expect("url")
+    .get_multiplexed_async_connection()
+    .await
+    .expect("the user connects");
+    let mut con = attacker.clone();
+    let read: redis::RedisResult<Option<String>> =
+        redis::cmd("GET").arg("dlock").query_async(&mut con).await;
+    let refused = read.expect_err("the user can read keys").to_string();
+    assert!(refused.to_lowercase().contains("permission"), "{refused}");
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg("*")
+        .query_async(&mut con)
+        .await
+        .expect("PUBSUB CHANNELS");
+    assert!(channels.len() >= 3, "the waiters' channels: {channels:?}");
+    let mut forged = redis::pipe();
+    for channel in &channels {
+        for owner in owners {
+            for token in 1..=50 {
+                let tag = format!("{:040x}", rand::random::<u128>());
+                for message in [
+                    format!("{owner}:{token}"),
+                    format!("{owner}:{token}:{}", "0".repeat(40)),
+                    format!("{owner}:{token}:{tag}"),
+                ] {
+                    forged.cmd("PUBLISH").arg(channel).arg(message).ignore();
+                }
+            }
+        }
+    }
+    let () = forged
+        .query_async(&mut con)
+        .await
+        .expect("the user publishes");
+    // The server sent every message out before it answers a command sent after them.
+    let _: i64 = redis::cmd("PUBSUB")
+        .arg("NUMPAT")
+        .query_async(&mut con)
+        .await
+        .expect("PUBSUB NUMPAT");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (owner, task) in owners.iter().zip(&tasks) {
+        assert!(!task.is_finished(), "waiter {owner} took a forged permit");
+    }
+
+    held.release().await.expect("release");
+    let mut last = FencingToken(0);
+    for (owner, task) in owners.iter().zip(tasks) {
+        let permit = within(30 * SEC, "a waiter's permit", task)
+            .await
+            .expect("task")
+            .expect("acquire");
+        assert_eq!(permit.lease().owner(), *owner, "granted out of queue order");
+        assert!(
+            permit.fencing_token() > last,
+            "tokens went {last} then {}",
+            permit.fencing_token()
+        );
+        last = permit.fencing_token();
+        permit.release().await.expect("release");
+    }
+}
+
 /// A semaphore and the lock of the same name are two objects, on a single server and in a
 /// Cluster: all permits held, the lock is free (and the other way round); the lock's queue does
 /// not see the semaphore's waiters; the semaphore's tokens are its own sequence. On a single

@@ -52,7 +52,14 @@ impl Node {
                 floor,
             )
             .arg(permits)
-            .arg(if queued { "1" } else { "0" });
+            .arg(if queued { "1" } else { "0" })
+            // What a release that hands this waiter a permit tags its message with.
+            .arg(
+                self.shared
+                    .hub
+                    .secret_of(&owner.to_string())
+                    .unwrap_or_default(),
+            );
         let value = self.run("acquire permit", name, &call).await?;
         match replies::parse_permit(&value, owner)
             .map_err(|e| protocol_error("acquire permit", Some(name), e))?

@@ -6,8 +6,10 @@
 //! one client that can use it, however many clients wait on the name. The hub wakes the waiter
 //! the payload names. `Notify::notify_one` stores a permit, so a message that arrives while the
 //! waiter is busy re-checking is not lost. A semaphore's release that handed the waiter a permit
-//! says so in the payload, `<owner id>:<token>`: the hub keeps the token for the waiter
-//! ([`Registration::handed`]), which then holds without another request.
+//! says so in the payload, `<owner id>:<token>:<tag>`: where the tag is the one the waiter's
+//! secret makes (stored with its queue entry and never sent), the hub keeps the token for the
+//! waiter ([`Registration::handed`]), which then holds without another request. Anyone allowed
+//! to `PUBLISH` can send a message, so one without that tag only wakes.
 //!
 //! Two routes ([`Route`]):
 //! * **One channel per client** (a single server, and a Cluster older than Redis 7): the
@@ -119,12 +121,39 @@ pub(crate) struct Hub {
 }
 
 /// What the hub keeps for one registered waiter.
-#[derive(Default)]
 struct Waiter {
     /// Told to re-check.
     notify: Notify,
     /// The token of a permit a release handed this waiter (0: none).
     handed: AtomicU64,
+    /// The waiter's secret, 32 hex digits (see the module docs).
+    secret: String,
+}
+
+impl Waiter {
+    fn new() -> Self {
+        let bytes: [u8; 16] = rand::random();
+        Waiter {
+            notify: Notify::new(),
+            handed: AtomicU64::new(0),
+            secret: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+
+    /// Whether `tag` is what `sem_release.lua` makes of the grant of `token` to `owner` with
+    /// this waiter's secret: the SHA-1 of `<secret>:<owner>:<token>:<secret>`, in hex.
+    fn signed(&self, owner: &str, token: u64, tag: &str) -> bool {
+        let secret = &self.secret;
+        let text = format!("{secret}:{owner}:{token}:{secret}");
+        let mine = sha1_smol::Sha1::from(text.as_bytes()).digest().to_string();
+        // Compared in full whatever differs first: how long a wrong tag took says nothing.
+        mine.len() == tag.len()
+            && mine
+                .bytes()
+                .zip(tag.bytes())
+                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+                == 0
+    }
 }
 
 /// A waiter's entry in a node's wake-up hub ([`Node::register`](super::Node::register));
@@ -149,9 +178,10 @@ impl Registration {
         self.entry.notify.notified().await;
     }
 
-    /// The token of a semaphore permit a release handed this waiter, if a message said so
-    /// (taken: a second call returns `None`). The waiter holds that permit: its lease runs from
-    /// the waiter's last attempt that was answered with a place in the queue.
+    /// The token of a semaphore permit a release handed this waiter, if a message tagged with
+    /// this waiter's secret said so (taken: a second call returns `None`). The waiter holds that
+    /// permit: its lease runs from the waiter's last attempt that was answered with a place in
+    /// the queue.
     pub fn handed(&self) -> Option<u64> {
         match self.entry.handed.swap(0, Ordering::AcqRel) {
             0 => None,
@@ -202,7 +232,7 @@ impl Hub {
     /// whether the channel is already confirmed subscribed on the live subscriber connection:
     /// if so, any wake-up published on it after this call reaches the waiter.
     pub(crate) fn register(self: &Arc<Self>, waiter: &str, channel: &str) -> (Registration, bool) {
-        let waiting = Arc::new(Waiter::default());
+        let waiting = Arc::new(Waiter::new());
         let mut state = self.state();
         state.waiters.insert(waiter.to_owned(), waiting.clone());
         let entry = state.channels.entry(channel.to_owned()).or_insert(Channel {
@@ -300,21 +330,36 @@ impl Hub {
         Ok((generation, sink))
     }
 
-    /// Wakes the waiter a message names (`<owner id>`, or `<owner id>:<token>` for a handed
-    /// permit, whose token it keeps for the waiter).
+    /// The secret of the registered `waiter` (see the module docs), which its queue entry
+    /// stores; `None` when it is not registered.
+    pub(crate) fn secret_of(&self, waiter: &str) -> Option<String> {
+        self.state().waiters.get(waiter).map(|w| w.secret.clone())
+    }
+
+    /// Wakes the waiter a message names (`<owner id>`, or `<owner id>:<token>:<tag>` for a
+    /// handed permit, whose token it keeps for the waiter when the tag checks out).
     fn deliver(&self, payload: &[u8]) {
         self.received.fetch_add(1, Ordering::Relaxed);
         let Ok(text) = std::str::from_utf8(payload) else {
             return;
         };
-        let (id, token) = match text.split_once(':') {
-            Some((id, token)) => (id, token.parse::<u64>().ok()),
-            None => (text, None),
-        };
+        let mut parts = text.splitn(3, ':');
+        let id = parts.next().unwrap_or_default();
+        let token = parts.next().and_then(|t| t.parse::<u64>().ok());
+        let tag = parts.next();
         let state = self.state();
         if let Some(w) = state.waiters.get(id) {
-            if let Some(token) = token.filter(|t| *t > 0) {
-                w.handed.store(token, Ordering::Release);
+            match (token.filter(|t| *t > 0), tag) {
+                (Some(token), Some(tag)) if w.signed(id, token, tag) => {
+                    w.handed.store(token, Ordering::Release);
+                }
+                (Some(_), _) => {
+                    tracing::debug!(
+                        waiter = id,
+                        "a hand-over message without the waiter's tag; only woken"
+                    );
+                }
+                _ => {}
             }
             w.notify.notify_one();
         }

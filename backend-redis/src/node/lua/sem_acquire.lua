@@ -1,7 +1,8 @@
 -- SEM_ACQUIRE: KEYS holders, fence, queue, alive, seq, count, terms (the semaphore's keys)
 --              ARGV owner, ttl_ms, mode ('try' | 'wait'), alive_ms, client id, wakes (channel
 --                   prefix), token floor (0 = none), permits, queued ('1': an earlier attempt
---                   of this owner was answered with a place in the queue)
+--                   of this owner was answered with a place in the queue), secret (the
+--                   waiter's, 32 hex digits: see `sem_release.lua`; empty for a try)
 -- Returns {1, token, owner} when a permit is granted now; {2, token, owner} when a release
 -- handed this queued owner a permit before this attempt ran (its lease runs from the owner's
 -- last queued attempt, not from this one: see `sem_release.lua`); {0, ms until the earliest
@@ -17,8 +18,9 @@
 --   queue, alive, seq  the FIFO queue of waiters, as a lock's (see common.lua)
 --   count   the count recorded while the semaphore is in use (a live holder or a queued waiter);
 --           once nobody holds or waits, the next caller's count becomes the semaphore's
---   terms   HASH from each queue entry to `<alive_ms> <ttl_ms> <token floor>`, its terms as it
---           joined the queue: what a release needs to grant the entry a permit in its place
+--   terms   HASH from each queue entry to `<alive_ms> <ttl_ms> <token floor> <secret>`, its
+--           terms as it joined the queue: what a release needs to grant the entry a permit in
+--           its place, and to tag the message that tells it so
 --
 -- 'try':  grant if fewer than `permits` permits are live and nobody (alive) is queued: a try
 --         never jumps the queue.
@@ -97,7 +99,7 @@ if free and (rank == 0 or (not rank and queued == 0)) then
   return {1, token, owner}
 end
 if not rank then
-  redis.call('HSET', terms, entry, ARGV[4] .. ' ' .. ARGV[2] .. ' ' .. floor)
+  redis.call('HSET', terms, entry, ARGV[4] .. ' ' .. ARGV[2] .. ' ' .. floor .. ' ' .. ARGV[10])
 end
 rank = queue_up(queue, alive, seq, entry, rank, now + alive_ms)
 if pruned > 0 and free then

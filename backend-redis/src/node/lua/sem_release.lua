@@ -8,9 +8,13 @@
 --
 -- A permit's release then hands the free permits to the live head waiters in queue order, here,
 -- in the same write: each gets the semaphore's next token and a permit member, leaves the queue,
--- and is told `<owner id>:<token>` on its client's channel, so it holds without another request
--- (a waiter that misses the message finds its permit on its next attempt: `sem_acquire.lua`,
--- queued). Its lease cannot start at this release: the waiter's client does not know when the
+-- and is told `<owner id>:<token>:<tag>` on its client's channel, so it holds without another
+-- request (a waiter that misses the message finds its permit on its next attempt:
+-- `sem_acquire.lua`, queued). Anyone allowed to PUBLISH can send such a message, so the tag
+-- proves it came from here: the SHA-1 of `<secret>:<owner id>:<token>:<secret>`, with the
+-- secret the waiter stored in its terms, which no message ever carries. A waiter takes a message
+-- whose tag does not check out only as a wake-up (an entry without a secret, from an older
+-- client, is told `<owner id>:<token>` alone). Its lease cannot start at this release: the waiter's client does not know when the
 -- release ran. It starts where the waiter's own clock can place it, at its last queued attempt:
 -- the permit runs out `ttl` after the server time of the waiter's last liveness refresh
 -- (`alive` minus the `alive_ms` of its terms), which no earlier than the client sent that
@@ -63,7 +67,7 @@ while free > 0 do
   if not t or not alive_until then
     break
   end
-  local alive_ms, ttl, floor = string.match(t, '^(%d+) (%d+) (%d+)$')
+  local alive_ms, ttl, floor, secret = string.match(t, '^(%d+) (%d+) (%d+) ?(%x*)$')
   if not alive_ms then
     break
   end
@@ -75,6 +79,9 @@ while free > 0 do
   redis.call('ZREM', queue, head)
   redis.call('ZREM', alive, head)
   redis.call('HDEL', terms, head)
+  if secret ~= '' then
+    member = member .. ':' .. redis.sha1hex(secret .. ':' .. member .. ':' .. secret)
+  end
   tell(wakes, head, member)
   free = free - 1
   handed = handed + 1
