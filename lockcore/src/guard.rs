@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::held::{LostReason, Shared, lock};
 use crate::{DistributedLock, Error, FencingToken, KeepAlive, Lease, LockName, Released, Result};
@@ -50,6 +50,32 @@ impl LeaseWatch {
     /// Cancel safe: it only observes.
     pub async fn lost(&self) -> LostReason {
         self.shared.lost().await
+    }
+
+    /// The instant by which work under this lock must have stopped: the end of the lease as
+    /// last renewed (the start of the request that granted or renewed it, plus its ttl, less
+    /// the drift allowance). Each renewal moves it later. No I/O.
+    pub fn deadline(&self) -> Instant {
+        lock(&self.shared.lease).valid_until()
+    }
+
+    /// Resolves when less than `margin` is left before the [`deadline`](Self::deadline) and no
+    /// renewal has moved it further by then, or as soon as the lock is lost, whichever comes
+    /// first; with the reason the lock is lost for, or will be unless a renewal still gets
+    /// through ([`LostReason::ConnectionLost`] after a failed renewal,
+    /// [`LostReason::RenewalLimit`] at the keep-alive cap, [`LostReason::Expired`] without
+    /// keep-alive).
+    ///
+    /// This is the signal to stop work that needs time to stop: select on it with `margin` at
+    /// least that time, and have stopped by the deadline. Keep-alive renews at a third of the
+    /// ttl, so while renewals succeed the deadline stays about two thirds of the ttl ahead, and
+    /// a margin of up to a third of the ttl fires only when renewals fail, stall or are
+    /// capped.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    pub async fn expiring(&self, margin: Duration) -> LostReason {
+        self.shared.expiring(margin).await
     }
 }
 
@@ -154,6 +180,36 @@ impl LockGuard {
     /// Cancel safe.
     pub async fn lost(&self) -> LostReason {
         self.watch.lost().await
+    }
+
+    /// The instant by which work under this lock must have stopped; see
+    /// [`LeaseWatch::deadline`].
+    pub fn deadline(&self) -> Instant {
+        self.watch.deadline()
+    }
+
+    /// Resolves when the lease is within `margin` of its [`deadline`](Self::deadline) with no
+    /// renewal in sight, or is lost; see [`LeaseWatch::expiring`].
+    ///
+    /// ```no_run
+    /// # async fn demo(guard: lockcore::LockGuard) {
+    /// use std::time::Duration;
+    ///
+    /// tokio::select! {
+    ///     _ = work() => {}
+    ///     reason = guard.expiring(Duration::from_secs(2)) => {
+    ///         // Renewals are failing: stop, within the 2 s left before guard.deadline().
+    ///         eprintln!("stopping: {reason}");
+    ///     }
+    /// }
+    /// # }
+    /// # async fn work() {}
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn expiring(&self, margin: Duration) -> LostReason {
+        self.watch.expiring(margin).await
     }
 
     /// Extends the lease to `ttl` from now, by hand (keep-alive does this on its own).

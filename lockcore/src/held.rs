@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
@@ -108,6 +108,31 @@ impl Shared {
             tokio::select! {
                 _ = set => {}
                 _ = tokio::time::sleep_until(until.into()) => {}
+            }
+        }
+    }
+
+    /// Resolves as [`lost`](Self::lost) does, or `margin` before `valid_until` when no renewal
+    /// has moved it further by then, with the reason the lock is lost for, or would be if it
+    /// is not renewed in time (the fallback).
+    pub(crate) async fn expiring(&self, margin: Duration) -> LostReason {
+        loop {
+            let set = self.lost_set.notified();
+            if let Some(reason) = self.lost_reason() {
+                return reason;
+            }
+            let until = lock(&self.lease).valid_until();
+            let warn_at = until.checked_sub(margin).unwrap_or(until);
+            if Instant::now() >= warn_at {
+                if Instant::now() >= until {
+                    self.set_lost(self.fallback());
+                    continue;
+                }
+                return self.fallback();
+            }
+            tokio::select! {
+                _ = set => {}
+                _ = tokio::time::sleep_until(warn_at.into()) => {}
             }
         }
     }

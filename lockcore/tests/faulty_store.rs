@@ -315,6 +315,46 @@ async fn failing_renewals_report_connection_lost_when_the_lease_runs_out() {
     );
 }
 
+/// `expiring(margin)` is the holder's signal to stop in time: while renewals succeed, a margin
+/// of a sixth of the ttl never fires (each renewal moves the deadline); once they fail, it fires
+/// with `ConnectionLost` no earlier than `margin` before the deadline, and `lost()` follows,
+/// with the same reason, no earlier than the deadline itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiring_warns_ahead_of_the_deadline_once_renewals_fail() {
+    let f = Faulty::new("renew-warns");
+    let locks: Arc<dyn DistributedLock> = f.clone();
+    let (ttl, margin) = (Duration::from_secs(6), Duration::from_secs(1));
+    let opts = AcquireOptions::new()
+        .ttl(ttl)
+        .keep_alive(KeepAlive::renew());
+    let g = locks.lock("x", &opts).await.expect("acquire");
+    let first = g.deadline();
+    let quiet = tokio::time::timeout(Duration::from_secs(7), g.expiring(margin)).await;
+    assert!(
+        quiet.is_err(),
+        "expiring fired while renewals succeeded: {quiet:?}"
+    );
+    assert!(g.deadline() > first, "renewals did not move the deadline");
+
+    f.fail_extend.store(true, Ordering::SeqCst);
+    let reason = tokio::time::timeout(Duration::from_secs(30), g.expiring(margin))
+        .await
+        .expect("expiring() fires");
+    let warned = Instant::now();
+    assert_eq!(reason, LostReason::ConnectionLost);
+    assert!(
+        warned + margin >= g.deadline(),
+        "fired more than the margin before the deadline"
+    );
+    assert_eq!(g.deadline(), g.lease().valid_until());
+    let lost = tokio::time::timeout(Duration::from_secs(30), g.lost())
+        .await
+        .expect("lost() fires");
+    assert_eq!(lost, LostReason::ConnectionLost);
+    assert!(Instant::now() >= g.deadline());
+    assert!(!g.is_held());
+}
+
 /// A renewal that never answers (the store vanished without refusing connections) ends in
 /// `ConnectionLost`, not `Expired`, every time: the renewer gives up on it before the lease's end,
 /// so its verdict is in before `lost()` looks at the lease running out.
