@@ -33,8 +33,9 @@ enum Command {
     ///
     /// The command gets DLOCK_FENCING_TOKEN (the acquisition's fencing token, a decimal number
     /// that grows with every acquisition of the name) and DLOCK_LOCK_NAME in its environment.
-    /// The lease is renewed in the background (at ttl/3) while the command runs. If the lock is
-    /// lost, the command gets SIGTERM, then SIGKILL after --grace, and dlock exits 76. SIGINT,
+    /// The lease is renewed in the background (at ttl/3) while the command runs. If renewals
+    /// fail, the command (with the processes it started) gets SIGTERM and then SIGKILL before
+    /// the lease ends (see --grace), and dlock exits 76. SIGINT,
     /// SIGTERM and SIGHUP sent to dlock are forwarded to the command (a Ctrl-C typed at the
     /// terminal already reaches it and is not sent twice); dlock waits for it (SIGKILL after
     /// --grace), releases the lock and exits with the command's own status (128+N if signal N

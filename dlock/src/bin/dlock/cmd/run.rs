@@ -51,7 +51,12 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) shared: bool,
 
-    /// After SIGTERM (lock lost, or dlock interrupted), how long the command has before SIGKILL.
+    /// After SIGTERM, how long the command has before SIGKILL. When the lease cannot be renewed,
+    /// dlock sends SIGTERM so that SIGKILL still lands before the lease ends: the grace is then
+    /// at most a third of the ttl (less a tenth of it, at most 100 ms, for the kill), and the
+    /// SIGTERM goes out that long before the end. A lock lost outright (taken by another owner,
+    /// or dlock frozen past its lease) gets the command SIGKILL at once. Both reach the
+    /// processes the command started too.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub(crate) grace: Duration,
 
@@ -391,7 +396,26 @@ struct Outcome {
     signal: Option<i32>,
 }
 
+/// How long before the lease's end the command must be dead: SIGKILL goes out then at the
+/// latest. A tenth of the ttl, at most 100 ms.
+fn kill_margin(ttl: Duration) -> Duration {
+    (ttl / 10).min(Duration::from_millis(100))
+}
+
+/// How long a command gets between SIGTERM and SIGKILL when the lock cannot be kept: `grace`,
+/// cut so that the SIGTERM goes out no earlier than a third of the ttl before the lease's end
+/// (while renewals succeed, more than that is always left, so it never fires then) and the
+/// SIGKILL before the end.
+fn lease_grace(grace: Duration, ttl: Duration) -> Duration {
+    grace.min((ttl / 3).saturating_sub(kill_margin(ttl)))
+}
+
 /// Waits for the child while watching the lease and dlock's signals.
+///
+/// When renewals fail, the command gets SIGTERM once [`lease_grace`] and [`kill_margin`] are
+/// all that is left of the lease, and SIGKILL [`kill_margin`] before its end; a lock that is
+/// lost outright (taken, or dlock itself was frozen past the lease) kills it at once. Both go to
+/// the processes the command started as well ([`sys::signal_tree`], [`sys::kill_tree`]).
 async fn supervise(
     mut child: Child,
     guard: &LockGuard,
@@ -399,17 +423,23 @@ async fn supervise(
     args: &RunArgs,
 ) -> Outcome {
     let watch = guard.watch();
+    let ttl = watch.lease().ttl();
+    let (kill_margin, grace) = (kill_margin(ttl), lease_grace(args.grace, ttl));
     let lost = watch.lost();
-    tokio::pin!(lost);
+    let ending = watch.expiring(grace + kill_margin);
+    let end = watch.expiring(kill_margin);
+    tokio::pin!(lost, ending, end);
     let mut outcome = Outcome {
         status: None,
         lost: None,
         signal: None,
     };
     let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
     let far = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
     let pid = child.id();
     let program = display_command(args);
+    let left = || show(watch.deadline().saturating_duration_since(Instant::now()));
     loop {
         tokio::select! {
             biased;
@@ -420,15 +450,36 @@ async fn supervise(
                 }
                 return outcome;
             }
-            reason = &mut lost, if outcome.lost.is_none() => {
+            reason = &mut lost, if !killed => {
+                outcome.lost.get_or_insert(reason);
+                eprintln!(
+                    "dlock: lost {} while `{program}` was running: {reason}; sending it SIGKILL",
+                    what(args)
+                );
+                kill(&child);
+                killed = true;
+            }
+            reason = &mut end, if !killed => {
+                outcome.lost.get_or_insert(reason);
+                eprintln!(
+                    "dlock: {} ends in {} ({reason}) and `{program}` is still running; sending it SIGKILL",
+                    what(args),
+                    left()
+                );
+                kill(&child);
+                killed = true;
+            }
+            reason = &mut ending, if outcome.lost.is_none() => {
                 outcome.lost = Some(reason);
                 eprintln!(
-                    "dlock: lost {} while `{program}` was running: {reason}; sending it SIGTERM (SIGKILL after {})",
+                    "dlock: cannot keep {} ({reason}); it ends in {}: sending `{program}` SIGTERM (SIGKILL in {})",
                     what(args),
-                    show(args.grace)
+                    left(),
+                    show(grace)
                 );
-                terminate(&child, libc::SIGTERM);
-                kill_at.get_or_insert(Instant::now() + args.grace);
+                terminate(&child, libc::SIGTERM, true);
+                let at = Instant::now() + grace;
+                kill_at = Some(kill_at.map_or(at, |k| k.min(at)));
             }
             sig = signals.recv() => {
                 outcome.signal.get_or_insert(sig);
@@ -436,27 +487,41 @@ async fn supervise(
                     tracing::info!("SIGINT from the terminal already reached the command; not forwarding");
                 } else {
                     tracing::info!(signal = signal_name(sig), ?pid, "forwarding to the command");
-                    terminate(&child, sig);
+                    terminate(&child, sig, false);
                 }
                 kill_at.get_or_insert(Instant::now() + args.grace);
             }
-            _ = tokio::time::sleep_until(kill_at.unwrap_or(far).into()), if kill_at.is_some() => {
-                eprintln!("dlock: `{program}` did not exit within {} of SIGTERM; sending SIGKILL", show(args.grace));
-                if let Err(e) = child.start_kill() {
-                    tracing::warn!(error = %e, "SIGKILL failed");
-                }
+            _ = tokio::time::sleep_until(kill_at.unwrap_or(far).into()), if kill_at.is_some() && !killed => {
+                eprintln!("dlock: `{program}` did not exit after SIGTERM; sending SIGKILL");
+                kill(&child);
+                killed = true;
                 kill_at = None;
             }
         }
     }
 }
 
-/// Sends `signal` to the child unless it has already been reaped.
-fn terminate(child: &Child, signal: i32) {
-    if let Some(pid) = child.id()
-        && let Err(e) = sys::send_signal(pid, signal)
-    {
+/// Sends `signal` to the child unless it has already been reaped; with `tree`, to the processes
+/// it started too.
+fn terminate(child: &Child, signal: i32, tree: bool) {
+    let Some(pid) = child.id() else {
+        return;
+    };
+    let sent = match tree {
+        true => sys::signal_tree(pid, signal),
+        false => sys::send_signal(pid, signal),
+    };
+    if let Err(e) = sent {
         tracing::warn!(pid, signal = signal_name(signal), error = %e, "cannot signal the command");
+    }
+}
+
+/// Kills the child and the processes it started, unless it has already been reaped.
+fn kill(child: &Child) {
+    if let Some(pid) = child.id()
+        && let Err(e) = sys::kill_tree(pid)
+    {
+        tracing::warn!(pid, error = %e, "SIGKILL failed");
     }
 }
 
