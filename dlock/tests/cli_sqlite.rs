@@ -246,6 +246,45 @@ fn the_default_store_is_a_per_user_sqlite_file() {
     assert!(stdout(&o).contains("free"), "{}", stdout(&o));
 }
 
+/// A variable the test kit and `dlock bench --processes` set for the children they start does
+/// not, inherited by a user's `dlock run`, make it one of those children: the command runs
+/// under the lock.
+#[test]
+fn child_role_variables_in_the_environment_do_not_change_what_run_does() {
+    for var in ["DLOCK_CT_CHILD_TARGET", "DLOCK_BENCH_CLIENT"] {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let script = format!(
+            "echo \"$DLOCK_LOCK_NAME $DLOCK_FENCING_TOKEN\" > {}",
+            ran.display()
+        );
+        let o = dlock()
+            .args(["run", "--url", &url(dir.path()), "--name", "n", "--"])
+            .args(["sh", "-c", &script])
+            .env(var, "x")
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{var}: {}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+        let got = std::fs::read_to_string(&ran).unwrap_or_default();
+        let mut words = got.split_whitespace();
+        assert_eq!(
+            words.next(),
+            Some("n"),
+            "{var}: the command did not run under the lock"
+        );
+        assert!(
+            words.next().is_some_and(|t| t.parse::<u64>().is_ok()),
+            "{var}: no fencing token: {got:?}"
+        );
+    }
+}
+
 #[test]
 fn bench_json_on_sqlite_parses() {
     let dir = tempfile::tempdir().unwrap();
