@@ -196,59 +196,32 @@ async fn second_side_connection_lost_fires_lost() {
     side_lost("second").await;
 }
 
-/// A memory store whose next renewal, once armed, finds the lease lost.
+/// A memory store that misbehaves on cue: its next renewal, once armed, finds the lease lost;
+/// and its interrupted waits are cleaned up the way a networked backend's are (by owner id:
+/// whatever the id holds on the name is released), and late: the clean-up reaches the store
+/// right after the store's next grant, or a second after the wait was dropped.
 #[derive(Debug)]
-struct LosesRenewal {
-    inner: MemoryLock,
-    lose_next: AtomicBool,
-    lost: tokio::sync::Notify,
-}
-
-#[async_trait]
-impl DistributedLock for LosesRenewal {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn defaults(&self) -> ClientDefaults {
-        self.inner.defaults()
-    }
-    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
-        self.inner.try_acquire(name, opts).await
-    }
-    async fn acquire_wait(
-        &self,
-        name: &LockName,
-        opts: &AcquireOptions,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Lease>> {
-        self.inner.acquire_wait(name, opts, deadline).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<Released> {
-        self.inner.release(lease).await
-    }
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        if self.lose_next.swap(false, Ordering::SeqCst) {
-            self.lost.notify_one();
-            return Err(Error::lock_lost("memory", lease.name(), "extend"));
-        }
-        self.inner.extend(lease, ttl).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
-        self.inner.inspect(name).await
-    }
-}
-
-/// A memory store whose interrupted waits are cleaned up the way a networked backend's are (by
-/// owner id: whatever the id holds on the name is released), and late: the clean-up reaches
-/// the store right after the store's next grant, or a second after the wait was dropped.
-#[derive(Debug)]
-struct SlowCleanup {
+struct Rigged {
     inner: MemoryLock,
     namespace: String,
+    lose_next_renewal: AtomicBool,
+    lost: tokio::sync::Notify,
     grants: tokio::sync::watch::Sender<u64>,
 }
 
-/// The state of a [`SlowCleanup`] wait: what its clean-up needs.
+impl Rigged {
+    fn new(namespace: &str) -> Arc<Self> {
+        Arc::new(Rigged {
+            inner: MemoryLock::new(namespace),
+            namespace: namespace.to_owned(),
+            lose_next_renewal: AtomicBool::new(false),
+            lost: tokio::sync::Notify::new(),
+            grants: tokio::sync::watch::Sender::new(0),
+        })
+    }
+}
+
+/// The state of a [`Rigged`] wait: what its clean-up needs.
 type Waiting = (String, LockName, OwnerId, tokio::sync::watch::Receiver<u64>);
 
 fn release_late((ns, name, owner, mut grants): Waiting) -> Undo {
@@ -272,7 +245,7 @@ fn release_late((ns, name, owner, mut grants): Waiting) -> Undo {
 }
 
 #[async_trait]
-impl DistributedLock for SlowCleanup {
+impl DistributedLock for Rigged {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
@@ -290,11 +263,11 @@ impl DistributedLock for SlowCleanup {
     ) -> Result<Option<Lease>> {
         let owner = opts
             .owner_value()
-            .expect("dual names its owner on the second store");
+            .expect("dual names its owner on both stores");
         let mut grants = self.grants.subscribe();
         grants.mark_unchanged();
         let armed = CleanupGuard::arm(
-            "slow-cleanup",
+            "rigged",
             name,
             (self.namespace.clone(), name.clone(), owner, grants),
             release_late,
@@ -310,6 +283,10 @@ impl DistributedLock for SlowCleanup {
         self.inner.release(lease).await
     }
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        if self.lose_next_renewal.swap(false, Ordering::SeqCst) {
+            self.lost.notify_one();
+            return Err(Error::lock_lost("memory", lease.name(), "extend"));
+        }
         self.inner.extend(lease, ttl).await
     }
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
@@ -327,16 +304,8 @@ async fn a_round_given_up_after_the_first_hold_was_lost_does_not_free_the_next()
     for chosen in [None, Some(OwnerId::random())] {
         let tag = if chosen.is_some() { "chosen" } else { "fresh" };
         let (first_ns, second_ns) = (format!("first-lost-1-{tag}"), format!("first-lost-2-{tag}"));
-        let first = Arc::new(LosesRenewal {
-            inner: MemoryLock::new(&first_ns),
-            lose_next: AtomicBool::new(true),
-            lost: tokio::sync::Notify::new(),
-        });
-        let second = Arc::new(SlowCleanup {
-            inner: MemoryLock::new(&second_ns),
-            namespace: second_ns.clone(),
-            grants: tokio::sync::watch::Sender::new(0),
-        });
+        let (first, second) = (Rigged::new(&first_ns), Rigged::new(&second_ns));
+        first.lose_next_renewal.store(true, Ordering::SeqCst);
         let config = DualConfig::parse(&dual_url(
             &format!("memory://{first_ns}"),
             &format!("memory://{second_ns}"),
