@@ -1,16 +1,25 @@
 //! Faults only a composite has: one of its two stores unreachable while the other is held,
-//! and one side's connection lost under a holder. The stores are a kit ZooKeeper server and a
-//! kit Redis server, each behind the kit's proxy where the scenario cuts the link. (A dual
-//! client killed -9 is in dlock/tests/cli_dual.rs, which has the `dlock` binary to kill.)
+//! one side's connection lost under a holder, and the first store's hold lost while the second
+//! is awaited. The stores are a kit ZooKeeper server and a kit Redis server, each behind the
+//! kit's proxy where the scenario cuts the link, or memory stores wrapped to misbehave on cue.
+//! (A dual client killed -9 is in dlock/tests/cli_dual.rs, which has the `dlock` binary to
+//! kill.)
 
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
+use backend_dual::{DualConfig, DualLock};
 use conformance_tests::kit::{Fault, Proxy, Redis, ZooKeeper};
 use conformance_tests::{FencedResource, History};
-use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LostReason, Wait};
+use lockcore::cleanup::{CleanupGuard, Undo};
+use lockcore::{
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, KeepAlive, Lease,
+    LockExt, LockInfo, LockName, LostReason, MemoryLock, OwnerId, Released, Result, Wait,
+    async_trait,
+};
 
 use common::dual_url;
 
@@ -185,4 +194,179 @@ async fn first_side_connection_lost_fires_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_side_connection_lost_fires_lost() {
     side_lost("second").await;
+}
+
+/// A memory store that misbehaves on cue: its next renewal, once armed, finds the lease lost;
+/// and its interrupted waits are cleaned up the way a networked backend's are (by owner id:
+/// whatever the id holds on the name is released), and late: the clean-up reaches the store
+/// right after the store's next grant, or a second after the wait was dropped.
+#[derive(Debug)]
+struct Rigged {
+    inner: MemoryLock,
+    namespace: String,
+    lose_next_renewal: AtomicBool,
+    lost: tokio::sync::Notify,
+    grants: tokio::sync::watch::Sender<u64>,
+}
+
+impl Rigged {
+    fn new(namespace: &str) -> Arc<Self> {
+        Arc::new(Rigged {
+            inner: MemoryLock::new(namespace),
+            namespace: namespace.to_owned(),
+            lose_next_renewal: AtomicBool::new(false),
+            lost: tokio::sync::Notify::new(),
+            grants: tokio::sync::watch::Sender::new(0),
+        })
+    }
+}
+
+/// The state of a [`Rigged`] wait: what its clean-up needs.
+type Waiting = (String, LockName, OwnerId, tokio::sync::watch::Receiver<u64>);
+
+fn release_late((ns, name, owner, mut grants): Waiting) -> Undo {
+    Undo::Spawn(Box::pin(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(1), grants.changed()).await;
+        let store = MemoryLock::new(&ns);
+        let Some(LockInfo {
+            holder: Some(holder),
+            token: Some(token),
+            ..
+        }) = store.inspect(&name).await?
+        else {
+            return Ok(false);
+        };
+        if holder != owner.to_string() {
+            return Ok(false);
+        }
+        let lease = Lease::new(name, owner, token, Instant::now(), SEC, Duration::ZERO);
+        Ok(store.release(&lease).await? == Released::Released)
+    }))
+}
+
+#[async_trait]
+impl DistributedLock for Rigged {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn defaults(&self) -> ClientDefaults {
+        self.inner.defaults()
+    }
+    async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
+        self.inner.try_acquire(name, opts).await
+    }
+    async fn acquire_wait(
+        &self,
+        name: &LockName,
+        opts: &AcquireOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Lease>> {
+        let owner = opts
+            .owner_value()
+            .expect("dual names its owner on both stores");
+        let mut grants = self.grants.subscribe();
+        grants.mark_unchanged();
+        let armed = CleanupGuard::arm(
+            "rigged",
+            name,
+            (self.namespace.clone(), name.clone(), owner, grants),
+            release_late,
+        );
+        let got = self.inner.acquire_wait(name, opts, deadline).await;
+        let _ = armed.disarm();
+        if matches!(got, Ok(Some(_))) {
+            self.grants.send_modify(|n| *n += 1);
+        }
+        got
+    }
+    async fn release(&self, lease: &Lease) -> Result<Released> {
+        self.inner.release(lease).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
+        if self.lose_next_renewal.swap(false, Ordering::SeqCst) {
+            self.lost.notify_one();
+            return Err(Error::lock_lost("memory", lease.name(), "extend"));
+        }
+        self.inner.extend(lease, ttl).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+/// The first store's hold is lost while a dual acquire waits for the second store; the acquire
+/// starts over, while the abandoned wait's clean-up on the second store (which frees whatever
+/// its owner id holds there) is still on its way and lands just after the second store's next
+/// grant. The new round's hold survives it, with an owner id of its own or, under one the
+/// caller chose, by starting only once that clean-up has ended (and keeping the caller's id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_given_up_after_the_first_hold_was_lost_does_not_free_the_next() {
+    for chosen in [None, Some(OwnerId::random())] {
+        let tag = if chosen.is_some() { "chosen" } else { "fresh" };
+        let (first_ns, second_ns) = (format!("first-lost-1-{tag}"), format!("first-lost-2-{tag}"));
+        let (first, second) = (Rigged::new(&first_ns), Rigged::new(&second_ns));
+        first.lose_next_renewal.store(true, Ordering::SeqCst);
+        let config = DualConfig::parse(&dual_url(
+            &format!("memory://{first_ns}"),
+            &format!("memory://{second_ns}"),
+            "",
+        ))
+        .expect("dual config");
+        let dual = DualLock::new(first.clone(), second.clone(), config).expect("compose");
+        let name = LockName::new("job").unwrap();
+        let ttl = 3 * SEC;
+        // A second-only client holds the name, so the dual acquire waits on the second store.
+        let blocker = MemoryLock::new(&second_ns)
+            .try_acquire(&name, &AcquireOptions::new().ttl(60 * SEC))
+            .await
+            .expect("blocker")
+            .expect("the second store is free");
+        let mut opts = AcquireOptions::new().ttl(ttl);
+        if let Some(owner) = chosen {
+            opts = opts.owner(owner);
+        }
+        let deadline = Instant::now() + 60 * SEC;
+        let acquiring = tokio::spawn(async move {
+            let got = dual.acquire_wait(&name, &opts, Some(deadline)).await;
+            (dual, got)
+        });
+        within(
+            30 * SEC,
+            "the first hold's lost renewal",
+            first.lost.notified(),
+        )
+        .await;
+        assert_eq!(
+            MemoryLock::new(&second_ns).release(&blocker).await.unwrap(),
+            Released::Released
+        );
+        let (dual, got) = within(30 * SEC, "the dual acquire", acquiring)
+            .await
+            .unwrap();
+        let lease = got
+            .expect("the dual acquire")
+            .expect("granted once the blocker left");
+        if let Some(owner) = chosen {
+            assert_eq!(
+                lease.owner(),
+                owner,
+                "{tag}: the caller's owner id was not kept"
+            );
+        }
+        assert!(
+            lockcore::cleanup::settle(30 * SEC).await,
+            "{tag}: clean-ups still running"
+        );
+        let held = second.inspect(lease.name()).await.unwrap();
+        assert_eq!(
+            held.as_ref().and_then(|i| i.holder.clone()),
+            Some(lease.owner().to_string()),
+            "{tag}: the abandoned round's clean-up freed the new round's hold on the second store: {held:?}"
+        );
+        let renewed = dual
+            .extend(&lease, ttl)
+            .await
+            .unwrap_or_else(|e| panic!("{tag}: the dual lease cannot be renewed: {e}"));
+        assert_eq!(dual.release(&renewed).await.unwrap(), Released::Released);
+    }
 }

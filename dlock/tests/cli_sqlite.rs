@@ -251,6 +251,105 @@ fn the_default_store_is_a_per_user_sqlite_file() {
     assert!(stdout(&o).contains("free"), "{}", stdout(&o));
 }
 
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(files_under(&path));
+        } else {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// A HOME (or XDG_STATE_HOME) with `%`, `?`, `#` and spaces in it names the default database
+/// file as written: the file is at `<state>/dlock/locks.db` and nowhere else, in a folder only
+/// its user can enter, and no one else can read it.
+#[test]
+fn the_default_store_path_is_taken_as_written() {
+    use std::os::unix::fs::PermissionsExt;
+    for var in ["HOME", "XDG_STATE_HOME"] {
+        let root = tempfile::tempdir().unwrap();
+        let odd = root.path().join("a %41 b?table=x#c d");
+        std::fs::create_dir(&odd).unwrap();
+        let mut cmd = dlock();
+        cmd.args(["run", "--name", "odd-home", "--", "true"]);
+        let dir = match var {
+            "HOME" => {
+                cmd.env("HOME", &odd);
+                odd.join(".local/state/dlock")
+            }
+            _ => {
+                cmd.env("HOME", root.path().join("unused"))
+                    .env("XDG_STATE_HOME", &odd);
+                odd.join("dlock")
+            }
+        };
+        let o = cmd.output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{var}: {}", stderr(&o));
+        let db = dir.join("locks.db");
+        assert!(db.is_file(), "{var}: no {}", db.display());
+        let elsewhere: Vec<_> = files_under(root.path())
+            .into_iter()
+            .filter(|f| f.parent() != Some(dir.as_path()))
+            .collect();
+        assert!(
+            elsewhere.is_empty(),
+            "{var}: files elsewhere: {elsewhere:?}"
+        );
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "{var}: the folder's mode");
+        assert_eq!(
+            mode(&db) & 0o077,
+            0,
+            "{var}: the file's mode {:o}",
+            mode(&db)
+        );
+    }
+}
+
+/// A variable the test kit and `dlock bench --processes` set for the children they start does
+/// not, inherited by a user's `dlock run`, make it one of those children: the command runs
+/// under the lock.
+#[test]
+fn child_role_variables_in_the_environment_do_not_change_what_run_does() {
+    for var in ["DLOCK_CT_CHILD_TARGET", "DLOCK_BENCH_CLIENT"] {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let script = format!(
+            "echo \"$DLOCK_LOCK_NAME $DLOCK_FENCING_TOKEN\" > {}",
+            ran.display()
+        );
+        let o = dlock()
+            .args(["run", "--url", &url(dir.path()), "--name", "n", "--"])
+            .args(["sh", "-c", &script])
+            .env(var, "x")
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{var}: {}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+        let got = std::fs::read_to_string(&ran).unwrap_or_default();
+        let mut words = got.split_whitespace();
+        assert_eq!(
+            words.next(),
+            Some("n"),
+            "{var}: the command did not run under the lock"
+        );
+        assert!(
+            words.next().is_some_and(|t| t.parse::<u64>().is_ok()),
+            "{var}: no fencing token: {got:?}"
+        );
+    }
+}
+
 #[test]
 fn bench_json_on_sqlite_parses() {
     let dir = tempfile::tempdir().unwrap();

@@ -23,31 +23,55 @@ static PENDING: AtomicUsize = AtomicUsize::new(0);
 static FINISHED: Notify = Notify::const_new();
 
 tokio::task_local! {
-    /// The attempt whose clean-ups are being spawned, while lockcore runs one (see
-    /// [`Attempt`]).
-    static ATTEMPT: Arc<Attempt>;
+    /// The attempts whose clean-ups are being spawned, innermost first (see [`Attempt`]).
+    static ATTEMPT: Arc<Scope>;
+}
+
+/// One [`Attempt`] in scope, and the one its run is nested in.
+#[derive(Debug)]
+struct Scope {
+    attempt: Arc<Attempt>,
+    outer: Option<Arc<Scope>>,
 }
 
 /// The clean-ups one acquire attempt spawned, so that a retry under the same owner id waits
 /// until they have ended: a clean-up deletes what its owner id holds or queued, and must not
 /// meet the retry's grant. Lockcore runs each attempt of a waiting acquire inside
-/// [`Attempt::run`]; every clean-up spawned while it runs (in the attempt, or as its future is
-/// dropped) is counted here as well as process-wide.
+/// [`Attempt::run`], and so does a composite that retries under one owner id (`dual://`);
+/// every clean-up spawned while it runs (in the attempt, or as its future is dropped) is
+/// counted here, in every attempt it is nested in, and process-wide.
 #[derive(Debug, Default)]
-pub(crate) struct Attempt {
+pub struct Attempt {
     pending: AtomicUsize,
     finished: Notify,
 }
 
 impl Attempt {
     /// Runs `attempt` with this tracker in scope (also while the future is dropped).
-    pub(crate) async fn run<F: Future>(self: &Arc<Self>, attempt: F) -> F::Output {
-        ATTEMPT.scope(self.clone(), attempt).await
+    ///
+    /// # Cancel safety
+    /// As cancel safe as `attempt`: dropping the future drops `attempt` with the tracker still
+    /// in scope, so what its drop spawns is counted.
+    ///
+    /// # Errors
+    /// None of its own; `attempt`'s output is returned as it is.
+    pub async fn run<F: Future>(self: &Arc<Self>, attempt: F) -> F::Output {
+        let scope = Scope {
+            attempt: self.clone(),
+            outer: ATTEMPT.try_with(Arc::clone).ok(),
+        };
+        ATTEMPT.scope(Arc::new(scope), attempt).await
     }
 
     /// Waits until every clean-up this attempt spawned has ended, or `deadline` passes;
     /// `true` when none is left.
-    pub(crate) async fn settle(&self, deadline: Option<Instant>) -> bool {
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only observes.
+    ///
+    /// # Errors
+    /// None; a clean-up that fails logs its own warning.
+    pub async fn settle(&self, deadline: Option<Instant>) -> bool {
         loop {
             let finished = self.finished.notified();
             tokio::pin!(finished);
@@ -67,26 +91,29 @@ impl Attempt {
     }
 }
 
-/// Counts a clean-up task (process-wide, and for the attempt that spawned it) until it ends,
+/// Counts a clean-up task (process-wide, and for the attempts that spawned it) until it ends,
 /// also when it is cancelled.
 struct Counted {
-    attempt: Option<Arc<Attempt>>,
+    attempts: Vec<Arc<Attempt>>,
 }
 
 impl Counted {
     fn new() -> Self {
         PENDING.fetch_add(1, Ordering::AcqRel);
-        let attempt = ATTEMPT.try_with(Arc::clone).ok();
-        if let Some(a) = &attempt {
-            a.pending.fetch_add(1, Ordering::AcqRel);
+        let mut attempts = Vec::new();
+        let mut scope = ATTEMPT.try_with(Arc::clone).ok();
+        while let Some(s) = scope {
+            s.attempt.pending.fetch_add(1, Ordering::AcqRel);
+            attempts.push(s.attempt.clone());
+            scope = s.outer.clone();
         }
-        Counted { attempt }
+        Counted { attempts }
     }
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        if let Some(a) = &self.attempt {
+        for a in &self.attempts {
             a.pending.fetch_sub(1, Ordering::AcqRel);
             a.finished.notify_waiters();
         }
@@ -346,6 +373,25 @@ mod tests {
             UNDONE.load(Ordering::SeqCst),
             "a dropped guard did not undo the attempt"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_nested_attempts_cleanup_counts_for_the_outer_one_too() {
+        let (outer, inner) = (Arc::new(Attempt::default()), Arc::new(Attempt::default()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        outer
+            .run(inner.run(async move {
+                spawn_counted(async move {
+                    let _ = rx.await;
+                })
+            }))
+            .await
+            .expect("a runtime");
+        let soon = Some(Instant::now() + Duration::from_millis(20));
+        assert!(!inner.settle(soon).await, "the inner attempt missed it");
+        assert!(!outer.settle(soon).await, "the outer attempt missed it");
+        tx.send(()).unwrap();
+        assert!(inner.settle(None).await && outer.settle(None).await);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockcore::cleanup::{CleanupGuard, Undo};
+use lockcore::cleanup::{self, CleanupGuard, Undo};
 use lockcore::{
     Access, AcquireOptions, DistributedLock, Error, FencingToken, Lease, LockName, Released, Result,
 };
@@ -102,8 +102,10 @@ impl DualLock {
         attempt: Attempt,
     ) -> Result<Option<Lease>> {
         loop {
-            // A fresh owner for every round: a round given up after the first store's lease was
-            // lost may still have a clean-up of the second store in flight under its owner id.
+            // A round given up after the first store's lease was lost may still have a
+            // clean-up of the second store in flight, which frees whatever its owner id holds:
+            // every round draws a fresh owner, and under a caller-chosen one (kept, as the
+            // caller asked) the next round starts only once that clean-up has ended.
             let owner = opts.owner_or_random();
             let base = opts.clone().owner(owner);
             let first_opts = base.clone().without_token_floor();
@@ -121,6 +123,7 @@ impl DualLock {
                 base.clone()
             };
             let mut armed = Armed::arm(BACKEND, name, (self.first.clone(), first), give_back);
+            let cleanups = Arc::new(cleanup::Attempt::default());
             let outcome = match attempt {
                 Attempt::Once => {
                     Self::take_on(self.second.as_ref(), access, name, &second_opts, attempt)
@@ -128,7 +131,8 @@ impl DualLock {
                         .map(|got| got.map_or(SecondOutcome::TimedOut, SecondOutcome::Granted))
                 }
                 Attempt::Until(deadline) => {
-                    self.wait_second(&mut armed, access, name, &second_opts, deadline)
+                    cleanups
+                        .run(self.wait_second(&mut armed, access, name, &second_opts, deadline))
                         .await
                 }
             };
@@ -141,6 +145,14 @@ impl DualLock {
                 Ok(SecondOutcome::FirstLost) => {
                     tracing::warn!(lock = %name, "the first store's lease was lost while waiting for the second; starting over");
                     let _ = armed.run_now().await;
+                    let deadline = match attempt {
+                        Attempt::Until(d) => d,
+                        Attempt::Once => Some(Instant::now()),
+                    };
+                    if opts.owner_value().is_some() && !cleanups.settle(deadline).await {
+                        tracing::debug!(lock = %name, "the given-up round's clean-up outlived the wait; not starting over under its owner id");
+                        return Ok(None);
+                    }
                     continue;
                 }
                 Err(e) => {

@@ -143,21 +143,27 @@ impl PausedClient {
     }
 }
 
+/// The first argument of a process started by [`holder_process_killed`]: only this makes a
+/// program the holder, never its environment alone (which a user's shell may pass on). What
+/// the holder is to do comes in the environment, so the store's URL stays out of the argument
+/// list, which every user of the machine can read.
+pub const CHILD_ARG: &str = "__dlock-fault-holder";
 const CHILD_TARGET: &str = "DLOCK_CT_CHILD_TARGET";
 const CHILD_URL: &str = "DLOCK_CT_CHILD_URL";
 const CHILD_NAME: &str = "DLOCK_CT_CHILD_NAME";
 const CHILD_TTL: Duration = Duration::from_secs(3);
 
-/// In a process started by [`holder_process_killed`]: the label of the target whose store it
-/// is to hold a lock in. `None` when this process is not such a child.
+/// In a process started by [`holder_process_killed`] (its first argument is [`CHILD_ARG`]):
+/// the label of the target whose store it is to hold a lock in. `None` in every other process.
 pub fn child_label() -> Option<String> {
-    std::env::var(CHILD_TARGET).ok()
+    std::env::args_os().nth(1).filter(|a| a == CHILD_ARG)?;
+    Some(std::env::var(CHILD_TARGET).expect("the holder's target label"))
 }
 
 /// In a test binary started by [`holder_process_killed`]: holds the lock it was told to,
 /// prints its token and waits to be killed. `None` when this process is not such a child.
 pub fn child_main(targets: &[Target]) -> Option<std::process::ExitCode> {
-    let label = std::env::var(CHILD_TARGET).ok()?;
+    let label = child_label()?;
     let url = std::env::var(CHILD_URL).expect("child url");
     let name = std::env::var(CHILD_NAME).expect("child lock name");
     let target = targets
@@ -187,8 +193,8 @@ pub fn child_main(targets: &[Target]) -> Option<std::process::ExitCode> {
 
 /// Another OS process holds the lock (keep-alive on) and is killed -9. The lock frees, but not
 /// before ttl − drift has passed since that process was started, and the next token is higher.
-/// The child is this same program (a test binary, or `dlock compare`), started again with the
-/// store's URL in its environment (see [`child_main`]).
+/// The child is this same program (a test binary, or `dlock compare`), started again with
+/// [`CHILD_ARG`] and the store's URL in its environment (see [`child_main`]).
 pub async fn holder_process_killed(ctx: Ctx) {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let url = ctx.target().url().await;
@@ -198,6 +204,7 @@ pub async fn holder_process_killed(ctx: Ctx) {
     let mut findings = Findings::default();
     let spawned_at = Instant::now();
     let mut child = tokio::process::Command::new(std::env::current_exe().expect("test binary"))
+        .arg(CHILD_ARG)
         .env(CHILD_TARGET, ctx.backend())
         .env(CHILD_URL, &url)
         .env(CHILD_NAME, &name)

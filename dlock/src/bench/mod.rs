@@ -21,7 +21,7 @@ mod report;
 mod uncontended;
 
 pub use hold::HoldReport;
-pub use processes::{CLIENT_ENV, client_child};
+pub use processes::{CLIENT_ARG, CLIENT_ENV, client_child};
 pub use report::{BenchReport, ContendedReport, FloorReport, LatencySummary, UncontendedReport};
 
 use contended::contended;

@@ -27,8 +27,12 @@ use super::report::record;
 use super::{BenchOptions, Phase, Progress};
 use crate::{AcquireOptions, Error, KeepAlive, Released, Result, Wait};
 
-/// The environment variable that makes `dlock` a contended bench client: it holds the client's
-/// task as JSON. Set by the parent only.
+/// The first argument that makes `dlock` a contended bench client. Only the argument chooses
+/// the role, never the environment alone (which a user's shell may pass on).
+pub const CLIENT_ARG: &str = "__dlock-bench-client";
+
+/// The environment variable that holds a bench client's task as JSON, store URL included (kept
+/// out of the argument list, which every user of the machine can read). Set by the parent only.
 pub const CLIENT_ENV: &str = "DLOCK_BENCH_CLIENT";
 
 /// How long a client may take to connect and say `ready`.
@@ -65,11 +69,16 @@ fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Runs this process as a contended bench client when [`CLIENT_ENV`] is set (call it first
-/// thing in `main`); `None` otherwise. The exit code is 0 when the client ran to its end time
-/// (failed operations are counted in what it prints), 1 when it could not start.
+/// Runs this process as a contended bench client when its first argument is [`CLIENT_ARG`]
+/// (call it first thing in `main`); `None` otherwise. The exit code is 0 when the client ran
+/// to its end time (failed operations are counted in what it prints), 1 when it could not
+/// start.
 pub fn client_child() -> Option<ExitCode> {
-    let task = std::env::var(CLIENT_ENV).ok()?;
+    std::env::args_os().nth(1).filter(|a| a == CLIENT_ARG)?;
+    let Ok(task) = std::env::var(CLIENT_ENV) else {
+        println!("error: {CLIENT_ENV} is not set");
+        return Some(ExitCode::FAILURE);
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -199,6 +208,7 @@ pub(super) async fn contend(
     let mut children = Vec::with_capacity(opts.clients);
     for _ in 0..opts.clients {
         let mut process = tokio::process::Command::new(&program)
+            .arg(CLIENT_ARG)
             .env(CLIENT_ENV, &task)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

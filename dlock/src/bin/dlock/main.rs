@@ -127,11 +127,12 @@ fn command() -> clap::Command {
 const CLEANUP_LIMIT: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
-    // `dlock compare`'s holder_process_killed scenario runs this binary again as the holder.
+    // `dlock compare`'s holder_process_killed scenario runs this binary again as the holder,
+    // and `dlock bench --processes` as each contended client; each role is chosen by a hidden
+    // first argument, never by the environment alone.
     if let Some(code) = dlock::compare::holder_child() {
         return code;
     }
-    // `dlock bench --processes` runs this binary again as each contended client.
     if let Some(code) = dlock::bench::client_child() {
         return code;
     }

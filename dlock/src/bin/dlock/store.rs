@@ -1,6 +1,6 @@
 //! Which lock store `run` and `status` use: --url, else $DLOCK_URL, else a per-user SQLite file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
@@ -30,6 +30,18 @@ pub fn default_db_path() -> Option<PathBuf> {
     Some(state.join("dlock").join("locks.db"))
 }
 
+/// The `sqlite://` URL of `path`, each of its components percent-encoded, so the backend
+/// decodes it back to exactly `path` (a `%`, `?`, `#` or space in HOME stays part of the path).
+/// `None` when the path is not UTF-8, which no URL can carry.
+fn sqlite_url(path: &Path) -> Option<String> {
+    let parts: Vec<String> = path
+        .to_str()?
+        .split('/')
+        .map(dlock::percent_encode)
+        .collect();
+    Some(format!("sqlite://{}", parts.join("/")))
+}
+
 fn sqlite_compiled_in() -> bool {
     dlock::schemes().contains(&"sqlite")
 }
@@ -37,7 +49,7 @@ fn sqlite_compiled_in() -> bool {
 /// Text for the long help of run and status.
 pub fn help_text() -> String {
     let location = match default_db_path() {
-        Some(p) => format!("sqlite://{}", p.display()),
+        Some(p) => sqlite_url(&p).unwrap_or_else(|| format!("{} (not UTF-8)", p.display())),
         None => "(none: neither XDG_STATE_HOME nor HOME is set)".to_owned(),
     };
     let note = if sqlite_compiled_in() {
@@ -69,7 +81,13 @@ pub fn resolve(url: Option<String>) -> Result<String, u8> {
         );
         return Err(exit::CONFIG);
     };
-    let url = format!("sqlite://{}", path.display());
+    let Some(url) = sqlite_url(&path) else {
+        eprintln!(
+            "dlock: the default SQLite file {} is not a UTF-8 path; give --url or set DLOCK_URL",
+            path.display()
+        );
+        return Err(exit::CONFIG);
+    };
     if !sqlite_compiled_in() {
         eprintln!(
             "dlock: no lock store given (--url or DLOCK_URL) and this build cannot use the default {url}: it has no SQLite support; compiled-in schemes: {}",
@@ -77,17 +95,32 @@ pub fn resolve(url: Option<String>) -> Result<String, u8> {
         );
         return Err(exit::CONFIG);
     }
-    if let Some(dir) = path.parent() {
-        use std::os::unix::fs::DirBuilderExt;
-        if let Err(e) = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-        {
-            eprintln!("dlock: cannot create {}: {e}", dir.display());
-            return Err(exit::CONFIG);
-        }
+    if let Err(e) = create_private(&path) {
+        eprintln!("dlock: cannot create {}: {e}", path.display());
+        return Err(exit::CONFIG);
     }
     tracing::debug!(url, "using the default lock store");
     Ok(url)
+}
+
+/// Creates the database file's folders (mode 0700) and the file itself (mode 0600, empty: SQLite
+/// takes an empty file for a new database and gives its journal files the file's mode), unless
+/// they exist.
+fn create_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+        _ => Ok(()),
+    }
 }
