@@ -68,6 +68,18 @@ fn base_of(chroot: &str, layout: &str) -> String {
     }
 }
 
+/// Makes `path` and its missing ancestors PERSISTENT and world-open, as a client without an ACL
+/// of its own (Curator's and kazoo's default) makes them.
+async fn world_open(session: &zk::Client, path: &str) {
+    session
+        .mkdir(
+            path,
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("make {path} world-open: {e}"));
+}
+
 fn world(perms: zk::Permission) -> zk::Acl {
     zk::Acl::new(perms, zk::AuthId::anyone())
 }
@@ -194,13 +206,7 @@ async fn world_open_base_node_is_refused() {
     for layout in LAYOUTS {
         let chroot = unique("acl-base");
         let base = base_of(&chroot, layout);
-        anonymous
-            .mkdir(
-                &base,
-                &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
-            )
-            .await
-            .expect("anonymous makes the base node");
+        world_open(&anonymous, &base).await;
         let url = format!("zk://{ALICE}@{host}/{chroot}?{layout}");
         let e = refused_connect(&url).await;
         assert_refused(&e, &base, "world:anyone:cdrwa", layout);
@@ -413,14 +419,7 @@ async fn lock_node_made_again_is_checked_again() {
             Ok(()) | Err(zk::Error::NoNode) => {}
             Err(e) => panic!("{layout}: delete {parent}: {e}"),
         }
-        alice
-            .create(
-                &parent,
-                &[],
-                &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
-            )
-            .await
-            .expect("make it again world-open");
+        world_open(&alice, &parent).await;
         match dyn_lock(&locks).try_lock(&name, &try_opts()).await {
             Err(e) => assert_refused(&e, &parent, "world:anyone:cdrwa", layout),
             Ok(_) => panic!("{layout}: the world-open {parent} made again was used"),
@@ -446,13 +445,7 @@ async fn world_open_semaphore_node_is_refused() {
             "layout=curator" => format!("{base}/{name}/leases"),
             _ => format!("{base}/{name}"),
         };
-        anonymous
-            .mkdir(
-                &leases,
-                &zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all()),
-            )
-            .await
-            .expect("anonymous makes the semaphore's node");
+        world_open(&anonymous, &leases).await;
         set_acl(&alice, &base, &[creator(zk::Permission::ALL)]).await;
         let locks = client(&format!("zk://{ALICE}@{host}/{chroot}?{layout}")).await;
         let got = dyn_lock(&locks)
