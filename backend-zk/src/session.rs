@@ -238,7 +238,7 @@ pub(crate) fn read_acl(
             format!(
                 "these credentials may not read the ACL of {path} (NoAuth; was it made by \
                  another identity?): with credentials dlock checks the ACL of every node it uses \
-                 as a parent, and needs READ on it"
+                 as a parent, and needs ADMIN on it"
             ),
         )),
         Ok(Err(e)) => Err(Error::backend(
