@@ -9,6 +9,9 @@
 //! A checked node is remembered by its path and `czxid`, so that a node deleted and made again
 //! (an empty CONTAINER goes, another client makes it anew) is checked again: every listing that
 //! decides a grant carries the parent's stat, and a `czxid` not remembered means one more read.
+//!
+//! This module judges an ACL and remembers the verdicts; the reads are made in `session.rs` (the
+//! base node) and by `ZkLock::check_parent` in `recipe.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -90,9 +93,11 @@ impl ParentAcls {
         }
         let shown: Vec<String> = acls.iter().map(|a| self.show(a)).collect();
         // Without ADMIN on a node the server shows digest ids as `user:x`.
-        let hidden = acls.iter().filter(others).any(|a| {
-            a.scheme() == "digest" && a.id().split_once(':').is_some_and(|(u, _)| u == self.user)
-        });
+        let hidden_id = format!("{}:x", self.user);
+        let hidden = acls
+            .iter()
+            .filter(others)
+            .any(|a| a.scheme() == "digest" && a.id() == hidden_id);
         let user = &self.user;
         let mut reason = format!(
             "{path} has ACL {}, which lets identities other than these credentials (digest user \
@@ -214,5 +219,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(hidden.contains("hides digest ids"), "{hidden}");
+        let other_password = acls()
+            .check("acquire", "/p", &[acl(P::ALL, "digest", "alice:abc=")])
+            .unwrap_err()
+            .to_string();
+        assert!(!other_password.contains("hides"), "{other_password}");
     }
 }
