@@ -28,6 +28,18 @@ impl Credentials {
     pub(crate) fn digest_auth(&self) -> Vec<u8> {
         format!("{}:{}", self.user, self.password).into_bytes()
     }
+
+    /// The id ZooKeeper's digest scheme gives these credentials in an ACL:
+    /// `user:base64(sha1(user:password))`. Derived from the password: never shown.
+    pub(crate) fn digest_id(&self) -> String {
+        use base64::Engine as _;
+        let hash = sha1_smol::Sha1::from(self.digest_auth()).digest().bytes();
+        format!(
+            "{}:{}",
+            self.user,
+            base64::engine::general_purpose::STANDARD.encode(hash)
+        )
+    }
 }
 
 impl fmt::Debug for Credentials {
@@ -309,6 +321,16 @@ mod tests {
         assert!(
             !shown.contains("p@ss") && !shown.contains("p%40ss"),
             "{shown}"
+        );
+    }
+
+    #[test]
+    fn digest_id_is_user_and_base64_sha1() {
+        let c = ZkConfig::parse("zk://alice:s3cret@h1/app").unwrap();
+        // base64(sha1("alice:s3cret")), as ZooKeeper's DigestAuthenticationProvider makes it.
+        assert_eq!(
+            c.credentials.unwrap().digest_id(),
+            "alice:uLxpHc/uhT86OXPoSjJTp1M8CJY="
         );
     }
 

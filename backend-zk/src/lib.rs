@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod acl;
 mod cleanup;
 pub mod config;
 mod floor;
@@ -40,8 +41,10 @@ pub const NATIVE: lockcore::NativePrimitives = lockcore::NativePrimitives::new(f
 /// # Errors
 /// [`lockcore::Error::UnsupportedScheme`] for a scheme other than `zk`;
 /// [`lockcore::Error::InvalidConfig`] for a malformed URL or option (before any I/O);
-/// [`lockcore::Error::Backend`] when no server answers or the credentials are refused. No
-/// message contains the password.
+/// [`lockcore::Error::Backend`] when no server answers;
+/// [`lockcore::Error::AccessDenied`] when the credentials are refused, or (with credentials)
+/// the base node lets another identity do more than read it (see the README, "Access
+/// control"). No message contains the password.
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
     let config = ZkConfig::parse(url)?;
     Ok(Arc::new(ZkLock::connect(&config).await?))

@@ -18,6 +18,7 @@ use tokio::sync::Notify;
 use zookeeper_client as zk;
 
 use crate::BACKEND;
+use crate::acl::ParentAcls;
 use crate::cleanup::{delete_eventually, session_ended};
 use crate::config::ZkConfig;
 use crate::names::{self, Child, Layout, NodeKind, Request};
@@ -34,6 +35,8 @@ pub(crate) struct Inner {
     pub(crate) session: Session,
     pub(crate) config: ZkConfig,
     pub(crate) base: String,
+    /// With credentials: whose nodes are safe, and the parents found safe (see `acl.rs`).
+    pub(crate) acls: Option<ParentAcls>,
     /// Node path → when its lease runs out unless renewed, and how to release it. ZooKeeper
     /// keeps an ephemeral node as long as the session, so this client deletes a node whose
     /// lease it stopped renewing.
@@ -126,7 +129,8 @@ impl ZkLock {
     /// Dropping the future closes the session it opened; nothing is held yet.
     ///
     /// # Errors
-    /// [`Error::Backend`] when no server answers or authentication fails.
+    /// [`Error::Backend`] when no server answers; [`Error::AccessDenied`] when authentication
+    /// fails, or (with credentials) the base node lets another identity do more than read it.
     pub async fn connect(config: &ZkConfig) -> Result<Self> {
         let session = Session::connect(config).await?;
         let wake_reaper = Arc::new(Notify::new());
@@ -134,6 +138,7 @@ impl ZkLock {
             session,
             config: config.clone(),
             base: config.base_path(),
+            acls: ParentAcls::of(config),
             held: Mutex::new(HashMap::new()),
             wake_reaper: wake_reaper.clone(),
         });

@@ -30,7 +30,7 @@ use crate::BACKEND;
 use crate::cleanup::{Attempt, Nodes, arm_attempt};
 use crate::lock::{CONTAINER, ZkLock, drift_for, effective_ttl, handle, parse_handle};
 use crate::names::{self, Child, Layout, NodeKind, Request};
-use crate::session::{acls, no_answer, timed, until, zk_error};
+use crate::session::{AclReply, acls, no_answer, read_acl, timed, until, zk_error};
 
 /// How many times a create is retried when the lock's parent vanishes in between (the server
 /// removes empty containers).
@@ -154,23 +154,40 @@ impl ZkLock {
         };
         let node_opts = zk::CreateMode::EphemeralSequential.with_acls(acls(&self.inner.config));
         for _ in 0..PARENT_RETRIES {
-            // Both requests are on the wire once the two calls return.
+            // Every request is on the wire once the calls return. With credentials, a parent
+            // not checked yet has its ACL read first, in the same round trip.
+            let acl = self.acl_unknown(parent).then(|| client.get_acl(parent));
             let create = client.create(&prefix, &data, &node_opts);
-            let list = client.list_children(parent);
-            let (created, listed) =
-                tokio::join!(timed(self.limit(), create), timed(self.limit(), list));
+            let list = client.get_children(parent);
+            let acl = async {
+                match acl {
+                    Some(read) => Some(timed(self.limit(), read).await),
+                    None => None,
+                }
+            };
+            let (acl, created, listed) =
+                tokio::join!(acl, timed(self.limit(), create), timed(self.limit(), list));
             match created {
                 Ok(Ok((stat, seq))) => {
                     let path = format!("{prefix}{seq}");
                     guard.state_mut().path = Some(path.clone());
+                    // A listing that failed (the connection dropped between the two replies,
+                    // say) is simply taken again.
+                    let (children, seen) = match listed {
+                        Ok(Ok((children, parent_stat))) => {
+                            (Some(children), Some(parent_stat.czxid))
+                        }
+                        _ => (None, None),
+                    };
+                    // Refused: the armed guard deletes the node.
+                    self.check_parent(client, "acquire", parent, name, seen, acl)
+                        .await?;
                     // CREATE2's stat is right on its own on 3.8.0 (only inside a MULTI is it
                     // invalid, ZOOKEEPER-4026); an invalid one is read again with `exists`.
                     return Ok(Created {
                         path,
                         stat: (stat.czxid > 0).then_some(stat),
-                        // A listing that failed (the connection dropped between the two
-                        // replies, say) is simply taken again.
-                        children: listed.ok().and_then(|l| l.ok()),
+                        children,
                     });
                 }
                 Ok(Err(zk::Error::NoNode)) => self.make_parent(client, parent, name).await?,
@@ -178,6 +195,8 @@ impl ZkLock {
                     // The create may or may not have been applied: look before trying again.
                     if let Some(path) = self.find_own(client, parent, name, owner).await? {
                         guard.state_mut().path = Some(path.clone());
+                        self.check_parent(client, "acquire", parent, name, None, None)
+                            .await?;
                         return Ok(Created {
                             path,
                             stat: None,
@@ -516,5 +535,76 @@ pub(crate) fn own_node_gone(name: &LockName, when: &str) -> Error {
         Some(name),
         false,
         format!("this request's node was deleted {when}"),
+    )
+}
+
+/// With credentials, the check of the nodes that hold contender nodes (see `acl.rs`).
+impl ZkLock {
+    /// Whether a use of `parent` should read its ACL (sent along with the create, so that the
+    /// first use costs no extra round trip): credentials are on and it was never checked.
+    pub(crate) fn acl_unknown(&self, parent: &str) -> bool {
+        self.inner.acls.as_ref().is_some_and(|a| !a.knows(parent))
+    }
+
+    /// With credentials, refuses `parent` unless the node a listing saw there (`seen`: its
+    /// `czxid`) was found safe: now, from `read` (a `getACL` of it sent earlier) or from one
+    /// read made here. Without credentials, does nothing.
+    ///
+    /// `seen` is `None` when no listing's stat is at hand; the ACL read here is then of the
+    /// node that stands now, which holds the caller's node if it still stands.
+    ///
+    /// # Errors
+    /// [`Error::AccessDenied`] for an unsafe or unreadable ACL; a retryable error when the node
+    /// was replaced between the listing and the read (the caller's node went with it).
+    pub(crate) async fn check_parent(
+        &self,
+        client: &zk::Client,
+        operation: &'static str,
+        parent: &str,
+        name: &LockName,
+        seen: Option<i64>,
+        read: Option<AclReply>,
+    ) -> Result<()> {
+        let Some(acls) = &self.inner.acls else {
+            return Ok(());
+        };
+        if seen.is_some_and(|czxid| acls.is_safe(parent, czxid)) {
+            return Ok(());
+        }
+        // An earlier read counts if it is of the node the listing saw.
+        let earlier = match read {
+            Some(reply) => read_acl(reply, operation, parent, Some(name), self.limit())
+                .ok()
+                .flatten()
+                .filter(|(_, stat)| seen == Some(stat.czxid)),
+            None => None,
+        };
+        let (found, stat) = match earlier {
+            Some(read) => read,
+            None => {
+                let reply = timed(self.limit(), client.get_acl(parent)).await;
+                match read_acl(reply, operation, parent, Some(name), self.limit())? {
+                    Some(read) => read,
+                    None => return Err(replaced(operation, name, parent)),
+                }
+            }
+        };
+        if seen.is_some_and(|czxid| czxid != stat.czxid) {
+            return Err(replaced(operation, name, parent));
+        }
+        acls.check(operation, parent, &found)?;
+        acls.remember(parent, stat.czxid);
+        Ok(())
+    }
+}
+
+/// The parent a listing saw was deleted (and perhaps made again) before its ACL was read.
+fn replaced(operation: &'static str, name: &LockName, parent: &str) -> Error {
+    Error::backend(
+        BACKEND,
+        operation,
+        Some(name),
+        true,
+        format!("{parent} was deleted while its ACL was being checked"),
     )
 }

@@ -9,6 +9,7 @@ use lockcore::{Error, LockName, Result};
 use zookeeper_client as zk;
 
 use crate::BACKEND;
+use crate::acl::ParentAcls;
 use crate::config::ZkConfig;
 
 /// Whether `e` says the connection broke under a request, so the request may or may not have
@@ -111,19 +112,36 @@ impl Session {
         }
         // Another identity may own the base node: look before creating (a create under a
         // parent one may not write to is refused before its existence is checked).
-        if let Ok(Ok(Some(_))) = timed(config.defaults.timeout, client.check_stat(&base)).await {
+        let parent_acls = ParentAcls::of(config);
+        if base_stands(&client, config, &base, parent_acls.as_ref()).await? {
             return Ok(client);
         }
         let options = zk::CreateMode::Persistent.with_acls(acls(config));
         match timed(config.defaults.timeout, client.mkdir(&base, &options)).await {
-            Ok(Ok(())) => Ok(client),
-            Ok(Err(e)) => Err(zk_error("create the base node", None, e)),
-            Err(()) => Err(no_answer(
-                "create the base node",
-                None,
-                config.defaults.timeout,
-            )),
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(zk_error("create the base node", None, e)),
+            Err(()) => {
+                return Err(no_answer(
+                    "create the base node",
+                    None,
+                    config.defaults.timeout,
+                ));
+            }
         }
+        // Made here creator-only, or by another client just before: with credentials, checked
+        // either way.
+        if parent_acls.is_some()
+            && !base_stands(&client, config, &base, parent_acls.as_ref()).await?
+        {
+            return Err(Error::backend(
+                BACKEND,
+                "connect",
+                None,
+                true,
+                format!("{base} was deleted as it was made"),
+            ));
+        }
+        Ok(client)
     }
 
     /// A client of a live session: the current one, or a new session if it expired.
@@ -160,6 +178,29 @@ impl Session {
     }
 }
 
+/// Whether the base node stands; with credentials (`parent_acls`), refuses it unless its ACL
+/// lets no other identity do more than read it.
+async fn base_stands(
+    client: &zk::Client,
+    config: &ZkConfig,
+    base: &str,
+    parent_acls: Option<&ParentAcls>,
+) -> Result<bool> {
+    const OP: &str = "connect";
+    let limit = config.defaults.timeout;
+    let Some(parent_acls) = parent_acls else {
+        return Ok(matches!(
+            timed(limit, client.check_stat(base)).await,
+            Ok(Ok(Some(_)))
+        ));
+    };
+    let reply = timed(limit, client.get_acl(base)).await;
+    match read_acl(reply, OP, base, None, limit)? {
+        Some((found, _)) => parent_acls.check(OP, base, &found).map(|()| true),
+        None => Ok(false),
+    }
+}
+
 fn is_terminal(state: zk::SessionState) -> bool {
     matches!(
         state,
@@ -173,6 +214,41 @@ pub(crate) fn acls(config: &ZkConfig) -> zk::Acls<'static> {
         zk::Acls::creator_all()
     } else {
         zk::Acls::anyone_all()
+    }
+}
+
+/// A `getACL` reply, as [`timed`] returns it.
+pub(crate) type AclReply =
+    std::result::Result<std::result::Result<(Vec<zk::Acl>, zk::Stat), zk::Error>, ()>;
+
+/// `reply` (a `getACL` of `path`) as the ACL and stat, or the error for it.
+pub(crate) fn read_acl(
+    reply: AclReply,
+    operation: &'static str,
+    path: &str,
+    name: Option<&LockName>,
+    limit: std::time::Duration,
+) -> Result<Option<(Vec<zk::Acl>, zk::Stat)>> {
+    match reply {
+        Ok(Ok(read)) => Ok(Some(read)),
+        Ok(Err(zk::Error::NoNode)) => Ok(None),
+        Ok(Err(zk::Error::NoAuth)) => Err(Error::access_denied(
+            BACKEND,
+            operation,
+            format!(
+                "these credentials may not read the ACL of {path} (NoAuth; was it made by \
+                 another identity?): with credentials dlock checks the ACL of every node it uses \
+                 as a parent, and needs ADMIN on it"
+            ),
+        )),
+        Ok(Err(e)) => Err(Error::backend(
+            BACKEND,
+            operation,
+            name,
+            is_retryable(&e),
+            format!("read the ACL of {path}: {e}"),
+        )),
+        Err(()) => Err(no_answer(operation, name, limit)),
     }
 }
 

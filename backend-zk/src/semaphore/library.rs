@@ -56,12 +56,15 @@ impl ZkLock {
         }
         loop {
             let checked_at = Instant::now();
-            let (children, watcher) =
-                match timed(self.limit(), client.list_and_watch_children(parent)).await {
+            let (children, parent_stat, watcher) =
+                match timed(self.limit(), client.get_and_watch_children(parent)).await {
                     Ok(Ok(listed)) => listed,
                     Ok(Err(e)) => return Err(zk_error(OP, Some(name), e)),
                     Err(()) => return Err(no_answer(OP, Some(name), self.limit())),
                 };
+            // With credentials: refused, the armed guard deletes a Curator lease node made.
+            self.check_parent(&client, OP, parent, name, Some(parent_stat.czxid), None)
+                .await?;
             match &created {
                 Some((path, stat)) => {
                     let me = path.rsplit('/').next().unwrap_or_default();

@@ -101,6 +101,11 @@ impl ZkLock {
             if stat.version != listed_stat.version {
                 continue;
             }
+            // With credentials, before the node is made. Only these credentials may replace
+            // the parent once it and the base node passed (the versioned write below does not
+            // tell one parent from another).
+            self.check_parent(&client, OP, parent, name, Some(listed_stat.czxid), None)
+                .await?;
             let in_use = !permits_of(Layout::Dlock, &children).is_empty();
             if let Some(r) = recorded(&data).filter(|r| in_use && *r != u64::from(permits)) {
                 // A follower may still list holders that have left through another server: a
