@@ -7,17 +7,18 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::host::{find_binary, probe_command, run_command, system_user};
-use super::process::running_as_root;
+use super::host::{RunAs, find_binary, password, probe_command, run_command, write_private};
 use super::server::{Launch, Server, server_lifecycle};
 use super::tls::TlsFiles;
 use super::{unique_name, valid_database_name};
 
 const PACKAGE: &str = "postgresql";
 
-/// A PostgreSQL server of the kit's own: a fresh cluster in a temp dir, trust auth on
-/// 127.0.0.1, on a free port; socket in the temp dir; `fsync=off` (a killed process loses
-/// nothing the OS already has, which is all a kill -9 test needs).
+/// A PostgreSQL server of the kit's own: a fresh cluster in a 0700 temp dir, on a free port of
+/// 127.0.0.1, its socket in that dir; every connection authenticates with a password
+/// (`scram-sha-256`), and the superuser `postgres` has the kit's ([`Postgres::password`]), which
+/// [`Postgres::url`] carries; `fsync=off` (a killed process loses nothing the OS already has,
+/// which is all a kill -9 test needs).
 ///
 /// Started as the `postgres` OS user when the tests run as root (initdb refuses root), through
 /// `setpriv`, which execs without forking, so the child is the postmaster itself and it still
@@ -27,7 +28,7 @@ const PACKAGE: &str = "postgresql";
 pub struct Postgres {
     server: Server,
     bindir: PathBuf,
-    setpriv: Option<PathBuf>,
+    run_as: RunAs,
     tls: Option<TlsFiles>,
 }
 
@@ -60,59 +61,39 @@ impl Postgres {
                 return Err(KitError::missing(tool, PACKAGE));
             }
         }
-        let setpriv = if running_as_root() {
-            Some(find_binary("setpriv", "util-linux")?)
-        } else {
-            None
-        };
+        let run_as = RunAs::server_account("postgres", PACKAGE)?;
         let server = Server::new("postgres", "postgres", "postgres.log", 0)?;
         let dir = server.dir();
-        let owner = if running_as_root() {
-            let (uid, gid) = system_user("postgres").ok_or_else(|| {
-                KitError::new(
-                    KitErrorKind::MissingBinary,
-                    "system user `postgres` not found: install it with `apt-get install postgresql` or run scripts/install-deps",
-                )
-            })?;
-            std::os::unix::fs::chown(dir, Some(uid), Some(gid))
-                .map_err(|e| KitError::io("cannot chown the postgres temp dir", e))?;
-            Some((uid, gid))
-        } else {
-            None
-        };
+        run_as.give(dir)?;
         if let Some(files) = &tls {
-            // The server reads these as the `postgres` user, and refuses a key that others can
-            // read.
-            for (from, to) in [
-                (files.server_cert(), "server.crt"),
-                (files.server_key(), "server.key"),
-                (files.ca_cert(), "ca.crt"),
-            ] {
-                let to = dir.join(to);
-                std::fs::copy(&from, &to)
-                    .map_err(|e| KitError::io("cannot copy the server certificate", e))?;
-                std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-                    .map_err(|e| KitError::io("cannot restrict the server key", e))?;
-                if let Some((uid, gid)) = owner {
-                    std::os::unix::fs::chown(&to, Some(uid), Some(gid))
-                        .map_err(|e| KitError::io("cannot chown the server certificate", e))?;
-                }
-            }
+            files.install_server_files(dir, &run_as)?;
         }
+        // The superuser's password reaches initdb in a file only the server's account reads.
+        let pwfile = dir.join("superuser.pw");
+        write_private(&pwfile, password(), &run_as)?;
         let pg = Postgres {
             server,
             bindir,
-            setpriv,
+            run_as,
             tls,
         };
-        let mut initdb = pg.as_postgres(&pg.bindir.join("initdb"));
+        let mut initdb = pg.run_as.command(&pg.bindir.join("initdb"));
         initdb
             .arg("-D")
             .arg(pg.data_dir())
-            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale"])
-            .args(["--no-sync", "--no-instructions"])
+            .args(["-U", "postgres", "-A", "scram-sha-256"])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .args([
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+                "--no-instructions",
+            ])
             .current_dir(pg.dir());
-        run_command("initdb", initdb).await?;
+        let initialised = run_command("initdb", initdb).await;
+        let _ = std::fs::remove_file(&pwfile);
+        initialised?;
         pg.server.first_boot(&pg).await?;
         Ok(pg)
     }
@@ -132,9 +113,14 @@ impl Postgres {
             .map_err(Clone::clone)
     }
 
-    /// `postgres://postgres@127.0.0.1:{port}/postgres`.
+    /// `postgres://postgres:{password}@127.0.0.1:{port}/postgres`.
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port())
+        self.database_url("postgres")
+    }
+
+    /// The password of the superuser `postgres` (the kit's [`super::password`]).
+    pub fn password(&self) -> &'static str {
+        password()
     }
 
     /// The CA that signed the server's certificate, for a server from [`Postgres::start_tls`].
@@ -196,12 +182,17 @@ impl Postgres {
         self.create_database(&unique_name(prefix)).await
     }
 
-    /// The URL of database `name` on this server.
+    /// The URL of database `name` on this server, as the superuser with its password.
     pub fn database_url(&self, name: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port())
+        format!(
+            "postgres://postgres:{}@127.0.0.1:{}/{name}",
+            self.password(),
+            self.port()
+        )
     }
 
-    /// Runs `sql` with `psql` in `database`; returns the unaligned, tuples-only output.
+    /// Runs `sql` with `psql` as the superuser in `database` (the password in psql's
+    /// environment, which other users cannot read); returns the unaligned, tuples-only output.
     ///
     /// # Errors
     /// `psql` failing (its stderr is in the message).
@@ -220,6 +211,7 @@ impl Postgres {
         .arg("-p")
         .arg(self.port().to_string())
         .args(["-U", "postgres", "-d", database, "-c", sql])
+        .env("PGPASSWORD", self.password())
         .env("PGCONNECT_TIMEOUT", "10");
         run_command("psql", psql).await
     }
@@ -227,30 +219,17 @@ impl Postgres {
     fn data_dir(&self) -> PathBuf {
         self.dir().join("data")
     }
-
-    fn as_postgres(&self, program: &Path) -> Command {
-        match &self.setpriv {
-            Some(setpriv) => {
-                let mut cmd = Command::new(setpriv);
-                cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
-                    // Changing credentials clears the parent-death signal set in pre_exec.
-                    .arg("--pdeathsig=SIGKILL");
-                cmd.arg("--").arg(program);
-                cmd
-            }
-            None => Command::new(program),
-        }
-    }
 }
 
 impl Launch for Postgres {
     fn command(&self, server: &Server) -> KitResult<Command> {
         let dir = server.dir();
-        let mut cmd = self.as_postgres(&self.bindir.join("postgres"));
+        let mut cmd = self.run_as.command(&self.bindir.join("postgres"));
         cmd.arg("-D")
             .arg(dir.join("data"))
             .arg("-k")
             .arg(dir)
+            .args(["-c", "unix_socket_permissions=0700"])
             .arg("-p")
             .arg(server.port().to_string())
             .args(["-c", "listen_addresses=127.0.0.1"])
