@@ -187,7 +187,11 @@ async fn mariadb_starts_answers_and_survives_kill9_restart_with_its_data() {
     // Real grant tables: tests can create users.
     db.query(
         "test",
-        "CREATE USER 'kit'@'127.0.0.1' IDENTIFIED BY 'pw'; GRANT ALL ON test.* TO 'kit'@'127.0.0.1'",
+        &format!(
+            "CREATE USER 'kit'@'127.0.0.1' IDENTIFIED BY '{}'; \
+             GRANT ALL ON test.* TO 'kit'@'127.0.0.1'",
+            password()
+        ),
     )
     .await
     .unwrap();
@@ -253,26 +257,33 @@ fn bulk(text: &str) -> RedisReply {
     RedisReply::Bulk(Some(text.as_bytes().to_vec()))
 }
 
+/// Sends one command on `conn` and reads its reply.
+async fn exchange(conn: &mut BufReader<TcpStream>, args: &[&str]) -> std::io::Result<RedisReply> {
+    conn.get_mut().write_all(&redis_encode(args)).await?;
+    read_redis_reply(conn).await
+}
+
 /// A connection to the Redis server at `addr` (or a proxy in front of it), authenticated with
-/// the kit's password.
-async fn authenticated(addr: SocketAddr) -> std::io::Result<BufReader<TcpStream>> {
+/// `password`.
+async fn authenticated_with(
+    addr: SocketAddr,
+    password: &str,
+) -> std::io::Result<BufReader<TcpStream>> {
     let mut conn = BufReader::new(TcpStream::connect(addr).await?);
-    conn.get_mut()
-        .write_all(&redis_encode(&["AUTH", password()]))
-        .await?;
-    match read_redis_reply(&mut conn).await? {
+    match exchange(&mut conn, &["AUTH", password]).await? {
         RedisReply::Status(ok) if ok == "OK" => Ok(conn),
         other => Err(std::io::Error::other(format!("AUTH: {other:?}"))),
     }
 }
 
+/// A connection authenticated with the kit's password.
+async fn authenticated(addr: SocketAddr) -> std::io::Result<BufReader<TcpStream>> {
+    authenticated_with(addr, password()).await
+}
+
 /// PING on a fresh authenticated connection, answered within `within`.
 async fn redis_pongs(addr: SocketAddr, within: Duration) -> bool {
-    let ping = async {
-        let mut conn = authenticated(addr).await?;
-        conn.get_mut().write_all(&redis_encode(&["PING"])).await?;
-        read_redis_reply(&mut conn).await
-    };
+    let ping = async { exchange(&mut authenticated(addr).await?, &["PING"]).await };
     matches!(timeout(within, ping).await, Ok(Ok(RedisReply::Status(s))) if s == "PONG")
 }
 
@@ -1049,19 +1060,11 @@ async fn redis_refuses_connections_without_the_runs_password() {
         RedisReply::Error("NOAUTH Authentication required.".into())
     );
     let mut conn = BufReader::new(TcpStream::connect(redis.addr()).await.unwrap());
-    conn.get_mut()
-        .write_all(&redis_encode(&["AUTH", "wrong"]))
-        .await
-        .unwrap();
-    match read_redis_reply(&mut conn).await.unwrap() {
+    match exchange(&mut conn, &["AUTH", "wrong"]).await.unwrap() {
         RedisReply::Error(e) => assert!(e.starts_with("WRONGPASS"), "{e}"),
         other => panic!("a wrong password is refused: {other:?}"),
     }
-    conn.get_mut()
-        .write_all(&redis_encode(&["GET", "k"]))
-        .await
-        .unwrap();
-    match read_redis_reply(&mut conn).await.unwrap() {
+    match exchange(&mut conn, &["GET", "k"]).await.unwrap() {
         RedisReply::Error(e) => assert!(e.starts_with("NOAUTH"), "{e}"),
         other => panic!("still not authenticated: {other:?}"),
     }
@@ -1073,14 +1076,12 @@ async fn redis_refuses_connections_without_the_runs_password() {
         let rest = url.strip_prefix("redis://:").unwrap();
         let (pw, addr) = rest.split_once('@').unwrap();
         let addr: SocketAddr = addr.parse().unwrap();
-        let mut conn = BufReader::new(TcpStream::connect(addr).await.unwrap());
-        conn.get_mut()
-            .write_all(&redis_encode(&["AUTH", pw]))
+        let mut conn = authenticated_with(addr, pw)
             .await
-            .unwrap();
+            .expect("the URL's password");
         assert_eq!(
-            read_redis_reply(&mut conn).await.unwrap(),
-            RedisReply::Status("OK".into()),
+            exchange(&mut conn, &["PING"]).await.unwrap(),
+            RedisReply::Status("PONG".into()),
             "{addr}"
         );
     }
@@ -1088,6 +1089,7 @@ async fn redis_refuses_connections_without_the_runs_password() {
         redis.command(&["PING"]).await.unwrap(),
         RedisReply::Status("PONG".into())
     );
+    assert!(!format!("{redis:?}").contains(password()), "{redis:?}");
 
     // Any local user can read every process's command line.
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {

@@ -65,12 +65,9 @@ impl MariaDb {
         let client = find_any_binary(&["mariadb", "mysql"], CLIENT_PACKAGE)?;
         let admin = find_any_binary(&["mariadb-admin", "mysqladmin"], CLIENT_PACKAGE)?;
         let run_as = RunAs::server_account("mysql", SERVER_PACKAGE)?;
-        let server = Server::new("mariadb", "mariadbd", "mariadb.log", 0)?;
+        let server =
+            Server::for_account("mariadb", "mariadbd", "mariadb.log", &run_as, tls.as_ref())?;
         let dir = server.dir();
-        run_as.give(dir)?;
-        if let Some(files) = &tls {
-            files.install_server_files(dir, &run_as)?;
-        }
         let files = dir.join("files");
         std::fs::create_dir(&files)
             .map_err(|e| KitError::io("cannot create the server's file dir", e))?;

@@ -62,12 +62,14 @@ impl Postgres {
             }
         }
         let run_as = RunAs::server_account("postgres", PACKAGE)?;
-        let server = Server::new("postgres", "postgres", "postgres.log", 0)?;
+        let server = Server::for_account(
+            "postgres",
+            "postgres",
+            "postgres.log",
+            &run_as,
+            tls.as_ref(),
+        )?;
         let dir = server.dir();
-        run_as.give(dir)?;
-        if let Some(files) = &tls {
-            files.install_server_files(dir, &run_as)?;
-        }
         // The superuser's password reaches initdb in a file only the server's account reads.
         let pwfile = dir.join("superuser.pw");
         write_private(&pwfile, password(), &run_as)?;
@@ -295,3 +297,4 @@ fn bindir() -> KitResult<PathBuf> {
         .map(Path::to_path_buf)
         .ok_or_else(|| KitError::missing("postgres", PACKAGE))
 }
+

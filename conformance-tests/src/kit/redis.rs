@@ -1,5 +1,6 @@
 //! A private `redis-server`, plus a tiny RESP client for tests that poke at it directly.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -22,12 +23,32 @@ use super::server::{Launch, Server, server_lifecycle};
 /// By default nothing is persisted (`--save "" --appendonly no`); [`Redis::start_with`] appends
 /// arguments (later ones win), e.g. `["--appendonly", "yes", "--appendfsync", "always"]`, and
 /// [`Redis::restart`] reuses them, so an AOF survives a kill -9 when enabled.
-#[derive(Debug)]
 pub struct Redis {
     server: Server,
     binary: PathBuf,
     extra_args: Vec<String>,
     password: String,
+}
+
+/// Without the password: a handle shows up in panic messages.
+impl fmt::Debug for Redis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut hide = false;
+        let args: Vec<&str> = self
+            .extra_args
+            .iter()
+            .map(|arg| {
+                let shown = if hide { "***" } else { arg.as_str() };
+                hide = matches!(arg.as_str(), "--requirepass" | "--masterauth");
+                shown
+            })
+            .collect();
+        f.debug_struct("Redis")
+            .field("server", &self.server)
+            .field("binary", &self.binary)
+            .field("extra_args", &args)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The config file with the server's password, first on its command line.
