@@ -982,6 +982,15 @@ async fn postgres_refuses_connections_without_the_runs_password() {
         psql(&url, Some(&right), "SELECT 1").await.as_deref(),
         Ok("1")
     );
+    // Stored as a SCRAM secret of one iteration: logins stay cheap.
+    let stored = pg
+        .query(
+            "postgres",
+            "SELECT split_part(rolpassword, ':', 1) FROM pg_authid WHERE rolname = 'postgres'",
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored.trim(), "SCRAM-SHA-256$1");
     assert_private(pg.dir());
 }
 
