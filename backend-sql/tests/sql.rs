@@ -2968,7 +2968,10 @@ async fn a_dml_only_account_uses_existing_tables(kind: Kind) {
     let admin = Raw::connect(&url).await;
     let grants: Vec<String> = match kind {
         Kind::Postgres => vec![
-            format!("CREATE ROLE \"{account}\" LOGIN"),
+            format!(
+                "CREATE ROLE \"{account}\" LOGIN PASSWORD '{}'",
+                kit::password()
+            ),
             "REVOKE CREATE ON SCHEMA public FROM PUBLIC".to_owned(),
             format!("GRANT USAGE ON SCHEMA public TO \"{account}\""),
             format!(
@@ -2981,7 +2984,10 @@ async fn a_dml_only_account_uses_existing_tables(kind: Kind) {
             .iter()
             .flat_map(|host| {
                 [
-                    format!("CREATE USER '{account}'@'{host}'"),
+                    format!(
+                        "CREATE USER '{account}'@'{host}' IDENTIFIED BY '{}'",
+                        kit::password()
+                    ),
                     format!(
                         "GRANT SELECT, INSERT, UPDATE, DELETE ON `{db}`.* TO '{account}'@'{host}'"
                     ),
@@ -3009,7 +3015,10 @@ async fn a_dml_only_account_uses_existing_tables(kind: Kind) {
     } else {
         "mysql"
     };
-    let as_account = |db: &str| format!("{scheme}://{account}@127.0.0.1:{port}/{db}");
+    let as_account = |db: &str| {
+        let password = kit::password();
+        format!("{scheme}://{account}:{password}@127.0.0.1:{port}/{db}")
+    };
     let c = client(&as_account(&db)).await;
     let n = name("least-privilege");
     let lock = take(&c, &n, Duration::from_secs(30))
