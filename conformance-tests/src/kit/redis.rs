@@ -65,7 +65,8 @@ impl Redis {
 
     /// Starts a private server with `extra_args` after the kit's defaults (they override them).
     /// A `--requirepass` among them replaces the kit's password (in the URL and for
-    /// [`Redis::command`] too).
+    /// [`Redis::command`] too); it is then on the server's command line, which other users can
+    /// read, so it suits a test that needs a password of its own only.
     ///
     /// # Errors
     /// As [`Redis::start`].
