@@ -961,27 +961,40 @@ fn assert_private(dir: &std::path::Path) {
     assert_eq!(mode, 0o700, "{}", dir.display());
 }
 
+/// `select_1` (a client running `SELECT 1` with the password it is given) is refused without a
+/// password and with a wrong one, with errors that hold every text of `refusals[0]` and
+/// `refusals[1]`; with the password of `url`, the kit's, it gets `1`.
+async fn only_the_urls_password_gets_in<F, Fut>(url: &str, select_1: F, refusals: [&[&str]; 2])
+where
+    F: Fn(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<String, String>>,
+{
+    let right = parts_of(url).password;
+    assert_eq!(right, password());
+    for (password, says) in [None, Some("wrong")].into_iter().zip(refusals) {
+        let Err(err) = select_1(password.map(str::to_owned)).await else {
+            panic!("let in with the password {password:?}");
+        };
+        assert!(says.iter().all(|s| err.contains(s)), "{err}");
+    }
+    assert_eq!(select_1(Some(right)).await.as_deref(), Ok("1"));
+}
+
 /// Another local user reaches the server's port but not its socket dir: without the run's
 /// password (none, or a wrong one) PostgreSQL refuses them; the kit's URL gets in.
 #[tokio::test]
 async fn postgres_refuses_connections_without_the_runs_password() {
     let pg = Postgres::shared().await.expect("shared postgres");
-    let url = pg.url();
-    assert_eq!(parts_of(&url).password, password());
-    let err = psql(&url, None, "SELECT 1").await.expect_err("no password");
-    assert!(err.contains("no password supplied"), "{err}");
-    let err = psql(&url, Some("wrong"), "SELECT 1")
-        .await
-        .expect_err("a wrong password");
-    assert!(
-        err.contains("password authentication failed for user \"postgres\""),
-        "{err}"
-    );
-    let right = parts_of(&url).password;
-    assert_eq!(
-        psql(&url, Some(&right), "SELECT 1").await.as_deref(),
-        Ok("1")
-    );
+    let url = &pg.url();
+    only_the_urls_password_gets_in(
+        url,
+        |password| async move { psql(url, password.as_deref(), "SELECT 1").await },
+        [
+            &["no password supplied"],
+            &["password authentication failed for user \"postgres\""],
+        ],
+    )
+    .await;
     // Stored as a SCRAM secret of one iteration: logins stay cheap.
     let stored = pg
         .query(
@@ -1000,27 +1013,16 @@ async fn postgres_refuses_connections_without_the_runs_password() {
 async fn mariadb_refuses_connections_without_the_runs_password() {
     use std::os::unix::fs::MetadataExt as _;
     let db = MariaDb::shared().await.expect("shared mariadb");
-    let url = db.url();
-    assert_eq!(parts_of(&url).password, password());
-    let err = mariadb(&url, None, "SELECT 1")
-        .await
-        .expect_err("no password");
-    assert!(
-        err.contains("Access denied for user 'root'") && err.contains("using password: NO"),
-        "{err}"
-    );
-    let err = mariadb(&url, Some("wrong"), "SELECT 1")
-        .await
-        .expect_err("a wrong password");
-    assert!(
-        err.contains("Access denied for user 'root'") && err.contains("using password: YES"),
-        "{err}"
-    );
-    let right = parts_of(&url).password;
-    assert_eq!(
-        mariadb(&url, Some(&right), "SELECT 1").await.as_deref(),
-        Ok("1")
-    );
+    let url = &db.url();
+    only_the_urls_password_gets_in(
+        url,
+        |password| async move { mariadb(url, password.as_deref(), "SELECT 1").await },
+        [
+            &["Access denied for user 'root'", "using password: NO"],
+            &["Access denied for user 'root'", "using password: YES"],
+        ],
+    )
+    .await;
     let open = db
         .query(
             "mysql",
