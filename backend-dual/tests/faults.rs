@@ -43,8 +43,8 @@ async fn second_store_unreachable_fails_cleanly_and_frees_the_first() {
     let url = dual_url(
         &zk_url,
         &format!(
-            "redis://127.0.0.1:{}?prefix=dual-unreachable&timeout=1s",
-            proxy.port()
+            "{}?prefix=dual-unreachable&timeout=1s",
+            redis.url_via(proxy.addr())
         ),
         "",
     );
@@ -108,8 +108,8 @@ async fn side_lost(which: &str) {
             zk_proxy.port()
         ),
         &format!(
-            "redis://127.0.0.1:{}?prefix={chroot}&timeout=1s",
-            redis_proxy.port()
+            "{}?prefix={chroot}&timeout=1s",
+            redis.url_via(redis_proxy.addr())
         ),
         "",
     );

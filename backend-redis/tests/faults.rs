@@ -69,7 +69,7 @@ async fn hold_after_bumps(c: &Arc<dyn DistributedLock>, name: &str, n: usize) ->
 async fn reply_blackholed_during_acquire() {
     let redis = Redis::start().await.expect("kit redis");
     let proxy = Proxy::start(redis.addr()).await.expect("proxy");
-    let a = client(&format!("redis://{}?timeout=1s", proxy.addr())).await;
+    let a = client(&format!("{}?timeout=1s", redis.url_via(proxy.addr()))).await;
     let b = client(&redis.url()).await;
     let name = unique("blackhole");
     let lock_name = LockName::new(&name).unwrap();
@@ -152,7 +152,7 @@ async fn silent_subscriber_is_replaced() {
     let redis = Redis::start().await.expect("kit redis");
     let proxy = Proxy::start(redis.addr()).await.expect("proxy");
     let holder = client(&redis.url()).await;
-    let waiter_client = client(&format!("redis://{}?timeout=1s", proxy.addr())).await;
+    let waiter_client = client(&format!("{}?timeout=1s", redis.url_via(proxy.addr()))).await;
     let name = unique("silent-subscriber");
     let guard = holder
         .lock(&name, &held_opts(10 * SEC))

@@ -7,7 +7,7 @@ use std::time::Duration;
 use backend_redis::TairLock;
 use backend_redis::config::RedisConfig;
 use backend_redis::tair::{ExpireLock, ExpireUnlock, ReadEnter};
-use conformance_tests::kit::{Redis, RedisReply, redis_command};
+use conformance_tests::kit::{Redis, RedisReply};
 use lockcore::{AcquireOptions, DistributedLock, FencingToken, LockName, OwnerId, Released};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -26,9 +26,7 @@ fn name(n: &str) -> LockName {
 /// Everything the store keeps for `n` (its hash), to show that a refused call changed nothing.
 async fn state(redis: &Redis, n: &str) -> RedisReply {
     let key = format!("{{dlock:{}}}:tair", name(n).escaped());
-    redis_command(redis.addr(), &["HGETALL", &key])
-        .await
-        .expect("HGETALL")
+    redis.command(&["HGETALL", &key]).await.expect("HGETALL")
 }
 
 fn locked(answer: ExpireLock) -> (u64, u64, u64) {
@@ -179,9 +177,10 @@ async fn a_single_attempt_falls_back_to_the_full_script_where_it_must() {
     // b's own mark: granted, and the mark is gone.
     let (b_hex, until) = (b.to_string(), "99999999999999");
     let mark = ["HSET", &key, "wwait", &b_hex, "wwait_until", until];
-    redis_command(redis.addr(), &mark).await.expect("HSET");
+    redis.command(&mark).await.expect("HSET");
     let lease = t.try_acquire(&n, &opts(b)).await.unwrap().expect("free");
-    let left = redis_command(redis.addr(), &["HGET", &key, "wwait"])
+    let left = redis
+        .command(&["HGET", &key, "wwait"])
         .await
         .expect("HGET")
         .as_text();
@@ -208,7 +207,8 @@ async fn token_floors_lift_the_version_for_writers_and_readers() {
     };
     let version = || async {
         let key = format!("{{dlock:{}}}:tair", n.escaped());
-        redis_command(redis.addr(), &["HGET", &key, "version"])
+        redis
+            .command(&["HGET", &key, "version"])
             .await
             .expect("HGET")
             .as_text()
@@ -307,16 +307,12 @@ async fn two_step(t: &TairLock, redis: &Redis, n: &LockName, order: [Step; 4]) -
             }
             Step::ReaderEnters => {
                 if reader_saw_free {
-                    redis_command(redis.addr(), &["INCR", &counter])
-                        .await
-                        .unwrap();
+                    redis.command(&["INCR", &counter]).await.unwrap();
                     reader_in = true;
                 }
             }
             Step::WriterChecks => {
-                let readers = redis_command(redis.addr(), &["GET", &counter])
-                    .await
-                    .unwrap();
+                let readers = redis.command(&["GET", &counter]).await.unwrap();
                 writer_saw_none = matches!(readers, RedisReply::Bulk(None))
                     || readers.as_text().as_deref() == Some("0");
             }
@@ -523,7 +519,7 @@ async fn dlock_waiters_queue_while_tairs_own_commands_keep_exclusion() {
 /// The hash's `busy` field, as the store has it.
 async fn busy(redis: &Redis, n: &LockName) -> Option<String> {
     let key = format!("{{dlock:{}}}:tair", n.escaped());
-    let reply = redis_command(redis.addr(), &["HGET", &key, "busy"]).await;
+    let reply = redis.command(&["HGET", &key, "busy"]).await;
     reply.expect("HGET").as_text()
 }
 
@@ -606,8 +602,6 @@ async fn the_busy_mark_stands_while_anyone_reads_or_queues() {
     assert!(lease.is_some(), "an expired reader kept the lock");
     assert_eq!(busy(&redis, &n).await, None);
     let readers = format!("{{dlock:{}}}:readers", n.escaped());
-    let left = redis_command(redis.addr(), &["EXISTS", &readers])
-        .await
-        .unwrap();
+    let left = redis.command(&["EXISTS", &readers]).await.unwrap();
     assert_eq!(left, RedisReply::Integer(0), "the expired reader stayed");
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use backend_redis::config::RedisConfig;
 use backend_redlock::RedlockLock;
-use conformance_tests::kit::{RedisSet, redis_command};
+use conformance_tests::kit::RedisSet;
 use lockcore::{DistributedLock, FencingToken, LockExt, Released, Wait};
 
 use common::*;
@@ -52,7 +52,8 @@ async fn names_are_the_union_of_the_nodes() {
     set.nodes()[0].resume();
     // A name whose counter only node 0 still has is listed too.
     let fence = lock_key("only-node-0").replace("}:lock", "}:fence");
-    redis_command(set.nodes()[0].addr(), &["SET", &fence, "7"])
+    set.nodes()[0]
+        .command(&["SET", &fence, "7"])
         .await
         .expect("SET");
     let names = client.names().await.expect("names");
@@ -341,15 +342,16 @@ async fn inspect_reports_the_holders_token_not_a_left_out_nodes_fence() {
     // test leaves node 2 out by hand; with two, the vote already left the third out.
     let left_out = match holding[..] {
         [0, 1, 2] => {
-            let node = set.nodes()[2].addr();
-            redis_command(node, &["DEL", &key]).await.expect("DEL");
+            let node = &set.nodes()[2];
+            node.command(&["DEL", &key]).await.expect("DEL");
             node
         }
-        [a, b] => set.nodes()[3 - a - b].addr(),
+        [a, b] => &set.nodes()[3 - a - b],
         _ => panic!("a won vote left the lease on nodes {holding:?} only"),
     };
     let ahead = (held + 5).to_string();
-    redis_command(left_out, &["SET", &fence, &ahead])
+    left_out
+        .command(&["SET", &fence, &ahead])
         .await
         .expect("SET");
     let info = inspect(&*client, name).await;

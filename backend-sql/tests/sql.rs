@@ -1214,18 +1214,15 @@ async fn bad_input_fails_before_io_without_the_password() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwords_stay_out_of_debug_and_server_errors() {
     let secret = "Sup3rS3cret";
-    // Trust auth: the password is accepted and ignored, so we get a live client to Debug.
+    // The kit's URL carries its password: a live client to Debug.
     let pg = kit::Postgres::shared().await.expect("kit PostgreSQL");
-    let url = format!(
-        "postgres://postgres:{secret}@127.0.0.1:{}/postgres",
-        pg.port()
-    );
+    let url = pg.url();
     let c = client(&url).await;
     let debug = format!("{c:?}");
-    assert!(!debug.contains(secret), "{debug}");
+    assert!(!debug.contains(pg.password()), "{debug}");
     assert!(debug.contains("***"), "{debug}");
     let config = SqlConfig::parse(&url).unwrap();
-    assert!(!format!("{config:?}").contains(secret));
+    assert!(!format!("{config:?}").contains(pg.password()));
 
     // MariaDB checks passwords: a wrong one fails, without echoing it.
     let db = kit::MariaDb::shared().await.expect("kit MariaDB");
@@ -3167,7 +3164,10 @@ async fn a_dml_only_account_uses_existing_tables(kind: Kind) {
     let admin = Raw::connect(&url).await;
     let grants: Vec<String> = match kind {
         Kind::Postgres => vec![
-            format!("CREATE ROLE \"{account}\" LOGIN"),
+            format!(
+                "CREATE ROLE \"{account}\" LOGIN PASSWORD '{}'",
+                kit::password()
+            ),
             "REVOKE CREATE ON SCHEMA public FROM PUBLIC".to_owned(),
             format!("GRANT USAGE ON SCHEMA public TO \"{account}\""),
             format!(
@@ -3180,7 +3180,10 @@ async fn a_dml_only_account_uses_existing_tables(kind: Kind) {
             .iter()
             .flat_map(|host| {
                 [
-                    format!("CREATE USER '{account}'@'{host}'"),
+                    format!(
+                        "CREATE USER '{account}'@'{host}' IDENTIFIED BY '{}'",
+                        kit::password()
+                    ),
                     format!(
                         "GRANT SELECT, INSERT, UPDATE, DELETE ON `{db}`.* TO '{account}'@'{host}'"
                     ),
@@ -3208,7 +3211,10 @@ async fn a_dml_only_account_uses_existing_tables(kind: Kind) {
     } else {
         "mysql"
     };
-    let as_account = |db: &str| format!("{scheme}://{account}@127.0.0.1:{port}/{db}");
+    let as_account = |db: &str| {
+        let password = kit::password();
+        format!("{scheme}://{account}:{password}@127.0.0.1:{port}/{db}")
+    };
     let c = client(&as_account(&db)).await;
     let n = name("least-privilege");
     let lock = take(&c, &n, Duration::from_secs(30))

@@ -6,6 +6,10 @@
 //! Redis Cluster has no proxies: its redirections name the nodes' own ports, so only server
 //! faults apply to it.
 //!
+//! The servers listen on 127.0.0.1; PostgreSQL, MariaDB and Redis admit only the kit's password
+//! for this process ([`crate::kit::password`]), which the URLs carry; ZooKeeper has no password,
+//! so any local user can connect to it while it runs (see [`crate::kit`]).
+//!
 //! Servers are started durable (Redis with `appendfsync always`; the SQL servers and ZooKeeper
 //! keep their data across a kill), so that killing one is a fault every backend must survive
 //! safely, unless a Redis-based backend is asked to run without persistence
@@ -16,7 +20,7 @@ use std::str::FromStr;
 
 use crate::Persistence;
 use crate::kit::{
-    KitError, KitErrorKind, KitResult, MariaDb, Postgres, Proxy, Redis, RedisCluster,
+    KitError, KitErrorKind, KitResult, MariaDb, Postgres, Proxy, Redis, RedisCluster, RedisSet,
     ServerControl, ZkEnsemble, ZooKeeper,
 };
 
@@ -249,13 +253,12 @@ impl Stack {
             }
             SpawnName::Redlock3 | SpawnName::Redlock5 => {
                 let n = if name == SpawnName::Redlock3 { 3 } else { 5 };
-                let mut hosts = Vec::new();
-                for _ in 0..n {
-                    let node = Redis::start_with(redis_args).await?;
-                    hosts.push(node.addr().to_string());
+                let set = RedisSet::start(n, redis_args).await?;
+                let url = set.redlock_url();
+                for node in set.into_nodes() {
                     stack.own.push(Box::new(node));
                 }
-                vec![(format!("redlock://{}", hosts.join(",")), (0..n).collect())]
+                vec![(url, (0..n).collect())]
             }
             SpawnName::Zk => {
                 let zk = ZooKeeper::start().await?;

@@ -316,7 +316,9 @@ fn compare_two_spawned_backends_writes_a_complete_consistent_report() {
     // The terminal table names both and says where the files went.
     for file in ["report.json", "report.md", "report.html"] {
         assert!(stdout.contains(file), "{stdout}");
+        common::assert_no_kit_password(&std::fs::read_to_string(dir.path().join(file)).unwrap());
     }
+    common::assert_no_kit_password(&format!("{stdout}{stderr}"));
 }
 
 #[test]

@@ -28,6 +28,8 @@ fn soak_cli(args: &[&str]) -> (Option<i32>, String, serde_json::Value) {
 /// name was held some of the time, the nemesis applied faults of the kinds it was given.
 fn assert_clean(code: Option<i32>, output: &str, json: &serde_json::Value, min_faults: u64) {
     assert_eq!(code, Some(0), "{output}");
+    common::assert_no_kit_password(output);
+    common::assert_no_kit_password(&json.to_string());
     assert_eq!(
         json["anomalies"].as_array().map(Vec::len),
         Some(0),

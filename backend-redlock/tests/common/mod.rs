@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance_tests::kit::{Redis, RedisReply, RedisSet, redis_command};
+use conformance_tests::kit::{Redis, RedisReply, RedisSet};
 use lockcore::{
     AcquireOptions, DistributedLock, KeepAlive, LockExt, LockGuard, LockInfo, LockName, Wait,
 };
@@ -30,8 +30,14 @@ pub fn once(ttl: Duration) -> AcquireOptions {
         .wait(Wait::No)
 }
 
+/// The Redlock URL of the kit's masters (or proxies in front of them) at `addrs`, with the
+/// password every kit server of this process shares.
 pub fn url_of(addrs: &[String], query: &str) -> String {
-    format!("redlock://{}?{query}", addrs.join(","))
+    format!(
+        "redlock://:{}@{}?{query}",
+        conformance_tests::kit::password(),
+        addrs.join(",")
+    )
 }
 
 pub fn addrs(set: &RedisSet) -> Vec<String> {
@@ -66,37 +72,27 @@ pub fn lock_key(name: &str) -> String {
 }
 
 pub async fn get(node: &Redis, key: &str) -> Option<String> {
-    match redis_command(node.addr(), &["GET", key])
-        .await
-        .expect("GET")
-    {
+    match node.command(&["GET", key]).await.expect("GET") {
         RedisReply::Bulk(None) => None,
         other => other.as_text(),
     }
 }
 
 pub async fn exists(node: &Redis, key: &str) -> bool {
-    redis_command(node.addr(), &["EXISTS", key])
-        .await
-        .expect("EXISTS")
-        == RedisReply::Integer(1)
+    node.command(&["EXISTS", key]).await.expect("EXISTS") == RedisReply::Integer(1)
 }
 
 /// Another owner's holder key on `node`, outside dlock.
 pub async fn occupy(node: &Redis, name: &str) {
-    let reply = redis_command(
-        node.addr(),
-        &["SET", &lock_key(name), "blocker", "PX", "60000"],
-    )
-    .await
-    .expect("SET");
+    let reply = node
+        .command(&["SET", &lock_key(name), "blocker", "PX", "60000"])
+        .await
+        .expect("SET");
     assert_eq!(reply, RedisReply::Status("OK".into()));
 }
 
 pub async fn vacate(node: &Redis, name: &str) {
-    redis_command(node.addr(), &["DEL", &lock_key(name)])
-        .await
-        .expect("DEL");
+    node.command(&["DEL", &lock_key(name)]).await.expect("DEL");
 }
 
 /// Waits until no node has a holder key or a queue for `name` other than `blocker`'s.
@@ -143,7 +139,8 @@ pub async fn bump(client: &Arc<dyn DistributedLock>, name: &str, times: usize) -
 /// `name`'s queue on `node`: each entry with its arrival ticket.
 pub async fn queue_entries(node: &Redis, name: &str) -> Vec<(String, String)> {
     let queue = lock_key(name).replace(":lock", ":queue");
-    let reply = redis_command(node.addr(), &["ZRANGE", &queue, "0", "-1", "WITHSCORES"])
+    let reply = node
+        .command(&["ZRANGE", &queue, "0", "-1", "WITHSCORES"])
         .await
         .expect("ZRANGE");
     let RedisReply::Array(Some(items)) = reply else {

@@ -7,8 +7,7 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 
 use super::error::{KitError, KitResult};
-use super::host::{find_any_binary, probe_command, run_command};
-use super::process::running_as_root;
+use super::host::{RunAs, find_any_binary, password, probe_command, run_command, write_private};
 use super::server::{Launch, Server, server_lifecycle};
 use super::tls::TlsFiles;
 use super::{unique_name, valid_database_name};
@@ -16,9 +15,14 @@ use super::{unique_name, valid_database_name};
 const SERVER_PACKAGE: &str = "mariadb-server";
 const CLIENT_PACKAGE: &str = "mariadb-client";
 
-/// A MariaDB server of the kit's own: a fresh data dir in a temp dir, `root` without a password
-/// on 127.0.0.1 (real grant tables, so tests can create users), a `test` database, the socket
-/// in the temp dir, on a free port, `--no-defaults` so no system config is read.
+/// A MariaDB server of the kit's own: a fresh data dir in a 0700 temp dir, on a free port of
+/// 127.0.0.1, the socket in that dir; `root` (every host of it) has the kit's password
+/// ([`MariaDb::password`]), which [`MariaDb::url`] carries, and no account logs in without a
+/// password (real grant tables, so tests can create users); a `test` database; `--no-defaults`
+/// so no system config is read; `LOAD DATA` and `INTO OUTFILE` only in the temp dir.
+///
+/// Runs as the `mysql` OS user when the tests run as root, through `setpriv` (as PostgreSQL
+/// does), so that what the server writes is never root's.
 ///
 /// Server defaults follow Debian's packaged config (`utf8mb4`, `utf8mb4_general_ci`), so
 /// behaviour matches a typical installation; `innodb_flush_log_at_trx_commit=2` (a killed
@@ -29,6 +33,7 @@ pub struct MariaDb {
     mariadbd: PathBuf,
     client: PathBuf,
     admin: PathBuf,
+    run_as: RunAs,
     tls: Option<TlsFiles>,
 }
 
@@ -59,25 +64,48 @@ impl MariaDb {
         let install = find_any_binary(&["mariadb-install-db", "mysql_install_db"], SERVER_PACKAGE)?;
         let client = find_any_binary(&["mariadb", "mysql"], CLIENT_PACKAGE)?;
         let admin = find_any_binary(&["mariadb-admin", "mysqladmin"], CLIENT_PACKAGE)?;
+        let run_as = RunAs::server_account("mysql", SERVER_PACKAGE)?;
+        let server =
+            Server::for_account("mariadb", "mariadbd", "mariadb.log", &run_as, tls.as_ref())?;
+        let dir = server.dir();
+        let files = dir.join("files");
+        std::fs::create_dir(&files)
+            .map_err(|e| KitError::io("cannot create the server's file dir", e))?;
+        run_as.give(&files)?;
+        // The bootstrap makes root password-less on localhost, 127.0.0.1, ::1 and the host's
+        // name (and `mariadb.sys`, locked); before the server first listens, every root gets
+        // the kit's password. The file holding it is the server account's alone.
+        let init = dir.join("root-password.sql");
+        write_private(
+            &init,
+            &format!(
+                "UPDATE mysql.global_priv SET priv = JSON_SET(priv, \
+                 '$.plugin', 'mysql_native_password', \
+                 '$.authentication_string', PASSWORD('{}')) WHERE User = 'root';\n",
+                password()
+            ),
+            &run_as,
+        )?;
         let db = MariaDb {
-            server: Server::new("mariadb", "mariadbd", "mariadb.log", 0)?,
+            server,
             mariadbd,
             client,
             admin,
+            run_as,
             tls,
         };
-        let mut cmd = Command::new(install);
+        let mut cmd = db.run_as.command(&install);
         cmd.arg("--no-defaults")
             .arg(format!("--datadir={}", db.data_dir().display()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
             .arg("--skip-name-resolve")
+            .arg(format!("--extra-file={}", init.display()))
             // Concurrent bootstraps sharing /tmp trip over each other's temp tables.
             .env("TMPDIR", db.dir())
             .current_dir(db.dir());
-        if running_as_root() {
-            cmd.arg("--user=root");
-        }
-        run_command("mariadb-install-db", cmd).await?;
+        let installed = run_command("mariadb-install-db", cmd).await;
+        let _ = std::fs::remove_file(&init);
+        installed?;
         db.server.first_boot(&db).await?;
         db.query("mysql", "CREATE DATABASE IF NOT EXISTS `test`")
             .await?;
@@ -99,14 +127,23 @@ impl MariaDb {
             .map_err(Clone::clone)
     }
 
-    /// `mysql://root@127.0.0.1:{port}/test`.
+    /// `mysql://root:{password}@127.0.0.1:{port}/test`.
     pub fn url(&self) -> String {
         self.database_url("test")
     }
 
-    /// The URL of database `name` on this server.
+    /// The password of `root` (the kit's [`super::password`]).
+    pub fn password(&self) -> &'static str {
+        password()
+    }
+
+    /// The URL of database `name` on this server, as root with its password.
     pub fn database_url(&self, name: &str) -> String {
-        format!("mysql://root@127.0.0.1:{}/{name}", self.port())
+        format!(
+            "mysql://root:{}@127.0.0.1:{}/{name}",
+            self.password(),
+            self.port()
+        )
     }
 
     /// The CA that signed the server's certificate, for a server from [`MariaDb::start_tls`].
@@ -143,8 +180,9 @@ impl MariaDb {
         self.create_database(&unique_name(prefix)).await
     }
 
-    /// Runs `sql` with the `mariadb` client as root over TCP in `database`; returns the
-    /// tab-separated rows without column names.
+    /// Runs `sql` with the `mariadb` client as root over TCP in `database` (the password in
+    /// the client's environment, which other users cannot read); returns the tab-separated rows
+    /// without column names.
     ///
     /// # Errors
     /// The client failing (its stderr is in the message).
@@ -161,7 +199,8 @@ impl MariaDb {
                 database,
                 "-e",
                 sql,
-            ]);
+            ])
+            .env("MYSQL_PWD", self.password());
         run_command("mariadb", cmd).await
     }
 
@@ -173,13 +212,17 @@ impl MariaDb {
 impl Launch for MariaDb {
     fn command(&self, server: &Server) -> KitResult<Command> {
         let dir = server.dir();
-        let mut cmd = Command::new(&self.mariadbd);
+        let mut cmd = self.run_as.command(&self.mariadbd);
         // --no-defaults must come first.
         cmd.arg("--no-defaults")
             .arg(format!("--datadir={}", dir.join("data").display()))
             .arg(format!("--socket={}", dir.join("mysqld.sock").display()))
             .arg(format!("--pid-file={}", dir.join("mariadbd.pid").display()))
             .arg(format!("--tmpdir={}", dir.display()))
+            .arg(format!(
+                "--secure-file-priv={}",
+                dir.join("files").display()
+            ))
             .arg(format!("--port={}", server.port()))
             .args(["--bind-address=127.0.0.1", "--skip-name-resolve"])
             .args([
@@ -192,13 +235,10 @@ impl Launch for MariaDb {
             ])
             .args(["--max-connections=500", "--skip-log-bin"])
             .current_dir(dir);
-        if let Some(files) = &self.tls {
-            cmd.arg(format!("--ssl-cert={}", files.server_cert().display()))
-                .arg(format!("--ssl-key={}", files.server_key().display()))
-                .arg(format!("--ssl-ca={}", files.ca_cert().display()));
-        }
-        if running_as_root() {
-            cmd.arg("--user=root");
+        if self.tls.is_some() {
+            cmd.arg(format!("--ssl-cert={}", dir.join("server.crt").display()))
+                .arg(format!("--ssl-key={}", dir.join("server.key").display()))
+                .arg(format!("--ssl-ca={}", dir.join("ca.crt").display()));
         }
         Ok(cmd)
     }
@@ -207,7 +247,8 @@ impl Launch for MariaDb {
         let mut cmd = Command::new(&self.admin);
         cmd.args(["--no-defaults", "--protocol=tcp", "-h", "127.0.0.1"])
             .arg(format!("-P{}", server.port()))
-            .args(["-uroot", "--connect-timeout=2", "ping"]);
+            .args(["-uroot", "--connect-timeout=2", "ping"])
+            .env("MYSQL_PWD", self.password());
         probe_command(cmd, Duration::from_secs(5)).await
     }
 }

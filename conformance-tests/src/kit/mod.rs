@@ -18,6 +18,24 @@
 //! picked outside the default ones and the kernel's ephemeral range, and passes `--no-defaults`
 //! (or a config of its own) so no system config file is read.
 //!
+//! Who can reach the servers: they listen on 127.0.0.1, where every local user can connect, so
+//! PostgreSQL, MariaDB and Redis let in only the holder of a password generated for the test
+//! process ([`password`], 128 random bits): PostgreSQL's superuser `postgres` (`scram-sha-256`
+//! for every connection), MariaDB's `root` (no account without a password), Redis's default
+//! user (`requirepass`). The URLs the kit hands out carry it (`Redis::url_via` for a proxy in
+//! front); the kit's own `psql` and `mariadb` calls get it in their environment, never on a
+//! command line, which other users can read in `/proc`. It is written only to 0600 files in
+//! the servers' temp dirs, which are 0700 (the data, sockets and logs in them too). When the
+//! tests run as root, PostgreSQL and MariaDB run as their system accounts (`postgres`,
+//! `mysql`), never as root. ZooKeeper has no password of its own: while a kit ZooKeeper runs,
+//! any local user can connect to it (tests that need access control set digest ACLs on their
+//! nodes).
+//!
+//! Free ports are reserved against this user's other test processes with a lock file in a
+//! folder only this user can reach (`$XDG_RUNTIME_DIR/dlock-kit`, else
+//! `<temp dir>/dlock-kit-ports-<uid>`, made 0700); one that exists but is another user's or
+//! open to others is not used.
+//!
 //! [`Proxy`] is a TCP proxy for one link that injects [`Fault`]s into live connections.
 //!
 //! [`LockPeer`] runs another library's ZooKeeper lock client (Apache Curator, kazoo) as a child
@@ -59,6 +77,7 @@ mod zookeeper;
 
 pub use control::{ServerControl, ZkAndRedis};
 pub use error::{KitError, KitErrorKind, KitResult};
+pub use host::password;
 pub use mariadb::MariaDb;
 pub use peer::{KAZOO_REQUIREMENT, LockPeer, PeerHold, PeerLibrary, PeerLock};
 pub use postgres::Postgres;
@@ -81,8 +100,8 @@ use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 ///
 /// Ports come from below the kernel's ephemeral range (so an outgoing connection cannot take a
 /// killed server's port before its restart), are never handed out twice in one process, are
-/// reserved against other test processes using the kit (a byte-range lock the kernel drops
-/// when this process exits), and were bindable a moment ago. A program outside the kit may
+/// reserved against this user's other test processes using the kit (a byte-range lock the
+/// kernel drops when this process exits), and were bindable a moment ago. A program outside the kit may
 /// still take one first: servers retry on another port when a first start fails.
 pub fn free_port() -> u16 {
     static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);

@@ -7,17 +7,18 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::host::{find_binary, probe_command, run_command, system_user};
-use super::process::running_as_root;
+use super::host::{RunAs, find_binary, password, probe_command, run_command, write_private};
 use super::server::{Launch, Server, server_lifecycle};
 use super::tls::TlsFiles;
 use super::{unique_name, valid_database_name};
 
 const PACKAGE: &str = "postgresql";
 
-/// A PostgreSQL server of the kit's own: a fresh cluster in a temp dir, trust auth on
-/// 127.0.0.1, on a free port; socket in the temp dir; `fsync=off` (a killed process loses
-/// nothing the OS already has, which is all a kill -9 test needs).
+/// A PostgreSQL server of the kit's own: a fresh cluster in a 0700 temp dir, on a free port of
+/// 127.0.0.1, its socket in that dir; every connection authenticates with a password
+/// (`scram-sha-256`), and the superuser `postgres` has the kit's ([`Postgres::password`]), which
+/// [`Postgres::url`] carries; `fsync=off` (a killed process loses nothing the OS already has,
+/// which is all a kill -9 test needs).
 ///
 /// Started as the `postgres` OS user when the tests run as root (initdb refuses root), through
 /// `setpriv`, which execs without forking, so the child is the postmaster itself and it still
@@ -27,7 +28,7 @@ const PACKAGE: &str = "postgresql";
 pub struct Postgres {
     server: Server,
     bindir: PathBuf,
-    setpriv: Option<PathBuf>,
+    run_as: RunAs,
     tls: Option<TlsFiles>,
 }
 
@@ -60,59 +61,41 @@ impl Postgres {
                 return Err(KitError::missing(tool, PACKAGE));
             }
         }
-        let setpriv = if running_as_root() {
-            Some(find_binary("setpriv", "util-linux")?)
-        } else {
-            None
-        };
-        let server = Server::new("postgres", "postgres", "postgres.log", 0)?;
+        let run_as = RunAs::server_account("postgres", PACKAGE)?;
+        let server = Server::for_account(
+            "postgres",
+            "postgres",
+            "postgres.log",
+            &run_as,
+            tls.as_ref(),
+        )?;
         let dir = server.dir();
-        let owner = if running_as_root() {
-            let (uid, gid) = system_user("postgres").ok_or_else(|| {
-                KitError::new(
-                    KitErrorKind::MissingBinary,
-                    "system user `postgres` not found: install it with `apt-get install postgresql` or run scripts/install-deps",
-                )
-            })?;
-            std::os::unix::fs::chown(dir, Some(uid), Some(gid))
-                .map_err(|e| KitError::io("cannot chown the postgres temp dir", e))?;
-            Some((uid, gid))
-        } else {
-            None
-        };
-        if let Some(files) = &tls {
-            // The server reads these as the `postgres` user, and refuses a key that others can
-            // read.
-            for (from, to) in [
-                (files.server_cert(), "server.crt"),
-                (files.server_key(), "server.key"),
-                (files.ca_cert(), "ca.crt"),
-            ] {
-                let to = dir.join(to);
-                std::fs::copy(&from, &to)
-                    .map_err(|e| KitError::io("cannot copy the server certificate", e))?;
-                std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-                    .map_err(|e| KitError::io("cannot restrict the server key", e))?;
-                if let Some((uid, gid)) = owner {
-                    std::os::unix::fs::chown(&to, Some(uid), Some(gid))
-                        .map_err(|e| KitError::io("cannot chown the server certificate", e))?;
-                }
-            }
-        }
+        // The superuser's password reaches initdb in a file only the server's account reads.
+        let pwfile = dir.join("superuser.pw");
+        write_private(&pwfile, &scram_secret(password()), &run_as)?;
         let pg = Postgres {
             server,
             bindir,
-            setpriv,
+            run_as,
             tls,
         };
-        let mut initdb = pg.as_postgres(&pg.bindir.join("initdb"));
+        let mut initdb = pg.run_as.command(&pg.bindir.join("initdb"));
         initdb
             .arg("-D")
             .arg(pg.data_dir())
-            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale"])
-            .args(["--no-sync", "--no-instructions"])
+            .args(["-U", "postgres", "-A", "scram-sha-256"])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .args([
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+                "--no-instructions",
+            ])
             .current_dir(pg.dir());
-        run_command("initdb", initdb).await?;
+        let initialised = run_command("initdb", initdb).await;
+        let _ = std::fs::remove_file(&pwfile);
+        initialised?;
         pg.server.first_boot(&pg).await?;
         Ok(pg)
     }
@@ -132,9 +115,14 @@ impl Postgres {
             .map_err(Clone::clone)
     }
 
-    /// `postgres://postgres@127.0.0.1:{port}/postgres`.
+    /// `postgres://postgres:{password}@127.0.0.1:{port}/postgres`.
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port())
+        self.database_url("postgres")
+    }
+
+    /// The password of the superuser `postgres` (the kit's [`super::password`]).
+    pub fn password(&self) -> &'static str {
+        password()
     }
 
     /// The CA that signed the server's certificate, for a server from [`Postgres::start_tls`].
@@ -196,12 +184,17 @@ impl Postgres {
         self.create_database(&unique_name(prefix)).await
     }
 
-    /// The URL of database `name` on this server.
+    /// The URL of database `name` on this server, as the superuser with its password.
     pub fn database_url(&self, name: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{name}", self.port())
+        format!(
+            "postgres://postgres:{}@127.0.0.1:{}/{name}",
+            self.password(),
+            self.port()
+        )
     }
 
-    /// Runs `sql` with `psql` in `database`; returns the unaligned, tuples-only output.
+    /// Runs `sql` with `psql` as the superuser in `database` (the password in psql's
+    /// environment, which other users cannot read); returns the unaligned, tuples-only output.
     ///
     /// # Errors
     /// `psql` failing (its stderr is in the message).
@@ -220,6 +213,7 @@ impl Postgres {
         .arg("-p")
         .arg(self.port().to_string())
         .args(["-U", "postgres", "-d", database, "-c", sql])
+        .env("PGPASSWORD", self.password())
         .env("PGCONNECT_TIMEOUT", "10");
         run_command("psql", psql).await
     }
@@ -227,30 +221,17 @@ impl Postgres {
     fn data_dir(&self) -> PathBuf {
         self.dir().join("data")
     }
-
-    fn as_postgres(&self, program: &Path) -> Command {
-        match &self.setpriv {
-            Some(setpriv) => {
-                let mut cmd = Command::new(setpriv);
-                cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
-                    // Changing credentials clears the parent-death signal set in pre_exec.
-                    .arg("--pdeathsig=SIGKILL");
-                cmd.arg("--").arg(program);
-                cmd
-            }
-            None => Command::new(program),
-        }
-    }
 }
 
 impl Launch for Postgres {
     fn command(&self, server: &Server) -> KitResult<Command> {
         let dir = server.dir();
-        let mut cmd = self.as_postgres(&self.bindir.join("postgres"));
+        let mut cmd = self.run_as.command(&self.bindir.join("postgres"));
         cmd.arg("-D")
             .arg(dir.join("data"))
             .arg("-k")
             .arg(dir)
+            .args(["-c", "unix_socket_permissions=0700"])
             .arg("-p")
             .arg(server.port().to_string())
             .args(["-c", "listen_addresses=127.0.0.1"])
@@ -294,6 +275,61 @@ impl Launch for Postgres {
     }
 }
 
+/// PostgreSQL's stored form of `password` for `scram-sha-256` (RFC 5802 and 7677), with one
+/// iteration instead of the default 4096: each login then costs the client one HMAC, not 4096
+/// (75 ms a connection in an unoptimised test build, enough to miss a fault test's short
+/// timeouts). Iterations only slow the guessing of a weak password; the kit's is 128 random
+/// bits. Given to initdb as the password, it is stored as it is.
+fn scram_secret(password: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    let salt: [u8; 16] = rand::random();
+    let salted = hmac_sha256(
+        password.as_bytes(),
+        &[&salt[..], &1u32.to_be_bytes()].concat(),
+    );
+    let stored_key = Sha256::digest(hmac_sha256(&salted, b"Client Key"));
+    let server_key = hmac_sha256(&salted, b"Server Key");
+    format!(
+        "SCRAM-SHA-256$1:{}${}:{}",
+        base64(&salt),
+        base64(&stored_key),
+        base64(&server_key)
+    )
+}
+
+/// HMAC-SHA-256 (RFC 2104) for keys of up to one block (64 bytes).
+fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    use sha2::{Digest as _, Sha256};
+    assert!(key.len() <= 64, "an HMAC key longer than a block");
+    let pad = |byte: u8| -> Vec<u8> {
+        let mut block = [byte; 64];
+        block.iter_mut().zip(key).for_each(|(b, k)| *b ^= k);
+        block.to_vec()
+    };
+    let inner = Sha256::digest([pad(0x36), message.to_vec()].concat());
+    Sha256::digest([pad(0x5c), inner.to_vec()].concat()).into()
+}
+
+/// Standard base64 with padding.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// The PostgreSQL bin dir: the newest `/usr/lib/postgresql/*/bin`, else `postgres` on PATH.
 fn bindir() -> KitResult<PathBuf> {
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
@@ -315,4 +351,25 @@ fn bindir() -> KitResult<PathBuf> {
     real.parent()
         .map(Path::to_path_buf)
         .ok_or_else(|| KitError::missing("postgres", PACKAGE))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmac_and_base64_match_their_rfc_vectors() {
+        // RFC 4231, test case 2.
+        let mac = hmac_sha256(b"Jefe", b"what do ya want for nothing?");
+        let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(
+            hex,
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        // RFC 4648, section 10.
+        for (plain, encoded) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v")] {
+            assert_eq!(base64(plain.as_bytes()), encoded);
+        }
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
 }

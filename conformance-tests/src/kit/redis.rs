@@ -1,5 +1,6 @@
 //! A private `redis-server`, plus a tiny RESP client for tests that poke at it directly.
 
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -10,20 +11,48 @@ use tokio::net::TcpStream;
 use tokio::sync::OnceCell;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::host::find_binary;
+use super::host::{RunAs, find_binary, password, write_private};
 use super::server::{Launch, Server, server_lifecycle};
 
-/// A `redis-server` of the kit's own on a free port, `dir` = its temp dir.
+/// A `redis-server` of the kit's own on a free port of 127.0.0.1, `dir` = its 0700 temp dir.
+///
+/// The default user needs the kit's password ([`Redis::password`], also `masterauth`), which
+/// [`Redis::url`] carries and [`Redis::command`] sends; the server reads it from a 0600 config
+/// file in its temp dir, never from its command line.
 ///
 /// By default nothing is persisted (`--save "" --appendonly no`); [`Redis::start_with`] appends
 /// arguments (later ones win), e.g. `["--appendonly", "yes", "--appendfsync", "always"]`, and
 /// [`Redis::restart`] reuses them, so an AOF survives a kill -9 when enabled.
-#[derive(Debug)]
 pub struct Redis {
     server: Server,
     binary: PathBuf,
     extra_args: Vec<String>,
+    password: String,
 }
+
+/// Without the password: a handle shows up in panic messages.
+impl fmt::Debug for Redis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut hide = false;
+        let args: Vec<&str> = self
+            .extra_args
+            .iter()
+            .map(|arg| {
+                let shown = if hide { "***" } else { arg.as_str() };
+                hide = matches!(arg.as_str(), "--requirepass" | "--masterauth");
+                shown
+            })
+            .collect();
+        f.debug_struct("Redis")
+            .field("server", &self.server)
+            .field("binary", &self.binary)
+            .field("extra_args", &args)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The config file with the server's password, first on its command line.
+const AUTH_CONFIG: &str = "auth.conf";
 
 impl Redis {
     /// Starts a private server without persistence.
@@ -35,15 +64,31 @@ impl Redis {
     }
 
     /// Starts a private server with `extra_args` after the kit's defaults (they override them).
+    /// A `--requirepass` among them replaces the kit's password (in the URL and for
+    /// [`Redis::command`] too); it is then on the server's command line, which other users can
+    /// read, so it suits a test that needs a password of its own only.
     ///
     /// # Errors
     /// As [`Redis::start`].
     pub async fn start_with(extra_args: &[&str]) -> KitResult<Redis> {
+        let password = extra_args
+            .windows(2)
+            .rev()
+            .find(|pair| pair[0] == "--requirepass")
+            .map_or(password(), |pair| pair[1]);
         let redis = Redis {
             binary: find_binary("redis-server", "redis-server")?,
             server: Server::new("redis", "redis-server", "redis.log", 0)?,
             extra_args: extra_args.iter().map(|a| a.to_string()).collect(),
+            password: password.to_owned(),
         };
+        // Quoted for the config file: the kit's password is hex, a test's may not be.
+        let quoted = format!("{:?}", redis.password);
+        write_private(
+            &redis.dir().join(AUTH_CONFIG),
+            &format!("requirepass {quoted}\nmasterauth {quoted}\n"),
+            &RunAs::Me,
+        )?;
         redis.server.first_boot(&redis).await?;
         Ok(redis)
     }
@@ -62,19 +107,36 @@ impl Redis {
             .map_err(Clone::clone)
     }
 
-    /// `redis://127.0.0.1:{port}`.
+    /// `redis://:{password}@127.0.0.1:{port}`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port())
+        self.url_via(self.addr())
+    }
+
+    /// The URL of this server reached at `addr` (a [`super::Proxy`] in front of it):
+    /// `redis://:{password}@{addr}`.
+    pub fn url_via(&self, addr: SocketAddr) -> String {
+        format!(
+            "redis://:{}@{addr}",
+            lockcore::percent_encode(&self.password)
+        )
+    }
+
+    /// The default user's password: the kit's [`super::password`], unless `--requirepass` was
+    /// among the arguments.
+    pub fn password(&self) -> &str {
+        &self.password
     }
 
     server_lifecycle!("server");
 
-    /// Sends one command on a new connection and returns the reply (10 s timeout).
+    /// Sends `AUTH` with the server's password and one command on a new connection and returns
+    /// the command's reply, or the `AUTH` error reply when the password was refused (10 s
+    /// timeout).
     ///
     /// # Errors
     /// Connection or protocol errors; an error *reply* is `Ok(RedisReply::Error(..))`.
     pub async fn command(&self, args: &[&str]) -> KitResult<RedisReply> {
-        redis_command(self.addr(), args).await
+        redis_command_as(self.addr(), Some(&self.password), args, COMMAND_WITHIN).await
     }
 
     /// How many times the server ran `command` (lower case, a subcommand as `script|load`)
@@ -149,21 +211,29 @@ impl RedisSet {
         &self.nodes
     }
 
-    /// `redlock://127.0.0.1:p1,127.0.0.1:p2,...`.
+    /// Breaks the set up into its servers (each still killed when dropped).
+    pub fn into_nodes(self) -> Vec<Redis> {
+        self.nodes
+    }
+
+    /// `redlock://:{password}@127.0.0.1:p1,127.0.0.1:p2,...` (the servers share one password).
     pub fn redlock_url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port()))
-            .collect();
-        format!("redlock://{}", hosts.join(","))
+        let hosts: Vec<String> = self.nodes.iter().map(|n| n.addr().to_string()).collect();
+        let password = self.nodes.first().map_or(password(), Redis::password);
+        format!(
+            "redlock://:{}@{}",
+            lockcore::percent_encode(password),
+            hosts.join(",")
+        )
     }
 }
 
 impl Launch for Redis {
     fn command(&self, server: &Server) -> KitResult<Command> {
         let mut cmd = Command::new(&self.binary);
-        cmd.arg("--port")
+        // A config file must come first.
+        cmd.arg(server.dir().join(AUTH_CONFIG))
+            .arg("--port")
             .arg(server.port().to_string())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
@@ -182,8 +252,8 @@ impl Launch for Redis {
     }
 
     async fn ready(&self, server: &Server) -> bool {
-        // A server started with `--requirepass` answers NOAUTH once it is up.
-        match redis_command_within(server.addr(), &["PING"], Duration::from_secs(2)).await {
+        // A server that requires a password answers NOAUTH once it is up.
+        match redis_command_as(server.addr(), None, &["PING"], Duration::from_secs(2)).await {
             Ok(RedisReply::Status(s)) => s == "PONG",
             Ok(RedisReply::Error(e)) => e.starts_with("NOAUTH"),
             _ => false,
@@ -273,23 +343,37 @@ pub async fn read_redis_reply<R: AsyncBufRead + Unpin + Send>(
     })
 }
 
-/// Sends one command to a Redis server on a new connection (10 s timeout).
+/// How long [`redis_command`] and [`Redis::command`] wait for a reply.
+const COMMAND_WITHIN: Duration = Duration::from_secs(10);
+
+/// Sends one command to a Redis server on a new connection, without authenticating (10 s
+/// timeout): a kit server answers `NOAUTH`; [`Redis::command`] authenticates.
 ///
 /// # Errors
 /// Connection or protocol errors, or no reply within 10 s.
 pub async fn redis_command(addr: SocketAddr, args: &[&str]) -> KitResult<RedisReply> {
-    redis_command_within(addr, args, Duration::from_secs(10)).await
+    redis_command_as(addr, None, args, COMMAND_WITHIN).await
 }
 
-async fn redis_command_within(
+/// One command on a new connection, after `AUTH password` when given; the `AUTH` error reply
+/// when it was refused. Messages name the command, never its arguments.
+async fn redis_command_as(
     addr: SocketAddr,
+    password: Option<&str>,
     args: &[&str],
     within: Duration,
 ) -> KitResult<RedisReply> {
     let exchange = async {
-        let mut stream = TcpStream::connect(addr).await?;
+        let mut stream = BufReader::new(TcpStream::connect(addr).await?);
+        if let Some(password) = password {
+            stream.write_all(&redis_encode(&["AUTH", password])).await?;
+            let auth = read_redis_reply(&mut stream).await?;
+            if matches!(auth, RedisReply::Error(_)) {
+                return Ok(auth);
+            }
+        }
         stream.write_all(&redis_encode(args)).await?;
-        read_redis_reply(&mut BufReader::new(stream)).await
+        read_redis_reply(&mut stream).await
     };
     match tokio::time::timeout(within, exchange).await {
         Ok(Ok(reply)) => Ok(reply),

@@ -12,7 +12,7 @@ use tokio::sync::OnceCell;
 
 use super::error::{KitError, KitErrorKind, KitResult};
 use super::free_port;
-use super::redis::{Redis, RedisReply, redis_command};
+use super::redis::{Redis, RedisReply};
 
 /// How long the kit waits for `cluster_state:ok` on every node.
 const CLUSTER_READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -95,14 +95,15 @@ impl RedisCluster {
             .map_err(Clone::clone)
     }
 
-    /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,...` (every master as a seed node).
+    /// `redis+cluster://:{password}@127.0.0.1:p1,127.0.0.1:p2,...` (every master as a seed
+    /// node; the masters share the kit's password).
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port()))
-            .collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        let hosts: Vec<String> = self.nodes.iter().map(|n| n.addr().to_string()).collect();
+        format!(
+            "redis+cluster://:{}@{}",
+            lockcore::percent_encode(self.nodes[0].password()),
+            hosts.join(",")
+        )
     }
 
     /// The nodes, in the order their slot ranges were assigned (node 0 has slot 0).
@@ -222,7 +223,7 @@ impl RedisCluster {
 }
 
 async fn expect_ok(node: &Redis, args: &[&str]) -> KitResult<()> {
-    match redis_command(node.addr(), args).await? {
+    match node.command(args).await? {
         RedisReply::Status(s) if s == "OK" => Ok(()),
         other => Err(KitError::new(
             KitErrorKind::Command,

@@ -9,7 +9,8 @@ use super::free_port;
 use super::redis::Redis;
 use super::tls::TlsFiles;
 
-/// A private `redis-server` with a plain port and a TLS port (clients need no certificate).
+/// A private `redis-server` with a plain port and a TLS port (clients need no certificate, but
+/// the password of [`Redis`]).
 #[derive(Debug)]
 pub struct RedisTls {
     redis: Redis,
@@ -67,9 +68,14 @@ impl RedisTls {
         })
     }
 
-    /// `rediss://127.0.0.1:{tls_port}` (add `?ca=` with [`RedisTls::ca_cert`] to trust the kit's CA).
+    /// `rediss://:{password}@127.0.0.1:{tls_port}` (add `?ca=` with [`RedisTls::ca_cert`] to
+    /// trust the kit's CA).
     pub fn tls_url(&self) -> String {
-        format!("rediss://127.0.0.1:{}", self.tls_port)
+        format!(
+            "rediss://:{}@127.0.0.1:{}",
+            lockcore::percent_encode(self.redis.password()),
+            self.tls_port
+        )
     }
 
     /// The TLS port.

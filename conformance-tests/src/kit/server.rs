@@ -9,8 +9,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use super::error::KitResult;
-use super::host::Workdir;
+use super::host::{RunAs, Workdir};
 use super::process::{Proc, boot};
+use super::tls::TlsFiles;
 use super::{first_boot, loopback};
 
 /// What a kind of server (Redis, PostgreSQL, ...) tells [`Server`].
@@ -52,6 +53,24 @@ impl Server {
             lifecycle: tokio::sync::Mutex::new(()),
             dir,
         })
+    }
+
+    /// As [`Server::new`] on a free port, for a server that runs as `run_as`: its temp dir is
+    /// handed to that account, with `tls`'s server certificate, key and CA in it (see
+    /// [`TlsFiles::install_server_files`]).
+    pub(crate) fn for_account(
+        kind: &str,
+        label: impl Into<String>,
+        log: &str,
+        run_as: &RunAs,
+        tls: Option<&TlsFiles>,
+    ) -> KitResult<Self> {
+        let server = Self::new(kind, label, log, 0)?;
+        run_as.give(server.dir())?;
+        if let Some(files) = tls {
+            files.install_server_files(server.dir(), run_as)?;
+        }
+        Ok(server)
     }
 
     /// The TCP port (the same across restarts).

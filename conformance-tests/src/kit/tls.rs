@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::host::{Workdir, find_binary, run_command};
+use super::host::{RunAs, Workdir, find_binary, run_command, write_private};
 
 /// A CA certificate plus certificates and keys signed by it, in a temp dir.
 #[derive(Debug)]
@@ -155,6 +155,25 @@ impl TlsFiles {
     /// The server's private key (PEM).
     pub fn server_key(&self) -> PathBuf {
         self.dir.path().join("server.key")
+    }
+
+    /// Copies the server certificate, its key and the CA into a server's `dir` as
+    /// `server.crt`, `server.key` and `ca.crt`, 0600 and owned by `run_as`: servers refuse a key
+    /// others can read, and one that runs as its system account cannot enter this temp dir.
+    ///
+    /// # Errors
+    /// A file that cannot be read or written.
+    pub(crate) fn install_server_files(&self, dir: &Path, run_as: &RunAs) -> KitResult<()> {
+        for (from, to) in [
+            (self.server_cert(), "server.crt"),
+            (self.server_key(), "server.key"),
+            (self.ca_cert(), "ca.crt"),
+        ] {
+            let pem = std::fs::read_to_string(&from)
+                .map_err(|e| KitError::io(format!("cannot read {}", from.display()), e))?;
+            write_private(&dir.join(to), &pem, run_as)?;
+        }
+        Ok(())
     }
 
     /// The directory holding the files.

@@ -6,6 +6,10 @@
 //! `stat`, `mntr` (and a few more) enabled, the admin HTTP server disabled, and a short tick
 //! (500 ms) so elections and session expiry are quick. Session timeouts from 1 s to 60 s are
 //! accepted.
+//!
+//! ZooKeeper has no password of its own (unlike the kit's other servers): while one runs, any
+//! local user can connect to its loopback port and use nodes that carry no ACL. Its data stays
+//! in a 0700 temp dir.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;

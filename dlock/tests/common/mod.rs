@@ -58,3 +58,17 @@ pub fn text(o: &Output) -> String {
 pub fn enc(url: &str) -> String {
     dlock::percent_encode(url)
 }
+
+/// Fails when `text` holds a URL password of the kind the test kit generates (`:` 32 hex
+/// digits `@`): what `--spawn` started must never show its credentials.
+pub fn assert_no_kit_password(text: &str) {
+    let bytes = text.as_bytes();
+    for (i, _) in text.match_indices(':') {
+        let secret = bytes.get(i + 1..i + 33);
+        if secret.is_some_and(|s| s.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+            && bytes.get(i + 33) == Some(&b'@')
+        {
+            panic!("a password shows at byte {i}:\n{text}");
+        }
+    }
+}

@@ -19,6 +19,11 @@ use crate::exit;
 pub(crate) struct SoakArgs {
     /// The backend to start with the test kit: sqlite, postgres, mariadb, redis, redis-cluster,
     /// redlock-3, redlock-5, tair, zk, zk-ensemble or dual (ZooKeeper first, Redis second).
+    ///
+    /// The servers listen on 127.0.0.1 and keep their data in temp dirs only you can enter.
+    /// PostgreSQL, MariaDB and Redis admit only a password generated for the run, which is never
+    /// printed and only your user can read. ZooKeeper has no authentication: any local user can
+    /// connect to it while it runs.
     #[arg(long, value_name = "BACKEND", value_parser = parse_spawn)]
     pub(crate) spawn: SpawnName,
 
