@@ -31,6 +31,56 @@ async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Ou
         .unwrap_or_else(|_| panic!("{what}: did not finish within {limit:?}"))
 }
 
+/// Keep-alive on the pair the suite's `dual_redis_zk` target runs (Redis first, ZooKeeper
+/// second), with every byte to and from ZooKeeper delayed past what is left of a 2 s lease: each
+/// renewal comes back too late, so the lock goes, as it must. What must hold is the order: the
+/// guard stops claiming the lock (its deadline passes, `lost()` says `ConnectionLost`) before
+/// another client can take it. (A loaded machine once let the suite's keep-alive case lose its
+/// lock this way; here the delay is the proxy's, every time.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_answered_too_late_end_the_lease_before_the_lock_is_free() {
+    let zk = ZooKeeper::start().await.expect("kit ZooKeeper");
+    let redis = Redis::shared().await.expect("kit Redis");
+    let proxy = Proxy::start(zk.addr()).await.expect("proxy");
+    let behind = zk.url().replacen(
+        &format!(":{}", zk.port()),
+        &format!(":{}", proxy.addr().port()),
+        1,
+    );
+    let first = format!("{}?prefix=dual-late", redis.url());
+    let holder = common::dual(dual_url(&first, &format!("{behind}/dual-late"), ""))
+        .await
+        .expect("connect the holder");
+    let other = common::dual(dual_url(&first, &format!("{}/dual-late", zk.url()), ""))
+        .await
+        .expect("connect another client");
+    let n = "late-renewals";
+    let opts = AcquireOptions::new()
+        .ttl(2 * SEC)
+        .keep_alive(KeepAlive::renew())
+        .wait(Wait::No);
+    let g = holder.lock(n, &opts).await.expect("acquire");
+    proxy.set(Fault::Latency(3 * SEC));
+    let taken = within(60 * SEC, "another client's grant", async {
+        loop {
+            let try_opts = opts.clone().keep_alive(KeepAlive::Off);
+            if let Some(got) = other.try_lock(n, &try_opts).await.expect("try") {
+                break (Instant::now(), got);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        g.deadline() <= taken.0,
+        "the guard's lease ran {:?} past the moment another client got the lock",
+        g.deadline().saturating_duration_since(taken.0)
+    );
+    assert!(!g.is_held());
+    assert_eq!(g.lost_reason(), Some(LostReason::ConnectionLost));
+    taken.1.release().await.expect("release");
+}
+
 /// With the second store refusing connections, or silent, a dual acquire fails with an error
 /// (not a grant, not a hang) and gives the first store's hold back at once: a ZooKeeper-only
 /// client gets the name right after. When the link is back, dual clients work again.

@@ -27,6 +27,8 @@ pub fn main(targets: Vec<Target>, dir: &str) -> ExitCode {
     if let Some(code) = crate::faults::child_main(&targets) {
         return code;
     }
+    // A failed case's message carries what the library logged about its locks.
+    crate::timeline::install();
     let args = Arguments::from_args();
     let reports = Arc::new(Mutex::new(Vec::<Report>::new()));
     let mut trials = Vec::new();

@@ -10,7 +10,8 @@
 //! * [`harness`]: the `cargo test` main of every backend crate's `tests/conformance.rs`, one
 //!   named test per case × target.
 //! * [`table`]: the case × backend table, from reports.
-//! * [`history`], [`fenced`]: the safety tooling (recorder, checker, fenced resource).
+//! * [`history`], [`fenced`]: the safety tooling (recorder, checker, fenced resource);
+//!   [`timeline`]: what the library logged about a failed case's locks, for its message.
 //! * [`catalog`]: how each backend the kit can start fares in every fault scenario, declared
 //!   once for its tests and `dlock compare`.
 //! * [`kit`]: real servers as child processes and a fault-injecting TCP proxy; [`spawn`]: the
@@ -42,6 +43,7 @@ pub mod sem_faults;
 pub mod spawn;
 pub mod table;
 mod target;
+pub mod timeline;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -125,13 +127,13 @@ impl Ctx {
 
     /// A lock name unique to this case and run, under the target's prefix.
     pub fn name(&self, label: &str) -> String {
-        let name = format!(
-            "{}/{}/{}/{label}",
-            self.target.name_prefix(),
-            self.case,
-            self.run
-        );
+        let name = format!("{}{label}", self.names());
         self.target.note_name(&name);
         name
+    }
+
+    /// What every name of this run of this case starts with (see [`name`](Self::name)).
+    pub fn names(&self) -> String {
+        format!("{}/{}/{}/", self.target.name_prefix(), self.case, self.run)
     }
 }

@@ -153,21 +153,22 @@ async fn outcome_of(target: &Target, case: &'static Case, limit: Duration) -> Ou
         return Outcome::Failed { message };
     }
     let ctx = Ctx::new(target.clone(), case.name);
+    let names = ctx.names();
     let mut task = tokio::spawn((case.run)(ctx));
-    match tokio::time::timeout(limit, &mut task).await {
-        Ok(Ok(())) => Outcome::Passed,
-        Ok(Err(e)) if e.is_panic() => Outcome::Failed {
-            message: panic_message(&*e.into_panic()),
-        },
-        Ok(Err(e)) => Outcome::Failed {
-            message: format!("the case's task ended without finishing: {e}"),
-        },
+    let message = match tokio::time::timeout(limit, &mut task).await {
+        Ok(Ok(())) => return Outcome::Passed,
+        Ok(Err(e)) if e.is_panic() => panic_message(&*e.into_panic()),
+        Ok(Err(e)) => format!("the case's task ended without finishing: {e}"),
         Err(_) => {
             task.abort();
-            Outcome::Failed {
-                message: format!("did not finish within {limit:?}"),
-            }
+            format!("did not finish within {limit:?}")
         }
+    };
+    Outcome::Failed {
+        message: match crate::timeline::of(&names) {
+            Some(lines) => format!("{message}\nwhat the library logged about its locks:\n{lines}"),
+            None => message,
+        },
     }
 }
 

@@ -53,3 +53,29 @@ async fn a_store_without_semaphores_need_not_declare_their_scenarios() {
         report.outcome
     );
 }
+
+/// A failed case's message carries what the library logged about its locks: here a store
+/// whose extend changes nothing, so the keep-alive case finds the lock free while the
+/// renewer's log shows every renewal sent and answered, and the guard still claiming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_case_shows_what_the_library_logged_about_its_locks() {
+    use conformance_tests::mutants::{Defect, target};
+    conformance_tests::timeline::install();
+    let target = target(Defect::ExtendIsNoop);
+    let case = registry::find("keep_alive_holds_past_ttl").expect("registered");
+    let report = run_case(&target, case, Duration::from_secs(60)).await;
+    let Outcome::Failed { message } = &report.outcome else {
+        panic!("the mutant passed: {:?}", report.outcome);
+    };
+    assert!(message.contains("keep-alive let the lock go"), "{message}");
+    assert!(message.contains("held=true"), "{message}");
+    assert!(
+        message.contains("what the library logged about its locks"),
+        "{message}"
+    );
+    assert!(
+        message.contains("[x] TRACE lockcore::renewer: renewal sent")
+            && message.contains("[x] TRACE lockcore::renewer: lease renewed"),
+        "{message}"
+    );
+}

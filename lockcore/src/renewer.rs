@@ -182,6 +182,11 @@ impl Entry {
     }
 }
 
+/// Whole milliseconds, for log fields.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 async fn run(backend: Arc<dyn DistributedLock>, key: usize, renewer: Arc<Renewer>) {
     let task = Task { renewer, backend };
     let (renewer, backend) = (&*task.renewer, &*task.backend);
@@ -261,7 +266,16 @@ async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
             // Too late for an answer to arrive before the lease ends: wait for the end, keeping
             // the reason the last attempt left.
             Some(_) if lease.valid_until() <= now + e.margin() => e.next = lease.valid_until(),
-            Some(ttl) => batch.push((i, lease, ttl)),
+            Some(ttl) => {
+                tracing::trace!(
+                    lock = %lease.name(),
+                    token = lease.token().0,
+                    left_ms = millis(lease.valid_until().saturating_duration_since(now)),
+                    late_ms = millis(now.saturating_duration_since(e.next)),
+                    "renewal sent"
+                );
+                batch.push((i, lease, ttl))
+            }
             None => {
                 shared.set_fallback(LostReason::RenewalLimit);
                 // Nothing more to renew: wake only when the lease runs out.
@@ -315,7 +329,13 @@ async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
                             e.next = started + e.every;
                             e.valid_until = new.valid_until();
                             if !shared.is_finished() {
-                                tracing::trace!(lock = %new.name(), renewals = e.renewals, "lease renewed");
+                                tracing::trace!(
+                                    lock = %new.name(),
+                                    renewals = e.renewals,
+                                    took_ms = millis(started.elapsed()),
+                                    left_ms = millis(new.remaining()),
+                                    "lease renewed"
+                                );
                                 shared.store_lease(new);
                             }
                             // A renewal shortened by max_hold, or the last one allowed, is the
@@ -337,7 +357,13 @@ async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
                             done.push(*i);
                         }
                         Err(err) => {
-                            tracing::warn!(lock = %lease.name(), error = %err, "renewal failed; retrying until the lease runs out");
+                            tracing::warn!(
+                                lock = %lease.name(),
+                                error = %err,
+                                took_ms = millis(started.elapsed()),
+                                left_ms = millis(lease.remaining()),
+                                "renewal failed; retrying until the lease runs out"
+                            );
                             shared.set_fallback(LostReason::from_error(&err));
                             e.next = Instant::now() + (e.every / 4).max(Duration::from_millis(10));
                         }
@@ -345,7 +371,13 @@ async fn renew_due(backend: &dyn DistributedLock, entries: &mut Vec<Entry>) {
                 }
             }
             Err(_elapsed) => {
-                for (i, _, _) in &batch {
+                for (i, lease, _) in &batch {
+                    tracing::debug!(
+                        lock = %lease.name(),
+                        took_ms = millis(started.elapsed()),
+                        left_ms = millis(lease.remaining()),
+                        "renewal unanswered; retrying while the lease lasts"
+                    );
                     if let Some(shared) = entries[*i].shared.upgrade() {
                         shared.set_fallback(LostReason::ConnectionLost);
                     }

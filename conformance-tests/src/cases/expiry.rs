@@ -40,9 +40,19 @@ pub async fn keep_alive_holds_past_ttl(ctx: Ctx) {
         .wait(Wait::No);
     let g = a.lock(&n, &opts).await.expect("acquire");
     let token = g.fencing_token();
+    let started = Instant::now();
     for _ in 0..9 {
         tokio::time::sleep(ms(700)).await;
-        assert!(!is_free(&b, &n).await, "keep-alive let the lock go");
+        // Looked at before the store is asked: a guard that knows it lost the lock by then
+        // failed at keeping it (a liveness failure); one that still claims it would hold it
+        // beside another owner.
+        let (held, lost) = (g.is_held(), g.lost_reason());
+        assert!(
+            !is_free(&b, &n).await,
+            "keep-alive let the lock go {:?} after the grant; the guard then said held={held}, \
+             lost={lost:?}",
+            started.elapsed()
+        );
     }
     assert!(g.is_held(), "the guard thinks it lost a renewed lock");
     assert_eq!(g.fencing_token(), token, "renewals changed the token");
