@@ -48,6 +48,9 @@ struct Renewer {
     inbox: Mutex<Inbox>,
     /// Wakes the task before its planned time (a permit is kept if it is not waiting yet).
     wake: Notify,
+    /// How many times the task took its inbox (tests count the passes a burst costs).
+    #[cfg(test)]
+    passes: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
@@ -193,6 +196,10 @@ async fn run(backend: Arc<dyn DistributedLock>, key: usize, renewer: Arc<Renewer
     let mut entries: Vec<Entry> = Vec::new();
     let mut purge_at = INBOX_LIMIT;
     loop {
+        #[cfg(test)]
+        renewer
+            .passes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Take what was registered, and say when this task looks next: a later registration
         // due before that wakes it. The scans run outside the inbox's lock; what arrives
         // meanwhile is taken with the plan, under it.
@@ -459,6 +466,32 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(2500)).await;
         assert!(sooner.is_held(), "the sooner guard's lease lapsed");
         for g in later.into_iter().chain([first, sooner]) {
+            g.release().await.expect("release");
+        }
+    }
+
+    /// A burst of guards (5 000, as a service taking many locks at once) waits in the inbox and
+    /// is taken by one pass of the renewer, not one pass per guard: each pass takes the whole
+    /// inbox, and then scans only cached instants.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_burst_of_guards_is_taken_in_one_pass() {
+        let (backend, first) = planned("renewer-burst").await;
+        let renewer = registry().get(&key(&backend)).cloned().expect("a renewer");
+        let passes = || renewer.passes.load(std::sync::atomic::Ordering::Relaxed);
+        let before = passes();
+        let mut burst = Vec::new();
+        for i in 0..5000 {
+            burst.push(lock(&backend, &format!("burst-{i}"), 2 * MINUTE).await);
+        }
+        let sooner = lock(&backend, "sooner", Duration::from_millis(1500)).await;
+        drained(&backend).await;
+        // One when the inbox filled (`INBOX_LIMIT`), one for the sooner guard.
+        let taken = passes() - before;
+        assert!(
+            (1..=3).contains(&taken),
+            "{taken} passes took a burst of 5 001 guards"
+        );
+        for g in burst.into_iter().chain([first, sooner]) {
             g.release().await.expect("release");
         }
     }
