@@ -1,11 +1,15 @@
-//! The cases about a missing primitive: not applicable where the store has it, a real check
-//! where it does not.
+//! The pinned not-applicable cells against what the `memory` target decides, and the cases
+//! about a missing primitive: not applicable where the store has it, a real check where it
+//! does not.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use conformance_tests::mutants::{Defect, target};
+use conformance_tests::pins::Pins;
+use conformance_tests::runner::applicability;
 use conformance_tests::{Ctx, Outcome, registry, run_case};
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -23,6 +27,32 @@ const REFUSALS: &[(&str, &str)] = &[
 
 fn case(name: &str) -> &'static conformance_tests::Case {
     registry::find(name).unwrap_or_else(|| panic!("{name} is not in the registry"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_committed_pins_are_what_the_memory_target_decides() {
+    let memory = common::memory();
+    let mut decided = BTreeMap::new();
+    for entry in registry::registry() {
+        let answer = applicability(&memory, entry, LIMIT)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", entry.name));
+        if let Some(reason) = answer {
+            decided.insert(entry.name, reason);
+        }
+    }
+    let pinned: BTreeMap<&str, String> = Pins::committed()
+        .of("memory")
+        .into_iter()
+        .map(|(case, reason)| (case, reason.to_owned()))
+        .collect();
+    assert_eq!(
+        decided,
+        pinned,
+        "the memory target's n/a cells differ from conformance-tests/not-applicable.txt; \
+         rewrite it with `{} target/tmp` after running the suite",
+        conformance_tests::pins::REWRITE
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
