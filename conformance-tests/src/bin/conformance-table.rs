@@ -84,6 +84,11 @@ fn run() -> Result<ExitCode, String> {
         for line in &changes {
             println!("{line}");
         }
+        // A target whose test binary did not run (or crashed before saving its reports) loses
+        // its pins under --complete: say so, beside the `-` lines.
+        for gone in old.targets().difference(&new.targets()) {
+            println!("note: {gone} had pinned cells but no report in this run: its pins are gone");
+        }
         println!(
             "{}: {} pinned cell(s), {} line(s) changed",
             args.pins.display(),
