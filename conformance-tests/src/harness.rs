@@ -4,8 +4,9 @@
 //! never left out.
 //!
 //! Each run also writes its reports as JSON to `<dir>/dlock-conformance/<target>.json`, and
-//! prints the case × target table of this test binary; `conformance-table` joins the files of
-//! every binary into the workspace's table.
+//! prints the case × target table of this test binary, and where its not-applicable cells
+//! differ from the pinned ones ([`crate::pins`]); `conformance-table` joins the files of every
+//! binary into the workspace's table and fails on such a difference.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -58,8 +59,22 @@ pub fn main(targets: Vec<Target>, dir: &str) -> ExitCode {
     if !reports.is_empty() {
         write_reports(Path::new(dir), &targets, &reports);
         println!("\n{}", crate::table::matrix(&reports));
+        note_pins(&reports);
     }
     conclusion.exit_code()
+}
+
+/// Says where this binary's not-applicable cells differ from the pinned ones. The test binary
+/// does not fail on it (its tests passed); the table step does.
+fn note_pins(reports: &[Report]) {
+    use crate::pins::{Pins, Scope, compare, rewrite_hint};
+    let mismatches = compare(reports, Pins::committed(), Scope::Reported);
+    if !mismatches.is_empty() {
+        for m in &mismatches {
+            println!("PIN  {m}");
+        }
+        println!("{}\n", rewrite_hint(Scope::Reported));
+    }
 }
 
 /// Each test gets a runtime of its own, as `#[tokio::test(flavor = "multi_thread")]` would.

@@ -9,7 +9,8 @@
 //!   applicable with the reason), with its duration; `dlock check` uses it on a user's store.
 //! * [`harness`]: the `cargo test` main of every backend crate's `tests/conformance.rs`, one
 //!   named test per case × target.
-//! * [`table`]: the case × backend table, from reports.
+//! * [`table`]: the case × backend table, from reports; [`pins`]: every cell that is not
+//!   applicable, with its reason, pinned in `not-applicable.txt` and compared with each run.
 //! * [`history`], [`fenced`]: the safety tooling (recorder, checker, fenced resource);
 //!   [`timeline`]: what the library logged about a failed case's locks, for its message.
 //! * [`catalog`]: how each backend the kit can start fares in every fault scenario, declared
@@ -37,6 +38,7 @@ pub mod harness;
 pub mod history;
 pub mod kit;
 pub mod mutants;
+pub mod pins;
 pub mod registry;
 pub mod runner;
 pub mod sem_faults;

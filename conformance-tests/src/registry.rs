@@ -62,6 +62,11 @@ impl Needs {
         label: "read-write locks with ttl expiry",
         admits: |c| c.native.read_write && c.expiry == Expiry::Ttl,
     };
+    /// A store without read-write locks: the case checks that such a store refuses them.
+    pub const WITHOUT_READ_WRITE: Needs = Needs {
+        label: "a store without read-write locks (the case checks that one refuses them)",
+        admits: |c| !c.native.read_write,
+    };
     /// Counting semaphores ([`lockcore::NativePrimitives::semaphore`]).
     pub const SEMAPHORE: Needs = Needs {
         label: "semaphores",
@@ -76,6 +81,21 @@ impl Needs {
     pub const SEMAPHORE_TTL: Needs = Needs {
         label: "semaphores with ttl expiry",
         admits: |c| c.native.semaphore && c.expiry == Expiry::Ttl,
+    };
+    /// A store without semaphores: the case checks that such a store refuses them.
+    pub const WITHOUT_SEMAPHORE: Needs = Needs {
+        label: "a store without semaphores (the case checks that one refuses them)",
+        admits: |c| !c.native.semaphore,
+    };
+    /// Token floors ([`Capabilities::token_floor`]).
+    pub const TOKEN_FLOOR: Needs = Needs {
+        label: "token floors",
+        admits: |c| c.token_floor,
+    };
+    /// A store without token floors: the case checks that such a store refuses one.
+    pub const WITHOUT_TOKEN_FLOOR: Needs = Needs {
+        label: "a store without token floors (the case checks that one refuses them)",
+        admits: |c| !c.token_floor,
     };
     /// Any [`lockcore::LockName`], kept distinct by escaping, rather than names that must be
     /// paths in the store's tree ([`Capabilities::path_names`]).
@@ -158,7 +178,7 @@ static REGISTRY: &[Case] = entries! {
     Case cases::rw_writer_excludes_readers_and_writers needs READ_WRITE;
     Case cases::rw_no_writer_starvation needs READ_WRITE;
     Case cases::rw_tokens_increase_across_writers needs READ_WRITE;
-    Case cases::rw_unsupported_says_so needs ANY;
+    Case cases::rw_unsupported_says_so needs WITHOUT_READ_WRITE;
     Case cases::sem_permits_fill_then_refuse needs SEMAPHORE;
     Case cases::sem_history_never_exceeds_permits needs SEMAPHORE;
     Case cases::sem_waiter_woken_when_a_permit_frees needs SEMAPHORE;
@@ -166,9 +186,11 @@ static REGISTRY: &[Case] = entries! {
     Case cases::sem_expired_permit_comes_back needs SEMAPHORE_TTL;
     Case cases::sem_mismatched_permits_rejected needs SEMAPHORE;
     Case cases::sem_dropped_acquire_leaves_nothing needs SEMAPHORE;
-    Case cases::sem_unsupported_or_bad_count_says_so needs ANY;
+    Case cases::sem_bad_count_rejected_before_io needs ANY;
+    Case cases::sem_unsupported_says_so needs WITHOUT_SEMAPHORE;
     Case cases::chosen_owner_is_recorded needs ANY;
-    Case cases::token_floor_carries_the_counter needs ANY;
+    Case cases::token_floor_carries_the_counter needs TOKEN_FLOOR;
+    Case cases::token_floor_unsupported_says_so needs WITHOUT_TOKEN_FLOOR;
     Fault faults::client_paused_past_ttl needs TTL;
     Fault faults::holder_process_killed needs TTL_SHARED;
     Fault faults::server_killed_and_restarted needs ANY;

@@ -119,35 +119,40 @@ pub async fn run_case(target: &Target, case: &'static Case, limit: Duration) -> 
     }
 }
 
-async fn outcome_of(target: &Target, case: &'static Case, limit: Duration) -> Outcome {
+/// Whether `case` applies to `target`, decided as [`run_case`] decides it (the target's fault
+/// declarations, then the store's capabilities against the case's [`Needs`](crate::Needs)),
+/// without running it: `Ok(None)` when it would run, `Ok(Some(reason))` when it is not
+/// applicable. Connects one client to read the capabilities.
+///
+/// # Cancel safety
+/// Cancel-safe: it only connects a client and reads its capabilities.
+///
+/// # Errors
+/// The failure message when the store is not ready or cannot be connected to within `limit`.
+pub async fn applicability(
+    target: &Target,
+    case: &Case,
+    limit: Duration,
+) -> Result<Option<String>, String> {
     if let Some(reason) = not_applicable_up_front(target, case) {
-        return Outcome::NotApplicable { reason };
+        return Ok(Some(reason));
     }
-    let url = match tokio::time::timeout(limit, target.url()).await {
-        Ok(url) => url,
-        Err(_) => {
-            return Outcome::Failed {
-                message: format!("the store was not ready within {limit:?}"),
-            };
-        }
-    };
+    let url = tokio::time::timeout(limit, target.url())
+        .await
+        .map_err(|_| format!("the store was not ready within {limit:?}"))?;
     let caps = match tokio::time::timeout(limit, target.connect(&url)).await {
         Ok(Ok(client)) => client.capabilities(),
-        Ok(Err(e)) => {
-            return Outcome::Failed {
-                message: format!("cannot connect: {e}"),
-            };
-        }
-        Err(_) => {
-            return Outcome::Failed {
-                message: format!("connecting took longer than {limit:?}"),
-            };
-        }
+        Ok(Err(e)) => return Err(format!("cannot connect: {e}")),
+        Err(_) => return Err(format!("connecting took longer than {limit:?}")),
     };
-    if !(case.needs.admits)(&caps) {
-        return Outcome::NotApplicable {
-            reason: format!("needs {}", case.needs.label),
-        };
+    Ok((!(case.needs.admits)(&caps)).then(|| format!("needs {}", case.needs.label)))
+}
+
+async fn outcome_of(target: &Target, case: &'static Case, limit: Duration) -> Outcome {
+    match applicability(target, case, limit).await {
+        Ok(None) => {}
+        Ok(Some(reason)) => return Outcome::NotApplicable { reason },
+        Err(message) => return Outcome::Failed { message },
     }
     if let Some(message) = undeclared(target, case) {
         return Outcome::Failed { message };

@@ -1,6 +1,7 @@
 //! The case × backend table, rendered from [`Report`]s (never from a list kept by hand): the
 //! rows are the registry's entries in order, the columns the targets that reported.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -97,6 +98,12 @@ pub fn matrix(reports: &[Report]) -> String {
 
 /// One target's reports as rows: case, outcome, seconds, and the message or reason.
 pub fn single(reports: &[Report]) -> String {
+    single_with(reports, &BTreeMap::new())
+}
+
+/// As [`single`], with the detail of a not-applicable case taken from `notes` (case → text)
+/// where it has one (the reason beside the pinned one: [`crate::pins::Pins::annotate`]).
+pub fn single_with(reports: &[Report], notes: &BTreeMap<String, String>) -> String {
     let width = reports
         .iter()
         .map(|r| r.case.len())
@@ -108,7 +115,7 @@ pub fn single(reports: &[Report]) -> String {
         let detail = match &r.outcome {
             Outcome::Passed => String::new(),
             Outcome::Failed { message } => first_line(message).to_owned(),
-            Outcome::NotApplicable { reason } => reason.clone(),
+            Outcome::NotApplicable { reason } => notes.get(&r.case).unwrap_or(reason).clone(),
         };
         let _ = writeln!(
             out,
@@ -138,10 +145,11 @@ fn first_line(text: &str) -> &str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn report(target: &str, case: &str, outcome: Outcome) -> Report {
+    /// A report of `case` on `target` (for this crate's unit tests).
+    pub(crate) fn report(target: &str, case: &str, outcome: Outcome) -> Report {
         Report {
             target: target.into(),
             case: case.into(),

@@ -5,10 +5,14 @@
 //! result ([`CheckRun`]) carries one [`Report`] per case, serialisable as JSON, so a report over
 //! many stores (`dlock compare`) can reuse it. Fault scenarios need a server dlock started and
 //! may break, so on a user's store they are reported as not applicable ("needs --spawn").
+//! Each not-applicable case's reason is shown beside the one the suite pins for its target of
+//! the same kind (`conformance_tests::pins`), or said to be unpinned there.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use conformance_tests::pins::{self, Pins};
 use conformance_tests::runner::run_case;
 use conformance_tests::{Case, Outcome, Target, registry};
 use lockcore::{DistributedLock, LockName};
@@ -56,6 +60,13 @@ pub struct CheckRun {
     pub failed: usize,
     /// Cases not applicable to this store.
     pub not_applicable: usize,
+    /// The suite's target of the same kind as the store (by its URL:
+    /// [`conformance_tests::pins::target_for_url`]), whose pinned not-applicable cells the run's
+    /// are compared with; `None` when the suite has no target of that kind.
+    pub pinned_as: Option<String>,
+    /// For every case that was not applicable: its reason beside the pinned one
+    /// ([`Pins::annotate`]), keyed by case.
+    pub pin_notes: BTreeMap<String, String>,
     /// Lock names of this run still held when it ended (they were waited for up to 60 s;
     /// anything listed here outlived that).
     pub left_held: Vec<String>,
@@ -130,6 +141,17 @@ pub async fn run(
     let reports: Vec<Report> = slots.into_iter().flatten().collect();
     let (left_held, forgotten) = clean_up(target, client).await;
     let (passed, failed, not_applicable) = conformance_tests::table::counts(&reports);
+    let pinned_as = pins::target_for_url(&target.url().await);
+    let pin_notes = reports
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            Outcome::NotApplicable { reason } => Some((
+                r.case.clone(),
+                Pins::committed().annotate(pinned_as, &r.case, reason),
+            )),
+            _ => None,
+        })
+        .collect();
     CheckRun {
         target: target.label().to_owned(),
         capabilities: client.capabilities().to_string(),
@@ -138,6 +160,8 @@ pub async fn run(
         passed,
         failed,
         not_applicable,
+        pinned_as: pinned_as.map(str::to_owned),
+        pin_notes,
         left_held,
         forgotten,
         seconds: started.elapsed().as_secs_f64(),
@@ -185,9 +209,10 @@ async fn clean_up(target: &Target, client: &Arc<dyn DistributedLock>) -> (Vec<St
     }
 }
 
-/// The run as a table: one row per case (outcome, seconds, message or reason), then totals.
+/// The run as a table: one row per case (outcome, seconds, message, or reason beside the pinned
+/// one), then totals.
 pub fn render(run: &CheckRun) -> String {
-    let mut out = conformance_tests::table::single(&run.cases);
+    let mut out = conformance_tests::table::single_with(&run.cases, &run.pin_notes);
     if run.forgotten > 0 {
         out.push_str(&format!(
             "removed the run's {} lock name(s) from the store, fence counters included\n",

@@ -113,6 +113,59 @@ fn check_sqlite_file_passes_every_applicable_case_and_prints_a_table() {
     );
 }
 
+/// A not-applicable row carries the reason the repository's tests pin for a store of the same
+/// kind (the `memory` target here), or says how the run's reason differs from it.
+#[test]
+fn check_prints_the_pinned_reason_beside_each_not_applicable_row() {
+    let cases = "^(rw_unsupported_says_so|client_paused_past_ttl|holder_process_killed)$";
+    let o = output(dlock().args(["check", "--url", "memory://pins", "--cases", cases]));
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", text(&o.stderr));
+    let table = text(&o.stdout);
+    let row = |case: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(&format!("{case} ")))
+            .unwrap_or_else(|| panic!("no row {case}:\n{table}"))
+            .to_owned()
+    };
+    let pinned = conformance_tests::pins::Pins::committed();
+    let rw = pinned
+        .get("memory", "rw_unsupported_says_so")
+        .expect("pinned for memory");
+    assert!(
+        row("rw_unsupported_says_so").ends_with(&format!("{rw} (pinned for memory)")),
+        "{table}"
+    );
+    let killed = pinned
+        .get("memory", "holder_process_killed")
+        .expect("pinned for memory");
+    assert!(
+        row("holder_process_killed").ends_with(&format!(
+            "(pinned for memory with another reason: {killed})"
+        )),
+        "{table}"
+    );
+    assert!(
+        row("client_paused_past_ttl").ends_with("(not pinned: the suite runs it on memory)"),
+        "{table}"
+    );
+    let o = output(dlock().args([
+        "check",
+        "--url",
+        "memory://pins",
+        "--cases",
+        cases,
+        "--json",
+    ]));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
+    assert_eq!(json["pinned_as"], "memory", "{json:#}");
+    assert_eq!(
+        json["pin_notes"].as_object().map(|m| m.len()),
+        Some(3),
+        "{json:#}"
+    );
+}
+
 #[test]
 fn check_refuses_bad_input_before_connecting() {
     let o = output(dlock().args(["check", "--url", "memory://x", "--cases", "("]));

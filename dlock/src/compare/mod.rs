@@ -308,7 +308,7 @@ async fn backend(
     };
     let entry_start = Instant::now();
     let mut last = 0.0;
-    let run = check::run(&target, &client, &check_options, |done, total, report| {
+    let mut run = check::run(&target, &client, &check_options, |done, total, report| {
         let now = entry_start.elapsed().as_secs_f64();
         clock.entries_done += 1;
         clock.entry_seconds += now - last;
@@ -318,7 +318,7 @@ async fn backend(
     .await;
     let mut cases = Vec::new();
     let mut scenarios = Vec::new();
-    for report in run.cases {
+    for report in std::mem::take(&mut run.cases) {
         let entry = conformance_tests::registry::find(&report.case);
         if entry.is_some_and(|e| e.kind == Kind::Fault) {
             scenarios.push(scenario(&target, report, spawned));
@@ -378,6 +378,8 @@ async fn backend(
         sheet: Some(Sheet::of(&caps)),
         cases,
         scenarios,
+        pinned_as: run.pinned_as,
+        pin_notes: run.pin_notes,
         bench,
         left_held: run.left_held,
         seconds: started.elapsed().as_secs_f64(),

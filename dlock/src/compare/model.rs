@@ -1,6 +1,8 @@
 //! What `dlock compare` found, as data: `report.json` is this, serialised, and the Markdown,
 //! HTML and terminal views are drawn from it alone.
 
+use std::collections::BTreeMap;
+
 use conformance_tests::{Expect, Outcome, Report};
 use lockcore::{Capabilities, Expiry, Fairness, Fencing, WaitMechanism};
 use serde::{Deserialize, Serialize};
@@ -81,6 +83,11 @@ pub struct BackendReport {
     pub cases: Vec<Report>,
     /// Every fault scenario, in registry order, with its verdict.
     pub scenarios: Vec<Scenario>,
+    /// The suite's target of the same kind (see [`crate::check::CheckRun::pinned_as`]).
+    pub pinned_as: Option<String>,
+    /// For every case and scenario that was not applicable: its reason beside the pinned one,
+    /// keyed by entry.
+    pub pin_notes: BTreeMap<String, String>,
     /// The benchmark.
     pub bench: Bench,
     /// Lock names of the run still held at its end, on a `--url` store (waited for up to 60 s).
@@ -99,6 +106,8 @@ impl BackendReport {
             sheet: None,
             cases: Vec::new(),
             scenarios: Vec::new(),
+            pinned_as: None,
+            pin_notes: BTreeMap::new(),
             bench: Bench::default(),
             left_held: Vec::new(),
             seconds: 0.0,

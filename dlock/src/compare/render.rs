@@ -160,4 +160,30 @@ mod tests {
         // Its grid cells say why rather than vanish.
         assert!(md.contains("| basic_exclusivity | - | - |"), "{md}");
     }
+
+    #[test]
+    fn a_not_applicable_entry_is_listed_with_its_reason_beside_the_pinned_one() {
+        use conformance_tests::{Outcome, Report};
+        let mut b = BackendReport::unavailable("zk", "spawned", String::new());
+        b.unavailable = None;
+        b.cases.push(Report {
+            target: "zk".into(),
+            case: "ttl_expiry_frees_lock".into(),
+            kind: "case".into(),
+            outcome: Outcome::NotApplicable {
+                reason: "needs ttl expiry".into(),
+            },
+            seconds: 0.0,
+        });
+        b.pinned_as = Some("zookeeper".into());
+        b.pin_notes.insert(
+            "ttl_expiry_frees_lock".into(),
+            "needs ttl expiry (pinned for zookeeper)".into(),
+        );
+        let md = markdown(&report(vec![b]));
+        assert!(
+            md.contains("- zk: needs ttl expiry (pinned for zookeeper): ttl_expiry_frees_lock"),
+            "{md}"
+        );
+    }
 }

@@ -150,15 +150,22 @@ pub(super) fn not_applicable(report: &CompareReport) -> Vec<String> {
             .cases
             .iter()
             .filter_map(|c| match &c.outcome {
-                Outcome::NotApplicable { reason } => Some((c.case.as_str(), reason.as_str())),
+                Outcome::NotApplicable { reason } => {
+                    Some((c.case.as_str(), pin_note(b, &c.case).unwrap_or(reason)))
+                }
                 _ => None,
             })
-            .chain(b.scenarios.iter().filter_map(|s| match s.verdict {
-                Verdict::NotApplicable | Verdict::NeedsSpawn => Some((
-                    s.scenario.as_str(),
-                    s.message.as_deref().or(s.declared.as_deref()).unwrap_or(""),
-                )),
-                _ => None,
+            .chain(b.scenarios.iter().filter_map(|s| {
+                match s.verdict {
+                    Verdict::NotApplicable | Verdict::NeedsSpawn => Some((
+                        s.scenario.as_str(),
+                        pin_note(b, &s.scenario)
+                            .or(s.message.as_deref())
+                            .or(s.declared.as_deref())
+                            .unwrap_or(""),
+                    )),
+                    _ => None,
+                }
             }));
         for (entry, reason) in skipped {
             match reasons.iter_mut().find(|(r, _)| r == reason) {
@@ -171,6 +178,11 @@ pub(super) fn not_applicable(report: &CompareReport) -> Vec<String> {
         }
     }
     out
+}
+
+/// A not-applicable entry's reason beside the pinned one, where the run made that note.
+fn pin_note<'a>(b: &'a BackendReport, entry: &str) -> Option<&'a str> {
+    b.pin_notes.get(entry).map(String::as_str)
 }
 
 /// Every problem of the run, one line each, naming its backend.
@@ -260,7 +272,7 @@ pub(super) fn case_rows(report: &CompareReport) -> Vec<(String, Vec<Cell>)> {
             Outcome::NotApplicable { reason } => Cell {
                 label: "n/a",
                 class: "na",
-                title: reason.clone(),
+                title: pin_note(b, name).unwrap_or(reason).to_owned(),
             },
         }
     })
@@ -278,7 +290,13 @@ pub(super) fn scenario_rows(report: &CompareReport) -> Vec<(String, Vec<Cell>)> 
             Verdict::Violation => "bad",
             Verdict::NotApplicable | Verdict::NeedsSpawn => "na",
         };
-        let title = [s.declared.as_deref(), s.message.as_deref()]
+        let message = match s.verdict {
+            Verdict::NotApplicable | Verdict::NeedsSpawn => {
+                pin_note(b, name).or(s.message.as_deref())
+            }
+            _ => s.message.as_deref(),
+        };
+        let title = [s.declared.as_deref(), message]
             .into_iter()
             .flatten()
             .collect::<Vec<_>>()

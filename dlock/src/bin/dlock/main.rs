@@ -52,7 +52,8 @@ enum Command {
     ///
     /// Runs every case the store's capabilities admit, one after another, under lock names
     /// unique to the run (dlock-check/<random>/...), releases everything it took, and prints
-    /// one row per case: pass, FAIL with the message, or n/a with the reason. Fault scenarios
+    /// one row per case: pass, FAIL with the message, or n/a with the reason (beside the one
+    /// dlock's own tests pin for a store of the same kind). Fault scenarios
     /// (servers killed, paused, cut off) need a server dlock starts itself, so here they are
     /// listed as "needs --spawn". Exit code 1 when any case fails.
     #[command(after_help = exit::ALL)]
