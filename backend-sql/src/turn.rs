@@ -100,13 +100,22 @@ impl Drop for Waiting<'_> {
 }
 
 impl WriteTurn {
-    /// A turn ordered between processes by `sidecar` (created if missing), or in this process
-    /// only if it cannot be opened.
-    fn beside(sidecar: &Path) -> WriteTurn {
+    /// A turn ordered between processes by `sidecar` (created if missing, beside the database
+    /// `file`), or in this process only if it cannot be opened.
+    ///
+    /// Whoever can open the sidecar can hold its lock and so hold up every writer, so a new one
+    /// is open only to those who may write the database anyway (who can hold up its writers
+    /// with a transaction): each class of users gets read and write on it where it has write
+    /// on the database, nothing elsewhere.
+    fn beside(file: &Path, sidecar: &Path) -> WriteTurn {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let db = std::fs::metadata(file).map_or(0o600, |m| m.permissions().mode());
+        let writers = db & 0o222;
         let between = File::options()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(writers | (writers << 1))
             .open(sidecar)
             .inspect_err(|e| tracing::debug!(error = %e, "sqlite write turn: no sidecar"))
             .ok()
@@ -224,7 +233,7 @@ pub fn write_turn(file: &Path) -> Arc<WriteTurn> {
     let turn = turns.entry(key.clone()).or_insert_with(|| {
         let mut sidecar = key.into_os_string();
         sidecar.push("-turn");
-        Arc::new(WriteTurn::beside(Path::new(&sidecar)))
+        Arc::new(WriteTurn::beside(file, Path::new(&sidecar)))
     });
     turn.clone()
 }

@@ -22,7 +22,11 @@ const LIMIT: Duration = Duration::from_secs(30);
 async fn two_openers_of_one_sidecar_take_turns() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let sidecar = dir.path().join("locks.db-turn");
-    let (one, other) = (WriteTurn::beside(&sidecar), WriteTurn::beside(&sidecar));
+    let db = dir.path().join("locks.db");
+    let (one, other) = (
+        WriteTurn::beside(&db, &sidecar),
+        WriteTurn::beside(&db, &sidecar),
+    );
     assert!(one.between.is_some() && other.between.is_some());
 
     let held = one.take(Line::Other).await;
@@ -54,7 +58,8 @@ async fn two_openers_of_one_sidecar_take_turns() {
 #[tokio::test]
 async fn without_a_sidecar_the_turn_is_this_process_only() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let turn = WriteTurn::beside(&dir.path().join("missing").join("locks.db-turn"));
+    let missing = dir.path().join("missing");
+    let turn = WriteTurn::beside(&missing.join("locks.db"), &missing.join("locks.db-turn"));
     assert!(turn.between.is_none());
     let held = turn.take(Line::Other).await;
     assert!(held.locked.is_none());
@@ -66,7 +71,8 @@ async fn without_a_sidecar_the_turn_is_this_process_only() {
 
 /// A turn in this process only (its sidecar's directory does not exist).
 fn local_only(dir: &tempfile::TempDir) -> WriteTurn {
-    WriteTurn::beside(&dir.path().join("missing").join("locks.db-turn"))
+    let missing = dir.path().join("missing");
+    WriteTurn::beside(&missing.join("locks.db"), &missing.join("locks.db-turn"))
 }
 
 #[tokio::test]
@@ -131,4 +137,19 @@ async fn a_writer_dropped_after_it_was_handed_the_turn_hands_it_on() {
     tokio::time::timeout(LIMIT, turn.take(Line::Keep))
         .await
         .expect("a free turn");
+}
+
+/// A new sidecar is open only to the classes of users that may write the database: whoever
+/// can lock it can hold up every writer.
+#[test]
+fn a_new_sidecar_is_open_only_to_the_databases_writers() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locks.db");
+    std::fs::write(&db, b"").unwrap();
+    std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let sidecar = dir.path().join("locks.db-turn");
+    let _turn = WriteTurn::beside(&db, &sidecar);
+    let mode = std::fs::metadata(&sidecar).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a database only its owner writes: {mode:o}");
 }
