@@ -1,5 +1,5 @@
 //! What a hand-over between processes costs on PostgreSQL and MySQL/MariaDB, stripped to its
-//! store calls: the floor under `dlock bench --mode contended --processes` (P2's SQL target).
+//! store calls: the floor under `dlock bench --mode contended --processes`.
 //!
 //! `PROCESSES` processes (8 by default, as the bench's contended run) pass one lease row around
 //! a ring for `SECONDS` (4) in each step, each holding it 1 ms (slept, then spun, as the bench
@@ -33,8 +33,7 @@
 //!    the queue's statements of step 6, the hand-over's `UPDATE` also deleting the new
 //!    holder's waiter row.
 //!
-//! On PostgreSQL the waiters' table is `UNLOGGED`, as this crate's queue tables are (logged
-//! before 2026-12-01: the READMEs' earlier figures of steps 6 to 8 are with a logged one).
+//! On PostgreSQL the waiters' table is `UNLOGGED`, as this crate's queue tables are.
 //!
 //! ```text
 //! cargo run --release -p fencedlock-sql --example handoff_ladder -- URL [PROCESSES=8] [SECONDS=4]

@@ -25,8 +25,8 @@ const KEPT_FOR: Duration = Duration::from_secs(60);
 /// server's session) to find those that a dropped future left mid-statement. `Checked`
 /// (`crate::common`) already closes those, so a connection whose statement completed is kept
 /// here for the next statement instead, and the ping is spared: on a contended lock that is
-/// one round trip per statement fewer beside each hand-over (`backend-sql/README.md`,
-/// Performance). A connection with something left to send (the rollback of a transaction
+/// one round trip per statement fewer beside each hand-over (`docs/design/backend-sql.md`,
+/// "Tried, and why kept or not"). A connection with something left to send (the rollback of a transaction
 /// dropped unfinished) goes back to the pool, which sends it at once.
 ///
 /// At most [`KEPT`] are kept, and always fewer than the pool's size, so that what takes a

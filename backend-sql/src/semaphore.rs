@@ -41,9 +41,7 @@
 //! by one in a transaction ([`PermitStatements::handing`]). With no waiter of the process
 //! queued, the release frees the permit and wakes waiters as before. (Handing over costs one
 //! transaction under the row's lock instead of two, the release's and the grant's, and the
-//! woken waiter's round trip: 8 clients holding a permit of 4 for 10 ms kept 3.1 to 3.4 of
-//! them held on average before it, 3.35 to 3.7 after, by store and by hour: see the crate
-//! README.)
+//! woken waiter's round trip, so a busy semaphore stays fuller: `docs/design/backend-sql.md`.)
 //!
 //! **Retries.** A transaction retried after a lost reply (see `Core::run`) first looks for a
 //! live permit of its own owner id, which the first try may have committed, and takes it over

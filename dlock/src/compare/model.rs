@@ -270,8 +270,8 @@ pub struct Bench {
     pub uncontended: Option<UncontendedReport>,
     /// Clients contending for one name.
     pub contended: Option<ContendedReport>,
-    /// 8 clients holding 10 ms each on a semaphore of 4 permits (F9's measure: how full a busy
-    /// semaphore stays, `mean_holders` of 4), on a backend with semaphores.
+    /// 8 clients holding 10 ms each on a semaphore of 4 permits (how full a busy semaphore
+    /// stays: `mean_holders` of 4), on a backend with semaphores.
     pub semaphore: Option<ContendedReport>,
     /// Why the benchmark did not run, or stopped.
     pub error: Option<String>,
