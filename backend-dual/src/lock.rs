@@ -210,6 +210,62 @@ impl DualLock {
             Side::Second => &self.second,
         }
     }
+
+    /// What one renewal of a dual lease comes to, from each store's answer: a lease valid no
+    /// longer than both sides, or `LockLost` when either side lost its hold (recorded on the
+    /// pair for `lost_reason`), or the first other failure.
+    fn renewed(
+        &self,
+        lease: &Lease,
+        pair: Pair,
+        ttl: Duration,
+        started: Instant,
+        first: Result<Lease>,
+        second: Result<Lease>,
+    ) -> Result<Lease> {
+        let mut lost = None;
+        let mut failure = None;
+        let mut updated = pair.clone();
+        for (side, result) in [(Side::First, first), (Side::Second, second)] {
+            match result {
+                Ok(renewed) => match side {
+                    Side::First => updated.first = renewed,
+                    Side::Second => updated.second = renewed,
+                },
+                Err(e) => {
+                    let inner = match side {
+                        Side::First => &pair.first,
+                        Side::Second => &pair.second,
+                    };
+                    if matches!(e, Error::LockLost { .. }) && lost.is_none() {
+                        lost = Some((side, self.side(side).lost_reason(inner, &e)));
+                    } else if failure.is_none() {
+                        failure = Some(e);
+                    }
+                }
+            }
+        }
+        if let Some((side, reason)) = lost {
+            updated.lost = Some((side, reason));
+            if let Some(p) = self.pairs().get_mut(&lease.owner()) {
+                *p = updated;
+            }
+            tracing::debug!(lock = %lease.name(), %side, ?reason, "a side of a dual lock was lost");
+            return Err(Error::lock_lost(BACKEND, lease.name(), "extend"));
+        }
+        if let Some(p) = self.pairs().get_mut(&lease.owner()) {
+            *p = updated.clone();
+        }
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        Ok(lease.renewed(started, ttl).valid_no_later_than(
+            updated
+                .first
+                .valid_until()
+                .min(updated.second.valid_until()),
+        ))
+    }
 }
 
 fn describe(side: Side, backend: &str, info: &Option<LockInfo>) -> String {
@@ -368,48 +424,7 @@ impl DistributedLock for DualLock {
             self.first.extend(&pair.first, ttl),
             self.second.extend(&pair.second, ttl)
         );
-        let mut lost = None;
-        let mut failure = None;
-        let mut updated = pair.clone();
-        for (side, result) in [(Side::First, first), (Side::Second, second)] {
-            match result {
-                Ok(renewed) => match side {
-                    Side::First => updated.first = renewed,
-                    Side::Second => updated.second = renewed,
-                },
-                Err(e) => {
-                    let inner = match side {
-                        Side::First => &pair.first,
-                        Side::Second => &pair.second,
-                    };
-                    if matches!(e, Error::LockLost { .. }) && lost.is_none() {
-                        lost = Some((side, self.side(side).lost_reason(inner, &e)));
-                    } else if failure.is_none() {
-                        failure = Some(e);
-                    }
-                }
-            }
-        }
-        if let Some((side, reason)) = lost {
-            updated.lost = Some((side, reason));
-            if let Some(p) = self.pairs().get_mut(&lease.owner()) {
-                *p = updated;
-            }
-            tracing::debug!(lock = %lease.name(), %side, ?reason, "a side of a dual lock was lost");
-            return Err(Error::lock_lost(BACKEND, lease.name(), "extend"));
-        }
-        if let Some(p) = self.pairs().get_mut(&lease.owner()) {
-            *p = updated.clone();
-        }
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        Ok(lease.renewed(started, ttl).valid_no_later_than(
-            updated
-                .first
-                .valid_until()
-                .min(updated.second.valid_until()),
-        ))
+        self.renewed(lease, pair, ttl, started, first, second)
     }
 
     fn lost_reason(&self, lease: &Lease, error: &Error) -> LostReason {
@@ -488,12 +503,35 @@ impl DistributedLock for DualLock {
 
     /// Extends every lease's two sides, one lease after another (each [`extend`](Self::extend)
     /// already sends its two sides at once).
+    /// One batch per store, both at once: each store renews its side of every lease the way it
+    /// renews many (a pipeline, a multi-read), so the last lease of a long list is not renewed
+    /// a round trip per earlier lease late.
     async fn extend_many(&self, leases: &[(Lease, Duration)]) -> Vec<Result<Lease>> {
-        let mut out = Vec::with_capacity(leases.len());
-        for (lease, ttl) in leases {
-            out.push(self.extend(lease, *ttl).await);
+        let mut out: Vec<Option<Result<Lease>>> = Vec::with_capacity(leases.len());
+        let (mut pairs, mut firsts, mut seconds) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, (lease, ttl)) in leases.iter().enumerate() {
+            match self.pair_of(lease) {
+                Some(pair) => {
+                    firsts.push((pair.first.clone(), *ttl));
+                    seconds.push((pair.second.clone(), *ttl));
+                    pairs.push((i, pair));
+                    out.push(None);
+                }
+                None => out.push(Some(Err(Error::lock_lost(BACKEND, lease.name(), "extend")))),
+            }
         }
-        out
+        let started = Instant::now();
+        let (firsts, seconds) = tokio::join!(
+            self.first.extend_many(&firsts),
+            self.second.extend_many(&seconds)
+        );
+        for (((i, pair), first), second) in pairs.into_iter().zip(firsts).zip(seconds) {
+            let (lease, ttl) = &leases[i];
+            out[i] = Some(self.renewed(lease, pair, *ttl, started, first, second));
+        }
+        out.into_iter()
+            .map(|r| r.expect("every lease answered"))
+            .collect()
     }
 
     /// The first store's raw floor, then the second's: a dual pair makes the same round trips
