@@ -86,7 +86,7 @@ impl fmt::Debug for Secret {
 ///
 /// Options: `prefix` (key prefix, default `dlock`; no `{`, `}` or whitespace), `ttl`, `drift`,
 /// `timeout` (connect and round-trip limit, default 5 s), for Redlock `node_timeout` (how long
-/// one node may take to answer one request, default ttl/100 but at least 10 ms), and for
+/// one node may take to answer one request, default ttl/100 but at least 50 ms), and for
 /// `rediss://` and `redlocks://` `ca` (a PEM file
 /// of the certificate authority to trust instead of the system's roots) and `cert` + `key` (a
 /// client certificate and its private key, PEM files, for servers that authenticate clients). The user and password

@@ -4,8 +4,8 @@
 //! with and without persistence. Each test's doc comment declares it **safe** or **documented
 //! unsafe**. The scenarios every backend shares (kill -9 with and without AOF, SIGSTOP past the
 //! ttl, blackholed holder, connections killed, holder process killed, client paused) run from
-//! `conformance_tests::faults` through `tests/conformance.rs`, where the declarations live; the
-//! README's table lists them all.
+//! `conformance_tests::faults` through `tests/conformance.rs`; their declarations are in
+//! `conformance_tests::catalog`.
 
 use std::sync::Arc;
 use std::time::Duration;

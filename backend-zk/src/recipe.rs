@@ -11,8 +11,8 @@
 //! without reading again when the node it watched was the lowest it saw, or was an exclusive node
 //! released by its holder, which writes [`RELEASED_MARK`](crate::lock::RELEASED_MARK) in the
 //! transaction that deletes it when it had waited (a node that held at once was the head for every
-//! waiter that ever listed behind it; see [`Held::mark`](crate::lock::Held::mark) and the crate
-//! README, "Round trips").
+//! waiter that ever listed behind it; see [`Held::mark`](crate::lock::Held::mark) and
+//! docs/design/backend-zk.md, "Round trips").
 //!
 //! In Curator's and kazoo's layouts other clients queue too. They never write the mark, and they
 //! may write to a held node for other reasons (Curator's revocation writes `__REVOKE__` to it),
