@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use backend_dual::{DualConfig, DualLock};
 use conformance_tests::kit::{Fault, Proxy, Redis, ZooKeeper};
+use conformance_tests::within;
 use conformance_tests::{FencedResource, History};
 use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::{
@@ -24,12 +25,6 @@ use lockcore::{
 use common::dual_url;
 
 const SEC: Duration = Duration::from_secs(1);
-
-async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: did not finish within {limit:?}"))
-}
 
 /// Keep-alive on the pair the suite's `dual_redis_zk` target runs (Redis first, ZooKeeper
 /// second), with every byte to and from ZooKeeper delayed past what is left of a 2 s lease: each

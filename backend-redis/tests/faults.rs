@@ -11,20 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::kit::{Fault, Proxy, Redis, RedisCluster, RedisReply};
+use conformance_tests::within;
 use lockcore::{
     AcquireOptions, DistributedLock, Fencing, FencingToken, KeepAlive, LockExt, LockGuard,
     LockName, LostReason, Released, Wait,
 };
 
 const SEC: Duration = Duration::from_secs(1);
-
-/// Fails instead of hanging (a hang guard, not a timing goal).
-async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("{what}: did not finish within {limit:?}"),
-    }
-}
 
 async fn client(url: &str) -> Arc<dyn DistributedLock> {
     backend_redis::connect(url).await.expect("redis client")

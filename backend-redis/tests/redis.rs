@@ -7,6 +7,7 @@ use std::time::Duration;
 use backend_redis::node::{AcquireReply, AttemptReply};
 use backend_redis::{RedisConfig, RedisLock};
 use conformance_tests::kit::{Redis, RedisCluster, RedisReply, RedisTls};
+use conformance_tests::within;
 use lockcore::{
     AcquireOptions, DistributedLock, Error, Fencing, FencingToken, KeepAlive, LockExt, LockName,
     Released, SemaphoreExt, Wait,
@@ -14,13 +15,6 @@ use lockcore::{
 
 const SEC: Duration = Duration::from_secs(1);
 const PASSWORD: &str = "s3cr3t-Pa55";
-
-async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    match tokio::time::timeout(limit, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("{what}: did not finish within {limit:?}"),
-    }
-}
 
 fn unique(label: &str) -> String {
     format!("redis-tests/{label}/{:08x}", rand::random::<u32>())

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::kit::{self, MariaDb, Postgres};
+use conformance_tests::within;
 use lockcore::{
     AcquireOptions, DistributedLock, FencingToken, KeepAlive, LockExt, LockGuard, LockName, Wait,
 };
@@ -19,13 +20,6 @@ fn name(s: &str) -> LockName {
 
 async fn client(url: &str) -> Arc<dyn DistributedLock> {
     backend_sql::connect(url).await.expect("connect")
-}
-
-/// Fails instead of hanging.
-async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not done within {limit:?}"))
 }
 
 /// One client holds `n` (keep-alive on); a second client waits for it, for up to `wait_secs`,

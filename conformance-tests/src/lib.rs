@@ -51,6 +51,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+pub use cases::within;
 pub use counting::{CountingLock, Renewals};
 pub use fenced::{FencedResource, StaleWrite};
 pub use history::{History, Hold, HoldId, Violation, check, check_permits};

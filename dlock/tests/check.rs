@@ -12,11 +12,9 @@ use conformance_tests::{Kind, Target, registry};
 use dlock::DistributedLock;
 use dlock::check::{CheckOptions, run};
 
-fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env_remove("DLOCK_URL").env_remove("RUST_LOG");
-    c
-}
+mod common;
+
+use common::dlock;
 
 fn output(cmd: &mut Command) -> Output {
     cmd.stdin(Stdio::null()).output().expect("dlock runs")

@@ -10,12 +10,10 @@ mod common;
 
 use common::wait_for_file;
 
+/// [`common::dlock`] without an inherited state dir (the default file's place) or stdin.
 fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env_remove("DLOCK_URL")
-        .env_remove("RUST_LOG")
-        .env_remove("XDG_STATE_HOME")
-        .stdin(Stdio::null());
+    let mut c = common::dlock();
+    c.env_remove("XDG_STATE_HOME").stdin(Stdio::null());
     c
 }
 

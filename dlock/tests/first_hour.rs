@@ -6,13 +6,9 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-fn dlock() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env_remove("DLOCK_URL")
-        .env_remove("RUST_LOG")
-        .env_remove("NO_COLOR");
-    c
-}
+mod common;
+
+use common::dlock;
 
 fn output(cmd: &mut Command) -> Output {
     cmd.stdin(Stdio::null()).output().expect("dlock runs")

@@ -16,12 +16,7 @@ pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// Fails instead of hanging.
-pub async fn within<T>(limit: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what} did not finish within {limit:?}"))
-}
+pub use conformance_tests::within;
 
 pub fn once(ttl: Duration) -> AcquireOptions {
     AcquireOptions::new()

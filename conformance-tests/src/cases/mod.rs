@@ -21,8 +21,9 @@ pub(crate) fn lease_opts(ttl: Duration) -> AcquireOptions {
         .wait(Wait::No)
 }
 
-/// Fails the case if `fut` does not finish within `limit` (a hang guard, not a timing goal).
-pub(crate) async fn within<T>(
+/// Panics with "`what`: did not finish within `limit`" if `fut` does not finish in time: a
+/// hang guard for tests, not a timing goal.
+pub async fn within<T>(
     limit: Duration,
     what: &str,
     fut: impl std::future::Future<Output = T>,

@@ -33,10 +33,12 @@ pub fn wait_for_file(path: &Path) {
     });
 }
 
-/// `dlock` with no store or log level inherited from the environment.
+/// `dlock` with no store, log level or colour setting inherited from the environment.
 pub fn dlock() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
-    c.env_remove("DLOCK_URL").env_remove("RUST_LOG");
+    c.env_remove("DLOCK_URL")
+        .env_remove("RUST_LOG")
+        .env_remove("NO_COLOR");
     c
 }
 
