@@ -157,7 +157,7 @@ impl DualConfig {
             let Some(ttl) = self.ttl else {
                 return url.to_owned();
             };
-            let Ok(parts) = lockcore::UrlParts::split(url) else {
+            let Ok(parts) = lockcore::backend_support::UrlParts::split(url) else {
                 return url.to_owned();
             };
             let sets_ttl = parts

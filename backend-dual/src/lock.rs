@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use lockcore::{
-    Access, AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fencing,
-    Lease, LockInfo, LockName, LostReason, OwnerId, RawFloor, Released, Result, SemaphoreInfo,
-    async_trait,
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fencing, Lease,
+    LockInfo, LockName, LostReason, OwnerId, RawFloor, Released, Result, SemaphoreInfo,
+    async_trait, backend_support::Access,
 };
 
 use crate::{BACKEND, DualConfig};

@@ -142,7 +142,7 @@ impl RedisConfig {
         let url = url.trim();
         let redacted = redact_url(url);
         // Unsplittable text is not quoted at all: where a password would end is unknown.
-        let parts = lockcore::UrlParts::split(url).map_err(|e| {
+        let parts = lockcore::backend_support::UrlParts::split(url).map_err(|e| {
             let scheme = url.split_once("://").map_or("", |(s, _)| s);
             invalid(format!(
                 "cannot read the {scheme}:// URL ({e}); expected redis://host:port, \
@@ -165,7 +165,7 @@ impl RedisConfig {
     }
 
     fn parse_parts(
-        parts: &lockcore::UrlParts<'_>,
+        parts: &lockcore::backend_support::UrlParts<'_>,
         scheme: String,
         redacted: String,
     ) -> Result<Self> {
@@ -267,7 +267,7 @@ impl RedisConfig {
             match key {
                 "prefix" => config.prefix = check_prefix(&value)?,
                 "node_timeout" if redlock => {
-                    let limit = lockcore::option_duration(BACKEND, key, &value)?;
+                    let limit = lockcore::backend_support::option_duration(BACKEND, key, &value)?;
                     if limit.is_zero() || limit > std::time::Duration::from_secs(60) {
                         return Err(invalid(format!(
                             "option `node_timeout={value}` must be above 0 and at most 60s"

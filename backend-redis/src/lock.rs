@@ -255,7 +255,7 @@ impl DistributedLock for RedisLock {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        lockcore::check_ttl(ttl)?;
+        lockcore::backend_support::check_ttl(ttl)?;
         let started = Instant::now();
         let answer = self.inner.node.extend(lease, ttl).await;
         self.inner.extend_outcome(lease, started, ttl, answer)

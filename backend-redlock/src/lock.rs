@@ -349,7 +349,7 @@ impl DistributedLock for RedlockLock {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        lockcore::check_ttl(ttl)?;
+        lockcore::backend_support::check_ttl(ttl)?;
         let inner = &self.inner;
         let started = Instant::now();
         let limit = inner.node_limit(ttl);

@@ -193,7 +193,7 @@ fn parse_query(
     }
     let drift = defaults
         .drift
-        .unwrap_or_else(|| lockcore::default_drift(defaults.ttl));
+        .unwrap_or_else(|| lockcore::backend_support::default_drift(defaults.ttl));
     if drift >= defaults.ttl {
         return bad(format!(
             "drift {drift:?} must be shorter than the ttl {:?}",
@@ -208,8 +208,12 @@ fn percent_decode(backend: &'static str, what: &str, text: &str) -> Result<Strin
         Error::invalid_config(
             backend,
             match e {
-                lockcore::PercentError::BadEscape => format!("bad percent-encoding in the {what}"),
-                lockcore::PercentError::NotUtf8 => format!("the {what} is not UTF-8"),
+                lockcore::PercentError::BadEscape => {
+                    format!("bad percent-encoding in the {what}")
+                }
+                lockcore::PercentError::NotUtf8 => {
+                    format!("the {what} is not UTF-8")
+                }
             },
         )
     })
@@ -261,13 +265,13 @@ fn parse_sqlite(url: &str, redacted: String) -> Result<SqlConfig> {
 fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConfig> {
     let b = dialect.backend();
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    // The user-info runs to the `@` before the host (see `lockcore::UrlParts`), so a password
+    // The user-info runs to the `@` before the host (see `lockcore::backend_support::UrlParts`), so a password
     // may hold `/`, `?`, `#` or `@` unencoded; written back encoded, the `url` crate reads the
     // same host. Past the user-info, messages quote nothing when the URL reads two ways.
     let expected = format!("expected {scheme}://user[:password]@host[:port]/database");
     // Unsplittable text is not quoted at all: where the password ends is unknown.
     let bad = |why: String| Error::invalid_config(b, why);
-    let parts = lockcore::UrlParts::split(url)
+    let parts = lockcore::backend_support::UrlParts::split(url)
         .map_err(|e| bad(format!("cannot parse the {scheme}:// URL: {e}; {expected}")))?;
     let standard = parts
         .standard()

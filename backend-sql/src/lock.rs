@@ -175,7 +175,7 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        lockcore::check_ttl(ttl)?;
+        lockcore::backend_support::check_ttl(ttl)?;
         let started = Instant::now();
         let c = &self.client;
         if is_read(lease) {
@@ -203,7 +203,7 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         // Leases whose ttl is out of range get their error now; the rest go in one batch.
         let checked: Vec<_> = leases
             .iter()
-            .map(|(_, t)| lockcore::check_ttl(*t))
+            .map(|(_, t)| lockcore::backend_support::check_ttl(*t))
             .collect();
         // Locks' leases and permits' go in a batch each (their rows are in other tables); a
         // reader's extension is a transaction of its own (see `crate::read`).

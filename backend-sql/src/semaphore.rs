@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{
     AcquireOptions, FencingToken, Lease, LockName, OwnerId, PermitHolder, Released, Result,
-    SemaphoreInfo, permits_mismatch,
+    SemaphoreInfo, backend_support::permits_mismatch,
 };
 
 use crate::client::{Client, permit};

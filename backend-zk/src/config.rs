@@ -93,7 +93,9 @@ fn invalid(reason: impl Into<String>) -> Error {
 fn percent_decode(text: &str, what: &str) -> Result<String> {
     lockcore::percent_decode(text).map_err(|e| {
         invalid(match e {
-            lockcore::PercentError::BadEscape => format!("bad percent escape in the {what}"),
+            lockcore::PercentError::BadEscape => {
+                format!("bad percent escape in the {what}")
+            }
             lockcore::PercentError::NotUtf8 => format!("the {what} is not UTF-8"),
         })
     })
@@ -164,18 +166,21 @@ impl ZkConfig {
                 "no hosts in `{redacted}`; expected zk://host:port[,host:port...][/chroot]"
             )));
         }
-        // The user-info runs to the `@` before the host list (see `lockcore::UrlParts`), so a
+        // The user-info runs to the `@` before the host list (see `lockcore::backend_support::UrlParts`), so a
         // password may contain `/`, `?`, `#` or `@` unencoded.
         // Unsplittable text is not quoted at all: where a password would end is unknown.
-        let parts =
-            lockcore::UrlParts::split(url).map_err(|e| invalid(format!("zk:// URL: {e}")))?;
+        let parts = lockcore::backend_support::UrlParts::split(url)
+            .map_err(|e| invalid(format!("zk:// URL: {e}")))?;
         Self::parse_parts(&parts, redacted).map_err(|e| match e {
             Error::InvalidConfig { reason, .. } if parts.ambiguous => invalid(parts.hint(reason)),
             e => e,
         })
     }
 
-    fn parse_parts(parts: &lockcore::UrlParts<'_>, redacted: String) -> Result<Self> {
+    fn parse_parts(
+        parts: &lockcore::backend_support::UrlParts<'_>,
+        redacted: String,
+    ) -> Result<Self> {
         if parts.fragment.is_some() {
             return Err(invalid("URL fragments (#...) are not supported"));
         }
@@ -230,7 +235,7 @@ impl ZkConfig {
             }
             match key {
                 "session_timeout" => {
-                    let t = lockcore::option_duration(BACKEND, key, value)?;
+                    let t = lockcore::backend_support::option_duration(BACKEND, key, value)?;
                     if t < Duration::from_millis(100) || t > Duration::from_secs(3600) {
                         return Err(invalid(format!(
                             "session_timeout {t:?} is outside 100ms ..= 1h"

@@ -117,7 +117,7 @@ pub(crate) fn drift_for(opts: &AcquireOptions, ttl: Duration) -> Duration {
     let drift = if ttl == opts.ttl_value() {
         opts.drift_value()
     } else {
-        lockcore::default_drift(ttl)
+        lockcore::backend_support::default_drift(ttl)
     };
     drift.min(ttl / 2)
 }
@@ -418,7 +418,7 @@ impl DistributedLock for ZkLock {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        lockcore::check_ttl(ttl)?;
+        lockcore::backend_support::check_ttl(ttl)?;
         let lost = || Error::lock_lost(BACKEND, lease.name(), "extend");
         let client = self.inner.session.client().await?;
         let Some(path) = self.node_of(&client, lease, "extend").await? else {

@@ -87,7 +87,7 @@ impl ZkLock {
         // (index, node path) of the leases to read.
         let mut reads = Vec::new();
         for (i, (lease, ttl)) in leases.iter().enumerate() {
-            if let Err(e) = lockcore::check_ttl(*ttl) {
+            if let Err(e) = lockcore::backend_support::check_ttl(*ttl) {
                 out[i] = Some(Err(e));
                 continue;
             }

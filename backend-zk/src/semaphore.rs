@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use lockcore::{
     AcquireOptions, Error, FencingToken, Lease, LockName, OwnerId, PermitHolder, Result,
-    SemaphoreInfo, permits_mismatch,
+    SemaphoreInfo, backend_support::permits_mismatch,
 };
 use zookeeper_client as zk;
 

@@ -184,7 +184,7 @@ fn merge_query(url: &str, overrides: &[(String, String)]) -> String {
         return url.to_owned();
     }
     // The query is found by the one URL rule (a password may contain `?` or `#`).
-    let parts = match lockcore::UrlParts::split(url) {
+    let parts = match lockcore::backend_support::UrlParts::split(url) {
         Ok(parts) => parts,
         // Connecting will say what is wrong with it; the options are added at the end.
         Err(_) => {

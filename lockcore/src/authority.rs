@@ -207,17 +207,18 @@ impl<'a> UrlParts<'a> {
     /// that a standard URL parser (the `url` crate) reads the same hosts. Nothing else changes.
     ///
     /// # Errors
-    /// [`PercentError`](crate::PercentError) naming `user name` or `password` when either is not
+    /// [`PercentError`](crate::percent::PercentError) naming `user name` or `password` when either is not
     /// valid percent-encoding as written (a `%` without two hex digits).
-    pub fn standard(&self) -> Result<String, (&'static str, crate::PercentError)> {
+    pub fn standard(&self) -> Result<String, (&'static str, crate::percent::PercentError)> {
         let mut out = format!("{}://", self.scheme);
         if let Some(user) = self.user {
-            let user = crate::percent_decode(user).map_err(|e| ("user name", e))?;
-            out.push_str(&crate::percent_encode(&user));
+            let user = crate::percent::percent_decode(user).map_err(|e| ("user name", e))?;
+            out.push_str(&crate::percent::percent_encode(&user));
             if let Some(password) = self.password {
-                let password = crate::percent_decode(password).map_err(|e| ("password", e))?;
+                let password =
+                    crate::percent::percent_decode(password).map_err(|e| ("password", e))?;
                 out.push(':');
-                out.push_str(&crate::percent_encode(&password));
+                out.push_str(&crate::percent::percent_encode(&password));
             }
             out.push('@');
         }

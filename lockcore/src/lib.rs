@@ -3,6 +3,7 @@
 mod acquire;
 mod authority;
 mod backend;
+pub mod backend_support;
 mod capabilities;
 pub mod cleanup;
 mod error;
@@ -22,11 +23,8 @@ mod rw;
 mod semaphore;
 pub mod wait;
 
-pub use acquire::{Access, acquire, lock_name};
-pub use authority::{ENCODE_HINT, UrlError, UrlParts};
 pub use backend::{DistributedLock, RawFloor};
 pub use capabilities::{Capabilities, Expiry, Fairness, Fencing, NativePrimitives, WaitMechanism};
-pub use cleanup::spawn_cleanup;
 pub use error::{BoxError, Error, Result};
 pub use ext::LockExt;
 pub use guard::{LeaseWatch, LockGuard};
@@ -36,16 +34,14 @@ pub use memory::MemoryLock;
 pub use multi::MultiGuard;
 pub use name::{LockName, MAX_NAME_BYTES};
 pub use options::{
-    AcquireOptions, ClientDefaults, DEFAULT_TTL, KeepAlive, MAX_TTL, MIN_TTL, Wait, check_ttl,
-    default_drift, option_duration, parse_duration,
+    AcquireOptions, ClientDefaults, DEFAULT_TTL, KeepAlive, MAX_TTL, MIN_TTL, Wait, parse_duration,
 };
 pub use percent::{PercentError, percent_decode, percent_encode};
-pub use redact::{redact_url, scrub, secrets_of};
+pub use redact::redact_url;
 pub use reentrant::{Owner, ReentrantGuard};
 pub use rw::{ReadGuard, ReadWriteExt, WriteGuard};
 pub use semaphore::{
-    MAX_PERMITS, PermitGuard, PermitHolder, Semaphore, SemaphoreExt, SemaphoreInfo, check_permits,
-    permits_mismatch,
+    MAX_PERMITS, PermitGuard, PermitHolder, Semaphore, SemaphoreExt, SemaphoreInfo,
 };
 
 /// Re-exported so backends implement the trait with the same macro version.

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
+use crate::backend_support::Access;
 use crate::cleanup::{CleanupGuard, Undo};
 use crate::{
-    Access, AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
+    AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
     Fencing, FencingToken, Lease, LockInfo, LockName, NativePrimitives, OwnerId, PermitHolder,
     RawFloor, Released, Result, SemaphoreInfo, WaitMechanism,
 };
@@ -76,7 +77,11 @@ impl Entry {
         };
         if self.live_readers(now) || !self.queue.is_empty() {
             if self.permits != asked {
-                return Err(crate::permits_mismatch(name, self.permits.into(), asked));
+                return Err(crate::semaphore::permits_mismatch(
+                    name,
+                    self.permits.into(),
+                    asked,
+                ));
             }
         } else {
             self.permits = asked;

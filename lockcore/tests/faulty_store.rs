@@ -71,7 +71,7 @@ impl Faulty {
             let delay = self.cleanup_delay_ms.load(Ordering::SeqCst);
             if let (true, Some(owner)) = (delay > 0, opts.owner_value()) {
                 let (ns, name) = (self.namespace.clone(), name.clone());
-                lockcore::spawn_cleanup("faulty", &name.clone(), async move {
+                lockcore::backend_support::spawn_cleanup("faulty", &name.clone(), async move {
                     tokio::time::sleep(Duration::from_millis(delay)).await;
                     release_owner(ns, name, owner).await
                 });

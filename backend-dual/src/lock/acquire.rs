@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use lockcore::cleanup::{self, CleanupGuard, Undo};
 use lockcore::{
-    Access, AcquireOptions, DistributedLock, Error, FencingToken, Lease, LockName, Released, Result,
+    AcquireOptions, DistributedLock, Error, FencingToken, Lease, LockName, Released, Result,
+    backend_support::Access,
 };
 
 use super::{Attempt, DualLock, Pair};

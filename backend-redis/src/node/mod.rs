@@ -628,7 +628,7 @@ pub fn checked_batch(leases: &[(Lease, Duration)]) -> (Vec<Option<Result<Lease>>
     let mut out = Vec::with_capacity(leases.len());
     let mut sent = Vec::with_capacity(leases.len());
     for (i, (_, ttl)) in leases.iter().enumerate() {
-        match lockcore::check_ttl(*ttl) {
+        match lockcore::backend_support::check_ttl(*ttl) {
             Ok(()) => {
                 sent.push(i);
                 out.push(None);

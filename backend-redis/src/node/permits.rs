@@ -65,9 +65,9 @@ impl Node {
             .map_err(|e| protocol_error("acquire permit", Some(name), e))?
         {
             PermitAnswer::Acquire(reply) => Ok(reply),
-            PermitAnswer::Counted(recorded) => {
-                Err(lockcore::permits_mismatch(name, recorded, permits))
-            }
+            PermitAnswer::Counted(recorded) => Err(lockcore::backend_support::permits_mismatch(
+                name, recorded, permits,
+            )),
         }
     }
 

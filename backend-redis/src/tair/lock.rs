@@ -311,7 +311,7 @@ impl DistributedLock for TairLock {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Lease> {
-        lockcore::check_ttl(ttl)?;
+        lockcore::backend_support::check_ttl(ttl)?;
         let started = Instant::now();
         let lost = || Error::lock_lost(BACKEND, lease.name(), "extend");
         if is_permit(lease) {

@@ -274,7 +274,7 @@ impl TairLock {
         ttl: Duration,
         floor: u64,
     ) -> Result<ExpireLock> {
-        lockcore::check_ttl(ttl)?;
+        lockcore::backend_support::check_ttl(ttl)?;
         let node = &self.client.inner.node;
         let call = node.call_on(&TRY_FAST, name, &KEYS[..1]);
         let call = call.owner_arg(owner).arg(millis(ttl)).floor_arg(floor);
@@ -297,7 +297,7 @@ impl TairLock {
         floor: u64,
         queue: Queue,
     ) -> Result<Value> {
-        lockcore::check_ttl(ttl)?;
+        lockcore::backend_support::check_ttl(ttl)?;
         let node = &self.client.inner.node;
         let (client, wakes) = node.wake_args(name);
         let call = self
@@ -331,7 +331,7 @@ impl TairLock {
                 "expireLock",
             ),
             None => {
-                lockcore::check_ttl(ttl)?;
+                lockcore::backend_support::check_ttl(ttl)?;
                 let read = self.read(name, owner, ttl, "enter", floor, Queue::Wait);
                 (read.await?, "read enter")
             }
@@ -434,7 +434,7 @@ impl TairLock {
         expiry: u64,
         ttl: Duration,
     ) -> Result<Option<u64>> {
-        lockcore::check_ttl(ttl)?;
+        lockcore::backend_support::check_ttl(ttl)?;
         let call = self
             .call(&EXTEND, name)
             .arg(expiry)
@@ -476,7 +476,7 @@ impl TairLock {
         floor: u64,
         queue: Queue,
     ) -> Result<ReadEnter> {
-        lockcore::check_ttl(ttl)?;
+        lockcore::backend_support::check_ttl(ttl)?;
         let value = self.read(name, reader, ttl, "enter", floor, queue).await?;
         let items =
             replies::array(&value).map_err(|e| protocol_error("read enter", Some(name), e))?;
@@ -520,7 +520,7 @@ impl TairLock {
         reader: OwnerId,
         ttl: Duration,
     ) -> Result<bool> {
-        lockcore::check_ttl(ttl)?;
+        lockcore::backend_support::check_ttl(ttl)?;
         let value = self
             .read(name, reader, ttl, "renew", 0, Queue::Bypass)
             .await?;

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use lockcore::{AcquireOptions, Error, Lease, LockName, Result, permits_mismatch};
+use lockcore::{AcquireOptions, Error, Lease, LockName, Result, backend_support::permits_mismatch};
 use zookeeper_client as zk;
 
 use super::{

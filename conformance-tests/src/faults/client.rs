@@ -236,7 +236,7 @@ pub async fn holder_process_killed(ctx: Ctx) {
         name: name.clone(),
         token: child_token,
         acquired: spawned_at,
-        valid_until: spawned_at + CHILD_TTL - lockcore::default_drift(CHILD_TTL),
+        valid_until: spawned_at + CHILD_TTL - lockcore::backend_support::default_drift(CHILD_TTL),
         ended: None,
     });
     let c = ctx.client().await;

@@ -215,13 +215,13 @@ impl BenchOptions {
             return Err(Error::invalid_argument("hold", "must be below 8 hours"));
         }
         if let Some(p) = self.permits {
-            lockcore::check_permits(p)?;
+            lockcore::backend_support::check_permits(p)?;
         }
         if self.mode == Mode::Hold {
             if self.leases == 0 {
                 return Err(Error::invalid_argument("leases", "must be at least 1"));
             }
-            lockcore::check_ttl(self.lease_ttl)?;
+            lockcore::backend_support::check_ttl(self.lease_ttl)?;
         }
         if self.processes && self.url.starts_with("memory:") {
             return Err(Error::invalid_argument(

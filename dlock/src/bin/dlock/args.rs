@@ -12,7 +12,7 @@ pub(crate) fn parse_duration(text: &str) -> Result<Duration, dlock::Error> {
 /// A duration within the ttl bounds, refused before anything connects.
 pub(crate) fn parse_ttl(text: &str) -> Result<Duration, dlock::Error> {
     let ttl = parse_duration(text)?;
-    dlock::check_ttl(ttl)?;
+    dlock::backend_support::check_ttl(ttl)?;
     Ok(ttl)
 }
 
@@ -28,6 +28,6 @@ pub(crate) fn parse_permits(text: &str) -> Result<u32, dlock::Error> {
             format!("`{text}` is not a count; give a whole number of permits, e.g. 4"),
         )
     })?;
-    dlock::check_permits(permits)?;
+    dlock::backend_support::check_permits(permits)?;
     Ok(permits)
 }

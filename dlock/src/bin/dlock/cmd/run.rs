@@ -306,7 +306,7 @@ async fn acquire(url: &str, name: &LockName, args: &RunArgs) -> Result<LockGuard
                 .await
                 .map(ReadGuard::into_inner),
         ),
-        (None, false) => dlock::acquire(&backend, name, &opts).await,
+        (None, false) => dlock::backend_support::acquire(&backend, name, &opts).await,
     };
     match acquired {
         Ok(Some(guard)) => Ok(guard),
