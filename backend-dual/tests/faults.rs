@@ -2,7 +2,7 @@
 //! one side's connection lost under a holder, and the first store's hold lost while the second
 //! is awaited. The stores are a kit ZooKeeper server and a kit Redis server, each behind the
 //! kit's proxy where the scenario cuts the link, or memory stores wrapped to misbehave on cue.
-//! (A dual client killed -9 is in dlock/tests/cli_dual.rs, which has the `dlock` binary to
+//! (A dual client killed -9 is in dlock-cli/tests/cli_dual.rs, which has the `dlock` binary to
 //! kill.)
 
 mod common;

@@ -1,16 +1,9 @@
 #![doc = include_str!("../README.md")]
 
-pub mod bench;
-#[cfg(feature = "check")]
-pub mod check;
-#[cfg(feature = "check")]
-pub mod compare;
 mod config;
 pub mod migrate;
 mod redact;
 mod registry;
-#[cfg(feature = "check")]
-pub mod soak;
 
 pub use config::LockConfig;
 pub use redact::redact;

@@ -1,5 +1,5 @@
 //! `dlock check`: the binary against memory and a SQLite file, and the same code path
-//! (`dlock::check::run`) against deliberately broken backends, which must fail exactly the cases
+//! (`dlock_cli::check::run`) against deliberately broken backends, which must fail exactly the cases
 //! aimed at their defect.
 
 use std::collections::BTreeSet;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use conformance_tests::mutants::{Defect, Toy};
 use conformance_tests::{Kind, Target, registry};
 use dlock::DistributedLock;
-use dlock::check::{CheckOptions, run};
+use dlock_cli::check::{CheckOptions, run};
 
 mod common;
 
@@ -218,7 +218,7 @@ fn failing_cases(defect: Defect) -> (BTreeSet<String>, bool) {
         let failed = run
             .cases
             .iter()
-            .filter(|r| dlock::check::is_failure(r))
+            .filter(|r| dlock_cli::check::is_failure(r))
             .map(|r| r.case.clone())
             .collect();
         (failed, run.ok())

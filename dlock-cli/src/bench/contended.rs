@@ -8,7 +8,7 @@ use super::client::{ClientStats, Round, Tally, acquire_until, hold_for};
 use super::processes;
 use super::report::{ContendedReport, LatencySummary, per_sec, record};
 use super::{BenchOptions, Phase, Progress, Spawned};
-use crate::{AcquireOptions, DistributedLock, KeepAlive, Released, Result, Wait, connect};
+use dlock::{AcquireOptions, DistributedLock, KeepAlive, Released, Result, Wait, connect};
 
 /// Who had the lock last, for handoff latency.
 ///

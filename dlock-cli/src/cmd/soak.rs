@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::Args;
 use conformance_tests::Persistence;
 use conformance_tests::spawn::{SpawnName, Stack};
-use dlock::soak::{self, FaultKind, SoakOptions, SoakProgress, SoakReport, Store};
+use dlock_cli::soak::{self, FaultKind, SoakOptions, SoakProgress, SoakReport, Store};
 
 use crate::args::parse_duration;
 use crate::exit;
@@ -284,7 +284,7 @@ fn render(r: &SoakReport) -> String {
     }
     // What a fault the store is documented not to survive did: counted by kind, the first of
     // each shown (soak.json has them all).
-    let mut documented: BTreeMap<&str, Vec<&dlock::soak::Anomaly>> = BTreeMap::new();
+    let mut documented: BTreeMap<&str, Vec<&dlock_cli::soak::Anomaly>> = BTreeMap::new();
     for d in &r.documented_unsafe {
         documented.entry(d.kind.as_str()).or_default().push(d);
     }

@@ -131,10 +131,10 @@ fn main() -> ExitCode {
     // `dlock compare`'s holder_process_killed scenario runs this binary again as the holder,
     // and `dlock bench --processes` as each contended client; each role is chosen by a hidden
     // first argument, never by the environment alone.
-    if let Some(code) = dlock::compare::holder_child() {
+    if let Some(code) = dlock_cli::compare::holder_child() {
         return code;
     }
-    if let Some(code) = dlock::bench::client_child() {
+    if let Some(code) = dlock_cli::bench::client_child() {
         return code;
     }
     let matches = match command().try_get_matches() {

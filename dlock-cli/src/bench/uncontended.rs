@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::{
+use dlock::{
     AcquireOptions, DistributedLock, Error, KeepAlive, LockName, RawFloor, Released, Result, Wait,
 };
 

@@ -1,6 +1,5 @@
 //! Cross-process `dlock run` / `status` through the SQL backend's SQLite files (memory:// locks
 //! are per process).
-#![cfg(feature = "sql")]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use conformance_tests::mutants::{Defect, target};
 use conformance_tests::{Kind, registry};
-use dlock::compare::{self, CompareOptions, Source, render};
+use dlock_cli::compare::{self, CompareOptions, Source, render};
 use serde_json::Value;
 
 mod common;

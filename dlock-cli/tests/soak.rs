@@ -11,7 +11,7 @@ use common::{dlock, run, text};
 use conformance_tests::mutants::{Defect, Toy};
 use conformance_tests::{BoxFuture, Connect};
 use dlock::DistributedLock;
-use dlock::soak::{FaultKind, SoakOptions, SoakReport, Store, soak};
+use dlock_cli::soak::{FaultKind, SoakOptions, SoakReport, Store, soak};
 
 /// Runs `dlock soak` with `args` into a temp dir; returns the exit code, the output and the
 /// parsed soak.json.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 
 use super::report::new_histogram;
-use crate::{AcquireOptions, DistributedLock, LockExt, Result};
+use dlock::{AcquireOptions, DistributedLock, LockExt, Result};
 
 /// The lock `name`, or a permit of the semaphore `name` of `permits` permits, per `opts`.
 pub(super) async fn hold_one(
@@ -16,8 +16,8 @@ pub(super) async fn hold_one(
     name: &str,
     permits: Option<u32>,
     opts: &AcquireOptions,
-) -> Result<crate::LockGuard> {
-    use crate::SemaphoreExt;
+) -> Result<dlock::LockGuard> {
+    use dlock::SemaphoreExt;
     match permits {
         Some(n) => Ok(backend
             .semaphore(name, n)?
@@ -31,7 +31,7 @@ pub(super) async fn hold_one(
 /// What one acquire of a contending client came to.
 pub(super) enum Round {
     /// Acquired.
-    Held(crate::LockGuard),
+    Held(dlock::LockGuard),
     /// Failed (counted; the client paused so as not to spin on a store that fails fast).
     Failed,
     /// The window ended while it waited.

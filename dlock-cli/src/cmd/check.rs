@@ -3,8 +3,8 @@
 use std::io::IsTerminal as _;
 use std::time::Duration;
 
-use dlock::check::{self, CheckOptions, CheckRun};
 use dlock::redact;
+use dlock_cli::check::{self, CheckOptions, CheckRun};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 

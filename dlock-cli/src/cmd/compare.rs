@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use conformance_tests::spawn::SpawnName;
-use dlock::compare::{self, CompareOptions, Source, Status, render};
+use dlock_cli::compare::{self, CompareOptions, Source, Status, render};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::signal::unix::SignalKind;
 

@@ -164,11 +164,11 @@ pub struct Store<'a> {
 }
 
 impl<'a> Store<'a> {
-    /// The store of a started [`Stack`], connected with [`crate::connect`].
+    /// The store of a started [`Stack`], connected with [`dlock::connect`].
     pub fn of_stack(stack: &'a Stack) -> Self {
         let connect: Connect = Arc::new(
             |url: String| -> BoxFuture<lockcore::Result<Arc<dyn DistributedLock>>> {
-                Box::pin(async move { crate::connect(&url).await })
+                Box::pin(async move { dlock::connect(&url).await })
             },
         );
         Store {

@@ -84,10 +84,10 @@ impl CheckRun {
     }
 }
 
-/// A target for the store at `url`, connected with [`crate::connect`], named after the
+/// A target for the store at `url`, connected with [`dlock::connect`], named after the
 /// backend, with every lock name under `dlock-check/<random>/` (no bare names).
 pub fn target_for_url(url: &str, label: &str) -> Target {
-    Target::new(label, url, |url| async move { crate::connect(&url).await })
+    Target::new(label, url, |url| async move { dlock::connect(&url).await })
         .prefix(format!("dlock-check/{:08x}", rand::random::<u32>()))
         .record_names()
         .bare_names(false)

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::{Error, OwnerId, Result, connect, redact};
+use dlock::{Error, OwnerId, Result, connect, redact};
 
 mod client;
 mod contended;

@@ -1,11 +1,11 @@
-//! `dlock bench`: runs [`dlock::bench`] and formats its report.
+//! `dlock bench`: runs [`dlock_cli::bench`] and formats its report.
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::bench::{
+use dlock_cli::bench::{
     self, BenchOptions, BenchReport, FloorReport, LatencySummary, Mode, Phase, Progress,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};

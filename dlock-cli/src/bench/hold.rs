@@ -53,24 +53,8 @@ pub struct HoldReport {
     pub first_error: Option<String>,
 }
 
-/// Holds `opts.leases` names under `prefix` for `opts.duration` and reports the cost (this
-/// needs the `check` feature, whose pass-through wrapper counts the renewals).
-#[cfg(not(feature = "check"))]
-pub(super) async fn hold(
-    _opts: &super::BenchOptions,
-    _prefix: &str,
-    _progress: std::sync::Arc<dyn super::Progress>,
-) -> crate::Result<HoldReport> {
-    Err(crate::Error::invalid_argument(
-        "mode",
-        "hold needs dlock built with its `check` feature",
-    ))
-}
-
-#[cfg(feature = "check")]
 pub(super) use measure::hold;
 
-#[cfg(feature = "check")]
 mod measure {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
@@ -83,7 +67,7 @@ mod measure {
 
     /// How many leases are acquired (and released) at once.
     const CHUNK: usize = 500;
-    use crate::{AcquireOptions, DistributedLock, KeepAlive, LockExt, Result, Wait, connect};
+    use dlock::{AcquireOptions, DistributedLock, KeepAlive, LockExt, Result, Wait, connect};
 
     /// User + system CPU time of this process (`/proc/self/stat`, ticks of 1/100 s); zero where
     /// there is no procfs.

@@ -25,7 +25,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use super::client::{ClientStats, Round, Tally, acquire_until, hold_for};
 use super::report::record;
 use super::{BenchOptions, Phase, Progress};
-use crate::{AcquireOptions, Error, KeepAlive, Released, Result, Wait};
+use dlock::{AcquireOptions, Error, KeepAlive, Released, Result, Wait};
 
 /// The first argument that makes `dlock` a contended bench client. Only the argument chooses
 /// the role, never the environment alone (which a user's shell may pass on).
@@ -108,7 +108,7 @@ pub fn client_child() -> Option<ExitCode> {
 /// One client process: connect, `ready`, read the window, contend, print the holds.
 async fn client(task: &str) -> std::result::Result<(), String> {
     let task: Task = serde_json::from_str(task).map_err(|e| format!("bad task: {e}"))?;
-    let backend = crate::connect(&task.url).await.map_err(|e| e.to_string())?;
+    let backend = dlock::connect(&task.url).await.map_err(|e| e.to_string())?;
     println!("ready");
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     let line = tokio::task::spawn_blocking(|| {
@@ -160,7 +160,7 @@ async fn client(task: &str) -> std::result::Result<(), String> {
     // The acquire given up at the window's end may have been granted (a release hands the
     // lock to the queue's head on MySQL and SQLite): its clean-up frees that grant, and must
     // reach the store before this process exits, or the lock stays held until its ttl.
-    if !crate::cleanup::settle(CLEANUP_LIMIT).await {
+    if !dlock::cleanup::settle(CLEANUP_LIMIT).await {
         stats.error("clean-up after the window did not finish; what it left ends at its ttl");
     }
     let outcome = Outcome {

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock::bench::{self, BenchOptions, Mode, Phase, Progress};
+use dlock_cli::bench::{self, BenchOptions, Mode, Phase, Progress};
 
 fn short(url: &str, mode: Mode) -> BenchOptions {
     BenchOptions::new(url)

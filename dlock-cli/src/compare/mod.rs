@@ -34,7 +34,7 @@ pub use model::{
 
 use crate::bench::{self, BenchOptions};
 use crate::check::{self, CheckOptions};
-use crate::redact;
+use dlock::redact;
 
 /// Where one backend of the comparison comes from.
 #[derive(Clone, Debug)]
@@ -53,7 +53,7 @@ impl Source {
     fn label(&self) -> String {
         match self {
             Source::Spawn(name) => name.to_string(),
-            Source::Url(url) => crate::scheme_of(url).unwrap_or_else(|_| "url".to_owned()),
+            Source::Url(url) => dlock::scheme_of(url).unwrap_or_else(|_| "url".to_owned()),
             Source::Target(target) => target.label().to_owned(),
         }
     }
@@ -247,7 +247,7 @@ pub fn holder_child() -> Option<std::process::ExitCode> {
 
 /// Connects `dlock::connect`'s way.
 fn url_target(label: &str, url: &str) -> Target {
-    Target::new(label, url, |url| async move { crate::connect(&url).await })
+    Target::new(label, url, |url| async move { dlock::connect(&url).await })
 }
 
 /// Measures one backend.
