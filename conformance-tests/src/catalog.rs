@@ -7,7 +7,7 @@
 //! its store and how it connects stay the caller's.
 
 use crate::kit::{
-    KitError, KitErrorKind, MariaDb, Postgres, Redis, RedisSet, ZkAndRedis, ZooKeeper,
+    KitError, KitErrorKind, MariaDb, Postgres, Redis, RedisSet, ZkAndRedis, ZkEnsemble, ZooKeeper,
 };
 use crate::spawn::SpawnName;
 use crate::{Expect, Persistence, Spawned, Target};
@@ -33,11 +33,6 @@ const ZK_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
 const ZK_NO_SERVER_KILL: Expect = Expect::NotApplicable(
     "ZooKeeper cannot end client connections from the server side; links are cut with the \
      kit's proxy in backend-zk/tests/faults.rs instead",
-);
-
-const ZK_NO_SINGLE_SERVER: Expect = Expect::NotApplicable(
-    "an ensemble survives one member's kill -9 without a restart; the leader kill -9 scenario \
-     is ensemble_leader_killed_no_two_holders in backend-zk/tests/faults.rs",
 );
 
 const REDLOCK_MINORITY_PROXY: Expect = Expect::NotApplicable(
@@ -76,7 +71,8 @@ fn one_server(without_persistence: Expect) -> Vec<(&'static str, Expect)> {
     ]
 }
 
-/// The declarations of a standalone ZooKeeper server (every layout).
+/// The declarations of ZooKeeper: a standalone server (every layout), or an ensemble whose
+/// members a scenario breaks all at once.
 fn zookeeper() -> Vec<(&'static str, Expect)> {
     vec![
         ("server_killed_and_restarted", Expect::Safe),
@@ -146,16 +142,7 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
             ("holder_process_killed", Expect::Safe),
             ("client_paused_past_ttl", Expect::Safe),
         ],
-        SpawnName::Zk => zookeeper(),
-        SpawnName::ZkEnsemble => {
-            let mut out = zookeeper();
-            for (_, expect) in &mut out {
-                if *expect == Expect::Safe {
-                    *expect = ZK_NO_SINGLE_SERVER;
-                }
-            }
-            out
-        }
+        SpawnName::Zk | SpawnName::ZkEnsemble => zookeeper(),
         SpawnName::Dual => vec![
             ("server_killed_and_restarted", Expect::Safe),
             // Redis restarts empty, its counter back at 0, but a dual token is at least the
@@ -268,6 +255,21 @@ pub fn declare_with_options(name: SpawnName, target: Target, options: &'static s
                 keep: None,
             })
         }),
+        // A scenario breaks every member at once (the kit's `ZkEnsemble` control); the kill of
+        // one member is ZooKeeper's own scenario, in backend-zk/tests/faults.rs.
+        SpawnName::ZkEnsemble => target.spawn_with(move |persistence| async move {
+            durable_only(persistence, "ZooKeeper always persists acknowledged writes")?;
+            let ensemble = ZkEnsemble::start(3).await?;
+            Ok(Spawned {
+                url: format!(
+                    "{}/faults?session_timeout=4s{}{options}",
+                    ensemble.url(),
+                    if options.is_empty() { "" } else { "&" }
+                ),
+                server: Box::new(ensemble),
+                keep: None,
+            })
+        }),
         SpawnName::Dual => target.spawn_with(|persistence| async move {
             let zk = ZooKeeper::start().await?;
             let redis = Redis::start_with(redis_args(persistence)).await?;
@@ -280,7 +282,7 @@ pub fn declare_with_options(name: SpawnName, target: Target, options: &'static s
                 keep: None,
             })
         }),
-        SpawnName::Sqlite | SpawnName::RedisCluster | SpawnName::ZkEnsemble => target,
+        SpawnName::Sqlite | SpawnName::RedisCluster => target,
     };
     for (scenario, expect) in declarations(name) {
         target = target.fault(scenario, expect);
