@@ -11,8 +11,8 @@ use common::{SEC, client, dyn_lock, ms, nodes, plain, unique, within};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use backend_zk::zookeeper_client as zk;
 use backend_zk::ZkLock;
+use backend_zk::zookeeper_client as zk;
 use conformance_tests::kit::{Fault, Proxy, ZkEnsemble, ZooKeeper};
 use conformance_tests::{FencedResource, History, Hold};
 use lockcore::{

@@ -20,10 +20,29 @@ const SQL_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
      loses nothing a kill -9 can take); there is no setting without persistence to test",
 );
 
-const ZK_TTL_SCENARIO: Expect = Expect::NotApplicable(
-    "ZooKeeper locks end with the session (Expiry::Session), not at a server-side ttl; the \
-     session-expiry versions of this scenario are in backend-zk/tests/faults.rs",
-);
+/// A scenario of a server-side ttl, on ZooKeeper, whose locks end with the session instead:
+/// names the test (`file test`) that runs its session-expiry version.
+macro_rules! zk_session {
+    ($test:literal) => {
+        Expect::NotApplicable(concat!(
+            "ZooKeeper locks end with the session (Expiry::Session), not at a server-side ttl; \
+             the session-expiry version is ",
+            $test
+        ))
+    };
+}
+
+/// As [`zk_session`], for `dual` over ZooKeeper then Redis: the lock ends with the first
+/// store's session.
+macro_rules! dual_session {
+    ($test:literal) => {
+        Expect::NotApplicable(concat!(
+            "the first store is ZooKeeper, whose locks end with the session (Expiry::Session), \
+             not at a server-side ttl; the session-expiry version is ",
+            $test
+        ))
+    };
+}
 
 const ZK_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
     "ZooKeeper logs every write before acknowledging it and recovers znodes and sessions from \
@@ -31,18 +50,14 @@ const ZK_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
 );
 
 const ZK_NO_SERVER_KILL: Expect = Expect::NotApplicable(
-    "ZooKeeper cannot end client connections from the server side; links are cut with the \
-     kit's proxy in backend-zk/tests/faults.rs instead",
+    "ZooKeeper cannot end client connections from the server side; the holder's link is reset \
+     with the kit's proxy instead: backend-zk/tests/session_faults.rs \
+     holder_link_reset_within_session_timeout_keeps_the_holder",
 );
 
 const REDLOCK_MINORITY_PROXY: Expect = Expect::NotApplicable(
     "the proxy sits in front of one node, a minority: the holder keeps its majority; \
      Redlock's node blackhole tests are in backend-redlock/tests/faults.rs",
-);
-
-const DUAL_SESSION: Expect = Expect::NotApplicable(
-    "the first store is ZooKeeper, whose locks end with the session (Expiry::Session), not at a \
-     server-side ttl; dual's own one-side faults are in backend-dual/tests/faults.rs",
 );
 
 /// The declarations of a backend on one server of its own (PostgreSQL, MariaDB, Redis, Tair),
@@ -80,15 +95,40 @@ fn zookeeper() -> Vec<(&'static str, Expect)> {
             "server_killed_and_restarted_without_persistence",
             ZK_ALWAYS_DURABLE,
         ),
-        ("server_paused_past_ttl", ZK_TTL_SCENARIO),
-        ("holder_replies_blackholed_past_ttl", ZK_TTL_SCENARIO),
-        ("holder_requests_blackholed_past_ttl", ZK_TTL_SCENARIO),
+        (
+            "server_paused_past_ttl",
+            zk_session!("backend-zk/tests/session_faults.rs server_paused_past_session_timeout"),
+        ),
+        (
+            "holder_replies_blackholed_past_ttl",
+            zk_session!(
+                "backend-zk/tests/session_faults.rs holder_replies_blackholed_past_session_timeout"
+            ),
+        ),
+        (
+            "holder_requests_blackholed_past_ttl",
+            zk_session!("backend-zk/tests/faults.rs holder_blackholed_past_session_timeout"),
+        ),
         ("store_connections_killed", ZK_NO_SERVER_KILL),
-        ("holder_process_killed", ZK_TTL_SCENARIO),
-        ("client_paused_past_ttl", ZK_TTL_SCENARIO),
+        (
+            "holder_process_killed",
+            zk_session!(
+                "backend-zk/tests/session_faults.rs holder_process_killed_past_session_timeout"
+            ),
+        ),
+        (
+            "client_paused_past_ttl",
+            zk_session!("backend-zk/tests/session_faults.rs client_paused_past_session_timeout"),
+        ),
         // Permits are ephemeral nodes; their tokens (czxids) survive the restart with the data.
         ("sem_server_killed_and_restarted", Expect::Safe),
-        ("sem_holder_blackholed_past_ttl", ZK_TTL_SCENARIO),
+        (
+            "sem_holder_blackholed_past_ttl",
+            zk_session!(
+                "backend-zk/tests/faults.rs \
+                 silent_permit_holder_returns_its_permit_with_its_session"
+            ),
+        ),
         ("rw_reader_server_killed_and_restarted", Expect::Safe),
     ]
 }
@@ -152,16 +192,49 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
                 "server_killed_and_restarted_without_persistence",
                 Expect::Safe,
             ),
-            ("server_paused_past_ttl", DUAL_SESSION),
-            ("holder_replies_blackholed_past_ttl", DUAL_SESSION),
-            ("holder_requests_blackholed_past_ttl", DUAL_SESSION),
-            ("holder_process_killed", DUAL_SESSION),
-            ("client_paused_past_ttl", DUAL_SESSION),
+            (
+                "server_paused_past_ttl",
+                dual_session!(
+                    "backend-zk/tests/session_faults.rs server_paused_past_session_timeout \
+                 (ZooKeeper alone)"
+                ),
+            ),
+            (
+                "holder_replies_blackholed_past_ttl",
+                dual_session!("backend-dual/tests/faults.rs first_side_connection_lost_fires_lost"),
+            ),
+            (
+                "holder_requests_blackholed_past_ttl",
+                dual_session!(
+                    "backend-zk/tests/faults.rs holder_blackholed_past_session_timeout \
+                 (ZooKeeper alone)"
+                ),
+            ),
+            (
+                "holder_process_killed",
+                dual_session!(
+                    "backend-zk/tests/session_faults.rs holder_process_killed_past_session_timeout \
+                 (ZooKeeper alone)"
+                ),
+            ),
+            (
+                "client_paused_past_ttl",
+                dual_session!(
+                    "backend-zk/tests/session_faults.rs client_paused_past_session_timeout \
+                 (ZooKeeper alone)"
+                ),
+            ),
             // Both stores have semaphores: a permit is held on both, its token at least
             // ZooKeeper's czxid, which survives the restart.
             ("sem_server_killed_and_restarted", Expect::Safe),
             ("rw_reader_server_killed_and_restarted", Expect::Safe),
-            ("sem_holder_blackholed_past_ttl", DUAL_SESSION),
+            (
+                "sem_holder_blackholed_past_ttl",
+                dual_session!(
+                    "backend-zk/tests/faults.rs \
+                 silent_permit_holder_returns_its_permit_with_its_session (ZooKeeper alone)"
+                ),
+            ),
             (
                 "store_connections_killed",
                 Expect::NotApplicable(
