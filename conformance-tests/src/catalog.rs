@@ -57,7 +57,9 @@ const ZK_NO_SERVER_KILL: Expect = Expect::NotApplicable(
 
 const REDLOCK_MINORITY_PROXY: Expect = Expect::NotApplicable(
     "the proxy sits in front of one node, a minority: the holder keeps its majority; \
-     Redlock's node blackhole tests are in backend-redlock/tests/faults.rs",
+     Redlock's node blackhole tests are backend-redlock/tests/faults.rs \
+     a_blackholed_minority_does_not_stop_acquire_or_release and \
+     lost_says_quorum_lost_when_renewals_stop_reaching_a_majority",
 );
 
 /// The declarations of a backend on one server of its own (PostgreSQL, MariaDB, Redis, Tair),
@@ -196,7 +198,7 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
                 "server_paused_past_ttl",
                 dual_session!(
                     "backend-zk/tests/session_faults.rs server_paused_past_session_timeout \
-                 (ZooKeeper alone)"
+                     (ZooKeeper alone)"
                 ),
             ),
             (
@@ -207,21 +209,21 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
                 "holder_requests_blackholed_past_ttl",
                 dual_session!(
                     "backend-zk/tests/faults.rs holder_blackholed_past_session_timeout \
-                 (ZooKeeper alone)"
+                     (ZooKeeper alone)"
                 ),
             ),
             (
                 "holder_process_killed",
                 dual_session!(
                     "backend-zk/tests/session_faults.rs holder_process_killed_past_session_timeout \
-                 (ZooKeeper alone)"
+                     (ZooKeeper alone)"
                 ),
             ),
             (
                 "client_paused_past_ttl",
                 dual_session!(
                     "backend-zk/tests/session_faults.rs client_paused_past_session_timeout \
-                 (ZooKeeper alone)"
+                     (ZooKeeper alone)"
                 ),
             ),
             // Both stores have semaphores: a permit is held on both, its token at least
@@ -232,14 +234,16 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
                 "sem_holder_blackholed_past_ttl",
                 dual_session!(
                     "backend-zk/tests/faults.rs \
-                 silent_permit_holder_returns_its_permit_with_its_session (ZooKeeper alone)"
+                     silent_permit_holder_returns_its_permit_with_its_session (ZooKeeper alone)"
                 ),
             ),
             (
                 "store_connections_killed",
                 Expect::NotApplicable(
                     "ZooKeeper cannot end client connections from the server side; dual's lost \
-                     connections are cut with the kit's proxy in backend-dual/tests/faults.rs",
+                     connections are cut with the kit's proxy instead: \
+                     backend-dual/tests/faults.rs first_side_connection_lost_fires_lost and \
+                     second_side_connection_lost_fires_lost",
                 ),
             ),
         ],
@@ -384,6 +388,58 @@ fn durable_only(persistence: Persistence, why: &'static str) -> Result<(), KitEr
 mod tests {
     use super::*;
     use crate::registry::{Kind, registry};
+
+    /// A reason that sends the reader to another test file names the tests too
+    /// (`backend-zk/tests/faults.rs holder_blackholed_past_session_timeout`), and each of
+    /// them exists: every snake_case word of the reason is a `fn` of a file it names.
+    #[test]
+    fn reasons_name_tests_that_exist() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut reasons: Vec<&str> = SpawnName::ALL
+            .iter()
+            .filter_map(|n| without_server(*n))
+            .collect();
+        for name in SpawnName::ALL {
+            for (_, expect) in declarations(*name) {
+                if let Expect::NotApplicable(r) | Expect::DocumentedUnsafe(r) = expect {
+                    reasons.push(r);
+                }
+            }
+        }
+        for reason in reasons {
+            let words: Vec<&str> = reason
+                .split_whitespace()
+                .map(|w| w.trim_matches(|c: char| ",;:()`".contains(c)))
+                .collect();
+            let files: Vec<String> = words
+                .iter()
+                .filter(|w| w.ends_with(".rs"))
+                .map(|f| {
+                    std::fs::read_to_string(root.join(f))
+                        .unwrap_or_else(|e| panic!("{f}, named in {reason:?}: {e}"))
+                })
+                .collect();
+            let tests: Vec<&&str> = words
+                .iter()
+                .filter(|w| {
+                    w.contains('_')
+                        && w.chars()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                })
+                .collect();
+            assert!(
+                tests.len() >= files.len(),
+                "{reason:?} names a test file but not a test in it"
+            );
+            for test in tests {
+                let def = format!("fn {test}(");
+                assert!(
+                    files.iter().any(|f| f.contains(&def)),
+                    "{reason:?} names {test}, which no file it names defines"
+                );
+            }
+        }
+    }
 
     /// A scenario declared twice would keep only its last declaration, silently; one the
     /// registry lacks would panic in `Target::fault` only when a target is built.
