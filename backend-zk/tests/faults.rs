@@ -4,65 +4,21 @@
 //! session. Each uses a kit server of its own (or its own chroot on the shared
 //! one), and checks safety on recorded histories and a fenced resource.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+mod common;
 
+use common::{SEC, client, dyn_lock, ms, nodes, plain, unique, within};
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use backend_zk::ZkLock;
 use backend_zk::zookeeper_client as zk;
-use backend_zk::{ZkConfig, ZkLock};
 use conformance_tests::kit::{Fault, Proxy, ZkEnsemble, ZooKeeper};
 use conformance_tests::{FencedResource, History, Hold};
 use lockcore::{
     AcquireOptions, DistributedLock, Error, KeepAlive, LockExt, LockGuard, LockName, LostReason,
     Released, SemaphoreExt, Wait,
 };
-
-const SEC: Duration = Duration::from_secs(1);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-/// Fails instead of hanging (a guard, not a timing goal).
-async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: did not finish within {limit:?}"))
-}
-
-async fn client(url: &str) -> ZkLock {
-    ZkLock::connect(&ZkConfig::parse(url).expect("url"))
-        .await
-        .expect("connect")
-}
-
-fn dyn_lock(lock: &ZkLock) -> Arc<dyn DistributedLock> {
-    Arc::new(lock.clone())
-}
-
-fn plain(ttl: Duration, wait: Wait) -> AcquireOptions {
-    AcquireOptions::new()
-        .ttl(ttl)
-        .keep_alive(KeepAlive::Off)
-        .wait(wait)
-}
-
-fn unique(label: &str) -> String {
-    format!("{label}-{:08x}", rand_u32())
-}
-
-fn rand_u32() -> u32 {
-    lockcore::OwnerId::random().0 as u32
-}
-
-/// The children of `name`'s parent node, as another session sees them.
-async fn nodes(observer: &ZkLock, name: &str) -> Vec<String> {
-    let parent = observer.parent_path(&LockName::new(name).unwrap());
-    match observer.zk_client().list_children(&parent).await {
-        Ok(c) => c,
-        Err(zk::Error::NoNode) => Vec::new(),
-        Err(e) => panic!("list {parent}: {e}"),
-    }
-}
 
 /// Polls until `name` has exactly `n` nodes (the generous limit only stops a hang).
 async fn wait_for_nodes(observer: &ZkLock, name: &str, n: usize, what: &str) {

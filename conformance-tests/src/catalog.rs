@@ -7,7 +7,7 @@
 //! its store and how it connects stay the caller's.
 
 use crate::kit::{
-    KitError, KitErrorKind, MariaDb, Postgres, Redis, RedisSet, ZkAndRedis, ZooKeeper,
+    KitError, KitErrorKind, MariaDb, Postgres, Redis, RedisSet, ZkAndRedis, ZkEnsemble, ZooKeeper,
 };
 use crate::spawn::SpawnName;
 use crate::{Expect, Persistence, Spawned, Target};
@@ -20,10 +20,29 @@ const SQL_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
      loses nothing a kill -9 can take); there is no setting without persistence to test",
 );
 
-const ZK_TTL_SCENARIO: Expect = Expect::NotApplicable(
-    "ZooKeeper locks end with the session (Expiry::Session), not at a server-side ttl; the \
-     session-expiry versions of this scenario are in backend-zk/tests/faults.rs",
-);
+/// A scenario of a server-side ttl, on ZooKeeper, whose locks end with the session instead:
+/// names the test (`file test`) that runs its session-expiry version.
+macro_rules! zk_session {
+    ($test:literal) => {
+        Expect::NotApplicable(concat!(
+            "ZooKeeper locks end with the session (Expiry::Session), not at a server-side ttl; \
+             the session-expiry version is ",
+            $test
+        ))
+    };
+}
+
+/// As [`zk_session`], for `dual` over ZooKeeper then Redis: the lock ends with the first
+/// store's session.
+macro_rules! dual_session {
+    ($test:literal) => {
+        Expect::NotApplicable(concat!(
+            "the first store is ZooKeeper, whose locks end with the session (Expiry::Session), \
+             not at a server-side ttl; the session-expiry version is ",
+            $test
+        ))
+    };
+}
 
 const ZK_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
     "ZooKeeper logs every write before acknowledging it and recovers znodes and sessions from \
@@ -31,23 +50,16 @@ const ZK_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
 );
 
 const ZK_NO_SERVER_KILL: Expect = Expect::NotApplicable(
-    "ZooKeeper cannot end client connections from the server side; links are cut with the \
-     kit's proxy in backend-zk/tests/faults.rs instead",
-);
-
-const ZK_NO_SINGLE_SERVER: Expect = Expect::NotApplicable(
-    "an ensemble survives one member's kill -9 without a restart; the leader kill -9 scenario \
-     is ensemble_leader_killed_no_two_holders in backend-zk/tests/faults.rs",
+    "ZooKeeper cannot end client connections from the server side; the holder's link is reset \
+     with the kit's proxy instead: backend-zk/tests/session_faults.rs \
+     holder_link_reset_within_session_timeout_keeps_the_holder",
 );
 
 const REDLOCK_MINORITY_PROXY: Expect = Expect::NotApplicable(
     "the proxy sits in front of one node, a minority: the holder keeps its majority; \
-     Redlock's node blackhole tests are in backend-redlock/tests/faults.rs",
-);
-
-const DUAL_SESSION: Expect = Expect::NotApplicable(
-    "the first store is ZooKeeper, whose locks end with the session (Expiry::Session), not at a \
-     server-side ttl; dual's own one-side faults are in backend-dual/tests/faults.rs",
+     Redlock's node blackhole tests are backend-redlock/tests/faults.rs \
+     a_blackholed_minority_does_not_stop_acquire_or_release and \
+     lost_says_quorum_lost_when_renewals_stop_reaching_a_majority",
 );
 
 /// The declarations of a backend on one server of its own (PostgreSQL, MariaDB, Redis, Tair),
@@ -76,7 +88,8 @@ fn one_server(without_persistence: Expect) -> Vec<(&'static str, Expect)> {
     ]
 }
 
-/// The declarations of a standalone ZooKeeper server (every layout).
+/// The declarations of ZooKeeper: a standalone server (every layout), or an ensemble whose
+/// members a scenario breaks all at once.
 fn zookeeper() -> Vec<(&'static str, Expect)> {
     vec![
         ("server_killed_and_restarted", Expect::Safe),
@@ -84,15 +97,40 @@ fn zookeeper() -> Vec<(&'static str, Expect)> {
             "server_killed_and_restarted_without_persistence",
             ZK_ALWAYS_DURABLE,
         ),
-        ("server_paused_past_ttl", ZK_TTL_SCENARIO),
-        ("holder_replies_blackholed_past_ttl", ZK_TTL_SCENARIO),
-        ("holder_requests_blackholed_past_ttl", ZK_TTL_SCENARIO),
+        (
+            "server_paused_past_ttl",
+            zk_session!("backend-zk/tests/session_faults.rs server_paused_past_session_timeout"),
+        ),
+        (
+            "holder_replies_blackholed_past_ttl",
+            zk_session!(
+                "backend-zk/tests/session_faults.rs holder_replies_blackholed_past_session_timeout"
+            ),
+        ),
+        (
+            "holder_requests_blackholed_past_ttl",
+            zk_session!("backend-zk/tests/faults.rs holder_blackholed_past_session_timeout"),
+        ),
         ("store_connections_killed", ZK_NO_SERVER_KILL),
-        ("holder_process_killed", ZK_TTL_SCENARIO),
-        ("client_paused_past_ttl", ZK_TTL_SCENARIO),
+        (
+            "holder_process_killed",
+            zk_session!(
+                "backend-zk/tests/session_faults.rs holder_process_killed_past_session_timeout"
+            ),
+        ),
+        (
+            "client_paused_past_ttl",
+            zk_session!("backend-zk/tests/session_faults.rs client_paused_past_session_timeout"),
+        ),
         // Permits are ephemeral nodes; their tokens (czxids) survive the restart with the data.
         ("sem_server_killed_and_restarted", Expect::Safe),
-        ("sem_holder_blackholed_past_ttl", ZK_TTL_SCENARIO),
+        (
+            "sem_holder_blackholed_past_ttl",
+            zk_session!(
+                "backend-zk/tests/faults.rs \
+                 silent_permit_holder_returns_its_permit_with_its_session"
+            ),
+        ),
         ("rw_reader_server_killed_and_restarted", Expect::Safe),
     ]
 }
@@ -146,16 +184,7 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
             ("holder_process_killed", Expect::Safe),
             ("client_paused_past_ttl", Expect::Safe),
         ],
-        SpawnName::Zk => zookeeper(),
-        SpawnName::ZkEnsemble => {
-            let mut out = zookeeper();
-            for (_, expect) in &mut out {
-                if *expect == Expect::Safe {
-                    *expect = ZK_NO_SINGLE_SERVER;
-                }
-            }
-            out
-        }
+        SpawnName::Zk | SpawnName::ZkEnsemble => zookeeper(),
         SpawnName::Dual => vec![
             ("server_killed_and_restarted", Expect::Safe),
             // Redis restarts empty, its counter back at 0, but a dual token is at least the
@@ -165,21 +194,56 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
                 "server_killed_and_restarted_without_persistence",
                 Expect::Safe,
             ),
-            ("server_paused_past_ttl", DUAL_SESSION),
-            ("holder_replies_blackholed_past_ttl", DUAL_SESSION),
-            ("holder_requests_blackholed_past_ttl", DUAL_SESSION),
-            ("holder_process_killed", DUAL_SESSION),
-            ("client_paused_past_ttl", DUAL_SESSION),
+            (
+                "server_paused_past_ttl",
+                dual_session!(
+                    "backend-zk/tests/session_faults.rs server_paused_past_session_timeout \
+                     (ZooKeeper alone)"
+                ),
+            ),
+            (
+                "holder_replies_blackholed_past_ttl",
+                dual_session!("backend-dual/tests/faults.rs first_side_connection_lost_fires_lost"),
+            ),
+            (
+                "holder_requests_blackholed_past_ttl",
+                dual_session!(
+                    "backend-zk/tests/faults.rs holder_blackholed_past_session_timeout \
+                     (ZooKeeper alone)"
+                ),
+            ),
+            (
+                "holder_process_killed",
+                dual_session!(
+                    "backend-zk/tests/session_faults.rs holder_process_killed_past_session_timeout \
+                     (ZooKeeper alone)"
+                ),
+            ),
+            (
+                "client_paused_past_ttl",
+                dual_session!(
+                    "backend-zk/tests/session_faults.rs client_paused_past_session_timeout \
+                     (ZooKeeper alone)"
+                ),
+            ),
             // Both stores have semaphores: a permit is held on both, its token at least
             // ZooKeeper's czxid, which survives the restart.
             ("sem_server_killed_and_restarted", Expect::Safe),
             ("rw_reader_server_killed_and_restarted", Expect::Safe),
-            ("sem_holder_blackholed_past_ttl", DUAL_SESSION),
+            (
+                "sem_holder_blackholed_past_ttl",
+                dual_session!(
+                    "backend-zk/tests/faults.rs \
+                     silent_permit_holder_returns_its_permit_with_its_session (ZooKeeper alone)"
+                ),
+            ),
             (
                 "store_connections_killed",
                 Expect::NotApplicable(
                     "ZooKeeper cannot end client connections from the server side; dual's lost \
-                     connections are cut with the kit's proxy in backend-dual/tests/faults.rs",
+                     connections are cut with the kit's proxy instead: \
+                     backend-dual/tests/faults.rs first_side_connection_lost_fires_lost and \
+                     second_side_connection_lost_fires_lost",
                 ),
             ),
         ],
@@ -268,6 +332,21 @@ pub fn declare_with_options(name: SpawnName, target: Target, options: &'static s
                 keep: None,
             })
         }),
+        // A scenario breaks every member at once (the kit's `ZkEnsemble` control); the kill of
+        // one member is ZooKeeper's own scenario, in backend-zk/tests/faults.rs.
+        SpawnName::ZkEnsemble => target.spawn_with(move |persistence| async move {
+            durable_only(persistence, "ZooKeeper always persists acknowledged writes")?;
+            let ensemble = ZkEnsemble::start(3).await?;
+            Ok(Spawned {
+                url: format!(
+                    "{}/faults?session_timeout=4s{}{options}",
+                    ensemble.url(),
+                    if options.is_empty() { "" } else { "&" }
+                ),
+                server: Box::new(ensemble),
+                keep: None,
+            })
+        }),
         SpawnName::Dual => target.spawn_with(|persistence| async move {
             let zk = ZooKeeper::start().await?;
             let redis = Redis::start_with(redis_args(persistence)).await?;
@@ -280,7 +359,7 @@ pub fn declare_with_options(name: SpawnName, target: Target, options: &'static s
                 keep: None,
             })
         }),
-        SpawnName::Sqlite | SpawnName::RedisCluster | SpawnName::ZkEnsemble => target,
+        SpawnName::Sqlite | SpawnName::RedisCluster => target,
     };
     for (scenario, expect) in declarations(name) {
         target = target.fault(scenario, expect);
@@ -309,6 +388,58 @@ fn durable_only(persistence: Persistence, why: &'static str) -> Result<(), KitEr
 mod tests {
     use super::*;
     use crate::registry::{Kind, registry};
+
+    /// A reason that sends the reader to another test file names the tests too
+    /// (`backend-zk/tests/faults.rs holder_blackholed_past_session_timeout`), and each of
+    /// them exists: every snake_case word of the reason is a `fn` of a file it names.
+    #[test]
+    fn reasons_name_tests_that_exist() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut reasons: Vec<&str> = SpawnName::ALL
+            .iter()
+            .filter_map(|n| without_server(*n))
+            .collect();
+        for name in SpawnName::ALL {
+            for (_, expect) in declarations(*name) {
+                if let Expect::NotApplicable(r) | Expect::DocumentedUnsafe(r) = expect {
+                    reasons.push(r);
+                }
+            }
+        }
+        for reason in reasons {
+            let words: Vec<&str> = reason
+                .split_whitespace()
+                .map(|w| w.trim_matches(|c: char| ",;:()`".contains(c)))
+                .collect();
+            let files: Vec<String> = words
+                .iter()
+                .filter(|w| w.ends_with(".rs"))
+                .map(|f| {
+                    std::fs::read_to_string(root.join(f))
+                        .unwrap_or_else(|e| panic!("{f}, named in {reason:?}: {e}"))
+                })
+                .collect();
+            let tests: Vec<&&str> = words
+                .iter()
+                .filter(|w| {
+                    w.contains('_')
+                        && w.chars()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                })
+                .collect();
+            assert!(
+                tests.len() >= files.len(),
+                "{reason:?} names a test file but not a test in it"
+            );
+            for test in tests {
+                let def = format!("fn {test}(");
+                assert!(
+                    files.iter().any(|f| f.contains(&def)),
+                    "{reason:?} names {test}, which no file it names defines"
+                );
+            }
+        }
+    }
 
     /// A scenario declared twice would keep only its last declaration, silently; one the
     /// registry lacks would panic in `Target::fault` only when a target is built.

@@ -6,13 +6,14 @@ use std::net::SocketAddr;
 use lockcore::async_trait;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::{MariaDb, Postgres, Redis, RedisReply, RedisSet, ZkNode, ZooKeeper};
+use super::{MariaDb, Postgres, Redis, RedisReply, RedisSet, ZkEnsemble, ZkNode, ZooKeeper};
 
 /// The lifecycle handle every kit server offers, so that the shared fault scenarios
 /// (`conformance_tests::faults`) can kill, pause and restart any store without knowing its kind.
 ///
 /// Implemented by [`super::Redis`], [`super::Postgres`], [`super::MariaDb`],
-/// [`super::ZooKeeper`] and each [`super::ZkNode`].
+/// [`super::ZooKeeper`], each [`super::ZkNode`], and the sets [`super::RedisSet`] and
+/// [`super::ZkEnsemble`] (every member at once).
 #[async_trait]
 pub trait ServerControl: Send + Sync + Debug {
     /// What runs (`redis-server`, `postgres`, `mariadb`, `zookeeper`), for messages.
@@ -226,6 +227,46 @@ impl ServerControl for ZkNode {
 
     async fn restart(&self) -> KitResult<()> {
         Self::restart(self).await
+    }
+
+    /// Always an error: ZooKeeper has no admin command that ends a client's connection.
+    async fn kill_client_connections(&self) -> KitResult<usize> {
+        Err(zk_cannot_kill_connections())
+    }
+}
+
+/// Every member of the ensemble at once: a fault scenario written for one server breaks the
+/// whole ensemble (its `addr` is the first member's, so a proxy covers one member only).
+#[async_trait]
+impl ServerControl for ZkEnsemble {
+    fn label(&self) -> &str {
+        "zookeeper (every member)"
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.node(0).addr()
+    }
+
+    fn kill9(&self) {
+        self.nodes().iter().for_each(ZkNode::kill9);
+    }
+
+    fn pause(&self) {
+        self.nodes().iter().for_each(ZkNode::pause);
+    }
+
+    fn resume(&self) {
+        self.nodes().iter().for_each(ZkNode::resume);
+    }
+
+    /// Kills every member, starts them again one by one on their data, and waits until all
+    /// of them serve with one leader.
+    async fn restart(&self) -> KitResult<()> {
+        self.kill9();
+        for node in self.nodes() {
+            node.restart().await?;
+        }
+        self.wait_for_all().await.map(drop)
     }
 
     /// Always an error: ZooKeeper has no admin command that ends a client's connection.

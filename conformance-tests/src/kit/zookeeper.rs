@@ -418,6 +418,15 @@ impl ZkEnsemble {
         self.wait_for_leader(false).await
     }
 
+    /// Waits until every node serves with exactly one leader among them (after every node
+    /// was restarted) and returns the leader's index.
+    ///
+    /// # Errors
+    /// A node exiting, or no such ensemble within 60 s (with every node's log tail).
+    pub async fn wait_for_all(&self) -> KitResult<usize> {
+        self.wait_for_leader(true).await
+    }
+
     /// Polls `srvr` on every node until one leader and enough serving nodes (all of them when
     /// `all`, else a majority).
     async fn wait_for_leader(&self, all: bool) -> KitResult<usize> {

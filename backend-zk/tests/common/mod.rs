@@ -1,0 +1,64 @@
+//! What backend-zk's fault test binaries share: short durations, a guard against hangs, a
+//! client of a `zk://` URL, plain acquire options and unique lock names.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_zk::zookeeper_client as zk;
+use backend_zk::{ZkConfig, ZkLock};
+use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockName, Wait};
+
+pub const SEC: Duration = Duration::from_secs(1);
+
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Fails instead of hanging (a guard, not a timing goal).
+pub async fn within<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: did not finish within {limit:?}"))
+}
+
+pub async fn client(url: &str) -> ZkLock {
+    ZkLock::connect(&ZkConfig::parse(url).expect("url"))
+        .await
+        .expect("connect")
+}
+
+pub fn dyn_lock(lock: &ZkLock) -> Arc<dyn DistributedLock> {
+    Arc::new(lock.clone())
+}
+
+/// `ttl`, no keep-alive, `wait`.
+pub fn plain(ttl: Duration, wait: Wait) -> AcquireOptions {
+    AcquireOptions::new()
+        .ttl(ttl)
+        .keep_alive(KeepAlive::Off)
+        .wait(wait)
+}
+
+/// `label` with a random suffix, so that runs never share a lock.
+pub fn unique(label: &str) -> String {
+    format!("{label}-{:08x}", rand_u32())
+}
+
+pub fn rand_u32() -> u32 {
+    lockcore::OwnerId::random().0 as u32
+}
+
+/// The children of `name`'s parent node, as another session sees them.
+pub async fn nodes(observer: &ZkLock, name: &str) -> Vec<String> {
+    let parent = observer.parent_path(&LockName::new(name).unwrap());
+    match observer.zk_client().list_children(&parent).await {
+        Ok(c) => c,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("list {parent}: {e}"),
+    }
+}
