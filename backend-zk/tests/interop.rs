@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use backend_zk::zookeeper_client as zk;
 use backend_zk::{ZkConfig, ZkLock};
 use conformance_tests::kit::{Fault, LockPeer, PeerHold, PeerLibrary, PeerLock, Proxy, ZooKeeper};
-use conformance_tests::{FencedResource, History, Hold};
+use conformance_tests::{FencedResource, History, Hold, within};
 use lockcore::{
     AcquireOptions, DistributedLock, Error, FencingToken, KeepAlive, LockExt, LockName,
     ReadWriteExt, Released, SemaphoreExt, Wait,
@@ -20,13 +20,6 @@ use lockcore::{
 use tokio::sync::{mpsc, oneshot};
 
 const SEC: Duration = Duration::from_secs(1);
-
-/// Fails instead of hanging (a guard, not a timing goal).
-async fn within<T>(limit: Duration, what: &str, fut: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: did not finish within {limit:?}"))
-}
 
 fn plain(wait: Wait) -> AcquireOptions {
     AcquireOptions::new()

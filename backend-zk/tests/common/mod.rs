@@ -15,16 +15,7 @@ pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// Fails instead of hanging (a guard, not a timing goal).
-pub async fn within<T>(
-    limit: Duration,
-    what: &str,
-    fut: impl std::future::Future<Output = T>,
-) -> T {
-    tokio::time::timeout(limit, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: did not finish within {limit:?}"))
-}
+pub use conformance_tests::within;
 
 pub async fn client(url: &str) -> ZkLock {
     ZkLock::connect(&ZkConfig::parse(url).expect("url"))
