@@ -8,19 +8,6 @@ use lockcore::{Error, LockExt, Released};
 
 use crate::support::*;
 
-impl Raw {
-    /// Runs `sql` (no parameters, nothing handed back).
-    pub(crate) async fn exec(&self, sql: &str) {
-        let sql = sqlx::AssertSqlSafe(sql.to_owned());
-        match self {
-            Raw::Pg(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()),
-            Raw::My(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()),
-            Raw::Lite(p) => sqlx::raw_sql(sql).execute(p).await.map(|_| ()),
-        }
-        .expect("raw statement");
-    }
-}
-
 /// An account allowed to read and write the tables but not to create any (PostgreSQL:
 /// `CREATE TABLE IF NOT EXISTS` is refused without the schema's `CREATE`, even when the table
 /// is there; MySQL likewise without the `CREATE` privilege) uses the tables a first run with

@@ -101,7 +101,7 @@ async fn a_hand_over_passes_over_readers_and_stale_waiters(kind: Kind) {
         (None, fence),
         "a stale waiter is not handed the lock"
     );
-    raw.delete_waiters(n.as_str()).await;
+    raw.delete_rows(WAITERS, n.as_str()).await;
 
     let held = queued_lease(&a, &b, &n, Duration::from_secs(30)).await;
     let fence = i64::try_from(held.token().0).expect("fence");
@@ -190,7 +190,7 @@ async fn a_grant_from_the_queue_names_the_next_head(kind: Kind) {
     assert_eq!(got.lease().handle(), Some(expected.as_str()));
     assert_eq!(raw.tickets(n.as_str()).await, [behind]);
     assert_eq!(got.release().await.expect("release"), Released::Released);
-    raw.delete_waiters(n.as_str()).await;
+    raw.delete_rows(WAITERS, n.as_str()).await;
 }
 
 /// A token floor and a chosen owner reach every statement that grants: the insert of a new row
@@ -308,7 +308,7 @@ async fn try_lock_does_not_jump_a_live_queue(kind: Kind) {
             take(&c, &n, ttl).await.is_none(),
             "a never-used lock was taken past a live waiter"
         );
-        raw.delete_waiters(n.as_str()).await;
+        raw.delete_rows(WAITERS, n.as_str()).await;
     }
     let lease = take(&c, &n, ttl).await.expect("free, nobody queued");
     c.release(&lease).await.unwrap();
@@ -325,7 +325,7 @@ async fn try_lock_does_not_jump_a_live_queue(kind: Kind) {
     );
     let info = c.inspect(&n).await.unwrap().expect("row");
     assert_eq!(info.waiters, Some(1), "live waiters only: {info:?}");
-    raw.delete_waiters(n.as_str()).await;
+    raw.delete_rows(WAITERS, n.as_str()).await;
 
     // A real queue: the holder releases; until the waiter has had its turn, try_lock gets nothing.
     let (holder, w, intruder) = (client(&url).await, client(&url).await, client(&url).await);

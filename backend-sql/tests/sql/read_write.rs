@@ -38,34 +38,13 @@ impl Raw {
     /// Live read holds of `name` that expire after the lease row does, by the database's
     /// stored times (one query, so both are read at once).
     pub(crate) async fn holds_past_the_row(&self, name: &str) -> i64 {
-        let query = |q: char, p: &str| {
-            sqlx::AssertSqlSafe(format!(
-                "SELECT count(*) FROM {q}{READERS}{q} AS r JOIN {q}{TABLE}{q} AS l \
-                 ON l.name = r.name WHERE r.name = {p} AND r.fence IS NOT NULL \
-                 AND r.expires_at > l.expires_at"
-            ))
-        };
-        match self {
-            Raw::Pg(p) => {
-                sqlx::query_scalar(query('"', "$1"))
-                    .bind(name)
-                    .fetch_one(p)
-                    .await
-            }
-            Raw::My(p) => {
-                sqlx::query_scalar(query('`', "?"))
-                    .bind(name.as_bytes())
-                    .fetch_one(p)
-                    .await
-            }
-            Raw::Lite(p) => {
-                sqlx::query_scalar(query('"', "?1"))
-                    .bind(name)
-                    .fetch_one(p)
-                    .await
-            }
-        }
-        .expect("raw comparison")
+        let sql = self.sql(&format!(
+            "SELECT count(*) FROM {{q}}{READERS}{{q}} AS r JOIN {{q}}{TABLE}{{q}} AS l \
+             ON l.name = r.name WHERE r.name = $1 AND r.fence IS NOT NULL \
+             AND r.expires_at > l.expires_at"
+        ));
+        on_pool!(self, pool => sqlx::query_scalar(sql).bind(name).fetch_one(pool).await)
+            .expect("raw comparison")
     }
 }
 

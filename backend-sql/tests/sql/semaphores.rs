@@ -9,137 +9,40 @@ use lockcore::{DistributedLock, Error, FencingToken, Lease, LockExt, LockName, O
 use crate::support::*;
 
 impl Raw {
-    /// Rows of `table` whose name is `name`, live or expired.
-    pub(crate) async fn rows_of(&self, table: &str, name: &str) -> i64 {
-        match self {
-            Raw::Pg(p) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT count(*) FROM \"{table}\" WHERE name = $1"
-                )))
-                .bind(name)
-                .fetch_one(p)
-                .await
-            }
-            Raw::My(p) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT COUNT(*) FROM `{table}` WHERE name = ?"
-                )))
-                .bind(name.as_bytes())
-                .fetch_one(p)
-                .await
-            }
-            Raw::Lite(p) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT count(*) FROM \"{table}\" WHERE name = ?1"
-                )))
-                .bind(name)
-                .fetch_one(p)
-                .await
-            }
-        }
-        .expect("raw count")
-    }
-
     /// The semaphore `name`'s fence, if it has a row.
     pub(crate) async fn semaphore_fence(&self, name: &str) -> Option<i64> {
-        match self {
-            Raw::Pg(p) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT fence FROM \"{SEMAPHORES}\" WHERE name = $1"
-                )))
-                .bind(name)
-                .fetch_optional(p)
-                .await
-            }
-            Raw::My(p) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT fence FROM `{SEMAPHORES}` WHERE name = ?"
-                )))
-                .bind(name.as_bytes())
-                .fetch_optional(p)
-                .await
-            }
-            Raw::Lite(p) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT fence FROM \"{SEMAPHORES}\" WHERE name = ?1"
-                )))
-                .bind(name)
-                .fetch_optional(p)
-                .await
-            }
-        }
-        .expect("raw semaphore row")
+        let sql = self.sql(&format!(
+            "SELECT fence FROM {{q}}{SEMAPHORES}{{q}} WHERE name = $1"
+        ));
+        on_pool!(self, pool => sqlx::query_scalar(sql).bind(name).fetch_optional(pool).await)
+            .expect("raw semaphore row")
     }
 
     /// Queues a permit waiter row by hand for a semaphore of `permits`, as a waiter in another
     /// process would, live for `secs` more seconds by the database's clock.
     pub(crate) async fn insert_permit_waiter(&self, name: &str, permits: i64, secs: f64) {
+        let columns =
+            format!("INSERT INTO {{q}}{PERMIT_QUEUE}{{q}} (name, waiter, permits, expires_at)");
+        let sql = self.sql_of(
+            &format!(
+                "{columns} VALUES ($1, $2, $3, clock_timestamp() + $4::bigint * interval '1 microsecond')"
+            ),
+            &format!("{columns} VALUES ($1, $2, $3, NOW(6) + INTERVAL $4 MICROSECOND)"),
+            &format!(
+                "{columns} VALUES ($1, $2, $3, CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) + $4 / 1000)"
+            ),
+        );
         let waiter = OwnerId::random().to_string();
         let micros = (secs * 1e6) as i64;
-        match self {
-            Raw::Pg(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO \"{PERMIT_QUEUE}\" (name, waiter, permits, expires_at) \
-                 VALUES ($1, $2, $3, clock_timestamp() + $4::bigint * interval '1 microsecond')"
-            )))
+        on_pool!(self, pool => sqlx::query(sql)
             .bind(name)
             .bind(&waiter)
             .bind(permits)
             .bind(micros)
-            .execute(p)
+            .execute(pool)
             .await
-            .map(|_| ()),
-            Raw::My(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO `{PERMIT_QUEUE}` (name, waiter, permits, expires_at) \
-                 VALUES (?, ?, ?, NOW(6) + INTERVAL ? MICROSECOND)"
-            )))
-            .bind(name.as_bytes())
-            .bind(&waiter)
-            .bind(permits)
-            .bind(micros)
-            .execute(p)
-            .await
-            .map(|_| ()),
-            Raw::Lite(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO \"{PERMIT_QUEUE}\" (name, waiter, permits, expires_at) \
-                 VALUES (?1, ?2, ?3, CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) + ?4)"
-            )))
-            .bind(name)
-            .bind(&waiter)
-            .bind(permits)
-            .bind(micros / 1000)
-            .execute(p)
-            .await
-            .map(|_| ()),
-        }
+            .map(|_| ()))
         .expect("raw permit waiter row");
-    }
-
-    /// Deletes every permit waiter row of `name`.
-    pub(crate) async fn delete_permit_waiters(&self, name: &str) {
-        match self {
-            Raw::Pg(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM \"{PERMIT_QUEUE}\" WHERE name = $1"
-            )))
-            .bind(name)
-            .execute(p)
-            .await
-            .map(|_| ()),
-            Raw::My(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM `{PERMIT_QUEUE}` WHERE name = ?"
-            )))
-            .bind(name.as_bytes())
-            .execute(p)
-            .await
-            .map(|_| ()),
-            Raw::Lite(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM \"{PERMIT_QUEUE}\" WHERE name = ?1"
-            )))
-            .bind(name)
-            .execute(p)
-            .await
-            .map(|_| ()),
-        }
-        .expect("raw permit waiter delete");
     }
 }
 
@@ -430,7 +333,7 @@ async fn permit_count_checked_while_in_use_only(kind: Kind) {
         permit(&c, &n, 4, opts(ttl)).await.unwrap().is_none(),
         "a try jumped a live permit waiter"
     );
-    raw.delete_permit_waiters(n.as_str()).await;
+    raw.delete_rows(PERMIT_QUEUE, n.as_str()).await;
     raw.insert_permit_waiter(n.as_str(), 4, -1.0).await;
     let p = permit(&c, &n, 5, opts(ttl))
         .await

@@ -82,6 +82,18 @@ pub(crate) async fn take(
         .expect("try_acquire")
 }
 
+/// Runs `$body` with `$pool` bound to whichever pool `$raw` holds: a raw statement is written
+/// once, and [`Raw::sql`] gives its text in the dialect's form.
+macro_rules! on_pool {
+    ($raw:expr, $pool:ident => $body:expr) => {
+        match $raw {
+            Raw::Pg($pool) => $body,
+            Raw::My($pool) => $body,
+            Raw::Lite($pool) => $body,
+        }
+    };
+}
+
 /// Direct SQL on the same store, bypassing the backend.
 pub(crate) enum Raw {
     Pg(sqlx::PgPool),
@@ -99,39 +111,62 @@ impl Raw {
         }
     }
 
+    /// `template` in this store's dialect: `{q}` is its identifier quote, and `$1`, `$2`, ...
+    /// its placeholders (`?` on MySQL, so each in order and once; `?1`, `?2`, ... on SQLite).
+    pub(crate) fn sql(&self, template: &str) -> sqlx::AssertSqlSafe<String> {
+        let text = match self {
+            Raw::Pg(_) => template.replace("{q}", "\""),
+            Raw::My(_) => {
+                let mut text = String::with_capacity(template.len());
+                let quoted = template.replace("{q}", "`");
+                let mut chars = quoted.chars().peekable();
+                while let Some(c) = chars.next() {
+                    if c == '$' {
+                        text.push('?');
+                        while chars.next_if(char::is_ascii_digit).is_some() {}
+                    } else {
+                        text.push(c);
+                    }
+                }
+                text
+            }
+            Raw::Lite(_) => template.replace("{q}", "\"").replace('$', "?"),
+        };
+        sqlx::AssertSqlSafe(text)
+    }
+
+    /// One of three templates (see [`Raw::sql`]), where the dialects' functions differ.
+    pub(crate) fn sql_of(&self, pg: &str, my: &str, lite: &str) -> sqlx::AssertSqlSafe<String> {
+        self.sql(match self {
+            Raw::Pg(_) => pg,
+            Raw::My(_) => my,
+            Raw::Lite(_) => lite,
+        })
+    }
+
     /// (owner, fence, seconds until expiry by the database's clock) of `name`'s row.
     pub(crate) async fn row(&self, table: &str, name: &str) -> Option<(Option<String>, i64, f64)> {
-        match self {
-            Raw::Pg(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
+        let sql = self.sql_of(
+            &format!(
                 "SELECT owner, fence, extract(epoch FROM expires_at - clock_timestamp())::float8 \
-                 FROM \"{table}\" WHERE name = $1"
-            )))
-            .bind(name)
-            .fetch_optional(p)
-            .await
-            .expect("raw row")
-            .map(|r| (r.get(0), r.get(1), r.get(2))),
-            Raw::My(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
+                 FROM {{q}}{table}{{q}} WHERE name = $1"
+            ),
+            &format!(
                 "SELECT owner, fence, \
                  CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) AS DOUBLE) / 1e6 \
-                 FROM `{table}` WHERE name = ?"
-            )))
-            .bind(name.as_bytes())
-            .fetch_optional(p)
-            .await
-            .expect("raw row")
-            .map(|r| (r.get(0), r.get(1), r.get(2))),
-            Raw::Lite(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "SELECT owner, fence, \
-                 (expires_at - unixepoch('subsec') * 1000) / 1000.0 \
-                 FROM \"{table}\" WHERE name = ?1"
-            )))
+                 FROM {{q}}{table}{{q}} WHERE name = $1"
+            ),
+            &format!(
+                "SELECT owner, fence, (expires_at - unixepoch('subsec') * 1000) / 1000.0 \
+                 FROM {{q}}{table}{{q}} WHERE name = $1"
+            ),
+        );
+        on_pool!(self, pool => sqlx::query(sql)
             .bind(name)
-            .fetch_optional(p)
+            .fetch_optional(pool)
             .await
             .expect("raw row")
-            .map(|r| (r.get(0), r.get(1), r.get(2))),
-        }
+            .map(|r| (r.get(0), r.get(1), r.get(2))))
     }
 }
 
@@ -143,40 +178,28 @@ impl Raw {
     /// seconds by the database's clock (negative: already expired). Returns its waiter id.
     pub(crate) async fn insert_waiter(&self, name: &str, secs: f64) -> String {
         let waiter = OwnerId::random().to_string();
-        let w = format!("{TABLE}_waiters");
-        let micros = (secs * 1e6) as i64;
-        match self {
-            Raw::Pg(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO \"{w}\" (name, waiter, expires_at) \
+        let sql = self.sql_of(
+            &format!(
+                "INSERT INTO {{q}}{WAITERS}{{q}} (name, waiter, expires_at) \
                  VALUES ($1, $2, clock_timestamp() + $3::bigint * interval '1 microsecond')"
-            )))
+            ),
+            &format!(
+                "INSERT INTO {{q}}{WAITERS}{{q}} (name, waiter, expires_at) \
+                 VALUES ($1, $2, NOW(6) + INTERVAL $3 MICROSECOND)"
+            ),
+            &format!(
+                "INSERT INTO {{q}}{WAITERS}{{q}} (name, waiter, expires_at) \
+                 VALUES ($1, $2, CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) + $3 / 1000)"
+            ),
+        );
+        let micros = (secs * 1e6) as i64;
+        on_pool!(self, pool => sqlx::query(sql)
             .bind(name)
             .bind(&waiter)
             .bind(micros)
-            .execute(p)
+            .execute(pool)
             .await
-            .map(|_| ()),
-            Raw::My(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO `{w}` (name, waiter, expires_at) \
-                 VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND)"
-            )))
-            .bind(name.as_bytes())
-            .bind(&waiter)
-            .bind(micros)
-            .execute(p)
-            .await
-            .map(|_| ()),
-            Raw::Lite(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "INSERT INTO \"{w}\" (name, waiter, expires_at) \
-                 VALUES (?1, ?2, CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER) + ?3)"
-            )))
-            .bind(name)
-            .bind(&waiter)
-            .bind(micros / 1000)
-            .execute(p)
-            .await
-            .map(|_| ()),
-        }
+            .map(|_| ()))
         .expect("raw waiter row");
         waiter
     }
@@ -188,63 +211,34 @@ impl Raw {
 
     /// The tickets of `name`'s waiter rows, live or not, in queue order.
     pub(crate) async fn tickets(&self, name: &str) -> Vec<i64> {
-        let w = format!("{TABLE}_waiters");
-        match self {
-            Raw::Pg(p) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT ticket FROM \"{w}\" WHERE name = $1 ORDER BY ticket"
-                )))
-                .bind(name)
-                .fetch_all(p)
-                .await
-            }
-            Raw::My(p) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT ticket FROM `{w}` WHERE name = ? ORDER BY ticket"
-                )))
-                .bind(name.as_bytes())
-                .fetch_all(p)
-                .await
-            }
-            Raw::Lite(p) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT ticket FROM \"{w}\" WHERE name = ?1 ORDER BY ticket"
-                )))
-                .bind(name)
-                .fetch_all(p)
-                .await
-            }
-        }
-        .expect("raw waiter tickets")
+        let sql = self.sql(&format!(
+            "SELECT ticket FROM {{q}}{WAITERS}{{q}} WHERE name = $1 ORDER BY ticket"
+        ));
+        on_pool!(self, pool => sqlx::query_scalar(sql).bind(name).fetch_all(pool).await)
+            .expect("raw waiter tickets")
     }
 
-    /// Deletes every waiter row of `name`.
-    pub(crate) async fn delete_waiters(&self, name: &str) {
-        let w = format!("{TABLE}_waiters");
-        match self {
-            Raw::Pg(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM \"{w}\" WHERE name = $1"
-            )))
-            .bind(name)
-            .execute(p)
-            .await
-            .map(|_| ()),
-            Raw::My(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM `{w}` WHERE name = ?"
-            )))
-            .bind(name.as_bytes())
-            .execute(p)
-            .await
-            .map(|_| ()),
-            Raw::Lite(p) => sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM \"{w}\" WHERE name = ?1"
-            )))
-            .bind(name)
-            .execute(p)
-            .await
-            .map(|_| ()),
-        }
-        .expect("raw waiter delete");
+    /// Deletes every row of `name` in `table`.
+    pub(crate) async fn delete_rows(&self, table: &str, name: &str) {
+        let sql = self.sql(&format!("DELETE FROM {{q}}{table}{{q}} WHERE name = $1"));
+        on_pool!(self, pool => sqlx::query(sql).bind(name).execute(pool).await.map(|_| ()))
+            .expect("raw delete");
+    }
+
+    /// Rows of `table` whose name is `name`, live or expired.
+    pub(crate) async fn rows_of(&self, table: &str, name: &str) -> i64 {
+        let sql = self.sql(&format!(
+            "SELECT count(*) FROM {{q}}{table}{{q}} WHERE name = $1"
+        ));
+        on_pool!(self, pool => sqlx::query_scalar(sql).bind(name).fetch_one(pool).await)
+            .expect("raw count")
+    }
+
+    /// Runs `sql` (no parameters, nothing handed back).
+    pub(crate) async fn exec(&self, sql: &str) {
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        on_pool!(self, pool => sqlx::raw_sql(sql).execute(pool).await.map(|_| ()))
+            .expect("raw statement");
     }
 }
 
