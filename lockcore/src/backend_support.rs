@@ -4,8 +4,8 @@
 //! a cancelled call.
 
 pub use crate::acquire::{Access, acquire, lock_name};
-pub use crate::authority::{ENCODE_HINT, UrlError, UrlParts};
 pub use crate::cleanup::spawn_cleanup;
 pub use crate::options::{check_ttl, default_drift, option_duration};
 pub use crate::redact::{scrub, secrets_of};
 pub use crate::semaphore::{check_permits, permits_mismatch};
+pub use crate::url_parts::{ENCODE_HINT, UrlError, UrlParts};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::held::{LostReason, Shared, lock};
+use crate::lease_state::{LostReason, Shared, lock};
 use crate::{DistributedLock, Error, FencingToken, KeepAlive, Lease, LockName, Released, Result};
 
 /// A cheap, clonable view of a held lease: validity, token and the lost signal. Obtained from

@@ -1,7 +1,6 @@
 #![doc = include_str!("../README.md")]
 
 mod acquire;
-mod authority;
 mod backend;
 pub mod backend_support;
 mod capabilities;
@@ -9,8 +8,8 @@ pub mod cleanup;
 mod error;
 mod ext;
 mod guard;
-mod held;
 mod lease;
+mod lease_state;
 pub mod memory;
 mod multi;
 mod name;
@@ -21,6 +20,7 @@ mod reentrant;
 mod renewer;
 mod rw;
 mod semaphore;
+mod url_parts;
 pub mod wait;
 
 pub use backend::{DistributedLock, RawFloor};
@@ -28,8 +28,8 @@ pub use capabilities::{Capabilities, Expiry, Fairness, Fencing, NativePrimitives
 pub use error::{BoxError, Error, Result};
 pub use ext::LockExt;
 pub use guard::{LeaseWatch, LockGuard};
-pub use held::LostReason;
 pub use lease::{FencingToken, Lease, LockInfo, OwnerId, Released};
+pub use lease_state::LostReason;
 pub use memory::MemoryLock;
 pub use multi::MultiGuard;
 pub use name::{LockName, MAX_NAME_BYTES};

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::held::{LostReason, Shared};
+use crate::lease_state::{LostReason, Shared};
 use crate::{DistributedLock, Error, Lease, MIN_TTL};
 
 /// A guard's keep-alive policy.
