@@ -12,7 +12,8 @@ use super::{MariaDb, Postgres, Redis, RedisReply, RedisSet, ZkNode, ZooKeeper};
 /// (`conformance_tests::faults`) can kill, pause and restart any store without knowing its kind.
 ///
 /// Implemented by [`super::Redis`], [`super::Postgres`], [`super::MariaDb`],
-/// [`super::ZooKeeper`] and each [`super::ZkNode`].
+/// [`super::ZooKeeper`] and each [`super::ZkNode`], and by [`super::RedisSet`], whose every server a
+/// fault reaches at once.
 #[async_trait]
 pub trait ServerControl: Send + Sync + Debug {
     /// What runs (`redis-server`, `postgres`, `mariadb`, `zookeeper`), for messages.
@@ -20,6 +21,13 @@ pub trait ServerControl: Send + Sync + Debug {
 
     /// `127.0.0.1:{port}`, the same across restarts (put a [`super::Proxy`] in front of it).
     fn addr(&self) -> SocketAddr;
+
+    /// Every address a client of the store connects to (a [`super::Proxy`] in front of each
+    /// cuts a client off the whole store): [`ServerControl::addr`] alone, unless the store has
+    /// several servers a client talks to (Redlock's nodes).
+    fn addrs(&self) -> Vec<SocketAddr> {
+        vec![self.addr()]
+    }
 
     /// SIGKILLs the server and every process it started (a crash); connections fail at once.
     fn kill9(&self);
@@ -101,7 +109,7 @@ impl ServerControl for Redis {
 }
 
 /// Every server of the set at once: a fault scenario written for one server breaks all of
-/// Redlock's masters (its `addr` is the first node's, so a proxy covers a minority only).
+/// Redlock's masters (its `addr` is the first node's; `addrs` names every node).
 #[async_trait]
 impl ServerControl for RedisSet {
     fn label(&self) -> &str {
@@ -110,6 +118,10 @@ impl ServerControl for RedisSet {
 
     fn addr(&self) -> SocketAddr {
         self.nodes()[0].addr()
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes().iter().map(Redis::addr).collect()
     }
 
     fn kill9(&self) {
