@@ -6,14 +6,14 @@ use std::net::SocketAddr;
 use lockcore::async_trait;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::{MariaDb, Postgres, Redis, RedisReply, RedisSet, ZkNode, ZooKeeper};
+use super::{MariaDb, Postgres, Redis, RedisCluster, RedisReply, RedisSet, ZkNode, ZooKeeper};
 
 /// The lifecycle handle every kit server offers, so that the shared fault scenarios
 /// (`conformance_tests::faults`) can kill, pause and restart any store without knowing its kind.
 ///
 /// Implemented by [`super::Redis`], [`super::Postgres`], [`super::MariaDb`],
-/// [`super::ZooKeeper`] and each [`super::ZkNode`], and by [`super::RedisSet`], whose every server a
-/// fault reaches at once.
+/// [`super::ZooKeeper`] and each [`super::ZkNode`], and by the groups [`super::RedisSet`] and
+/// [`super::RedisCluster`], whose every server a fault reaches at once.
 #[async_trait]
 pub trait ServerControl: Send + Sync + Debug {
     /// What runs (`redis-server`, `postgres`, `mariadb`, `zookeeper`), for messages.
@@ -141,6 +141,48 @@ impl ServerControl for RedisSet {
             node.restart().await?;
         }
         Ok(())
+    }
+
+    async fn kill_client_connections(&self) -> KitResult<usize> {
+        let mut killed = 0;
+        for node in self.nodes() {
+            killed += ServerControl::kill_client_connections(node).await?;
+        }
+        Ok(killed)
+    }
+}
+
+/// Every master of the cluster at once (the kit's cluster has no replicas, so nothing fails
+/// over): a fault scenario written for one server breaks the whole cluster.
+#[async_trait]
+impl ServerControl for RedisCluster {
+    fn label(&self) -> &str {
+        "redis-server (every cluster master)"
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.node(0).addr()
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes().iter().map(Redis::addr).collect()
+    }
+
+    fn kill9(&self) {
+        self.nodes().iter().for_each(Redis::kill9);
+    }
+
+    fn pause(&self) {
+        self.nodes().iter().for_each(Redis::pause);
+    }
+
+    fn resume(&self) {
+        self.nodes().iter().for_each(Redis::resume);
+    }
+
+    /// [`RedisCluster::restart_all`]: the cluster re-forms from every node's `nodes.conf`.
+    async fn restart(&self) -> KitResult<()> {
+        self.restart_all().await
     }
 
     async fn kill_client_connections(&self) -> KitResult<usize> {
