@@ -295,18 +295,34 @@ pub(crate) async fn take_through_errors(
     limit: Duration,
     who: &str,
 ) -> (LockGuard, Instant) {
-    within(limit, who, async {
+    let last = std::sync::Mutex::new(None);
+    let taking = async {
         loop {
             match primitive.take(c, name, opts).await {
                 Ok(g) => break (g, Instant::now()),
-                // A no-wait take of a held lock times out at once: not a hot loop.
-                Err(Error::Timeout { .. }) => tokio::time::sleep(ms(10)).await,
-                Err(e) if e.is_retryable() => tokio::time::sleep(ms(100)).await,
+                Err(e @ Error::Timeout { .. }) => {
+                    *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    // A no-wait take of a held lock times out at once: not a hot loop.
+                    tokio::time::sleep(ms(10)).await;
+                }
+                Err(e) if e.is_retryable() => {
+                    *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    tokio::time::sleep(ms(100)).await;
+                }
                 Err(e) => panic!("{who}: unexpected error {e}"),
             }
         }
-    })
-    .await
+    };
+    match tokio::time::timeout(limit, taking).await {
+        Ok(taken) => taken,
+        Err(_) => panic!(
+            "{who}: did not finish within {limit:?}; the last error: {}",
+            last.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_deref()
+                .unwrap_or("none")
+        ),
+    }
 }
 
 /// Releases `guard`'s lease through `c` once the store answers again; must say `NotHeld`.
