@@ -13,8 +13,8 @@ use lockcore::{
 
 use crate::cases::within;
 use crate::faults::{
-    Findings, PERMITS, Primitive, Proxied, hold_of, paused_past_ttl, take_through_errors,
-    verdict, with_query,
+    Findings, PERMITS, Primitive, Proxied, hold_of, paused_past_ttl, take_through_errors, verdict,
+    with_query,
 };
 use crate::kit::Fault;
 use crate::{Ctx, FencedResource, History, Persistence};
@@ -141,7 +141,9 @@ pub async fn sem_holder_blackholed_past_ttl(ctx: Ctx) {
         .await
         .unwrap_or_else(|e| panic!("cannot start a server for {}: {e}", ctx.case()));
     let proxied = Proxied::start(&spawned).await;
-    let cut = ctx.connect(&with_query(&proxied.url, "timeout=500ms")).await;
+    let cut = ctx
+        .connect(&with_query(&proxied.url, "timeout=500ms"))
+        .await;
     let steady = ctx.connect(&spawned.url).await;
     let waiter = ctx.connect(&spawned.url).await;
     let name = ctx.name("sem-blackholed");

@@ -27,7 +27,9 @@ pub async fn holder_requests_blackholed_past_ttl(ctx: Ctx) {
 async fn holder_blackholed(ctx: Ctx, fault: Fault, primitive: Primitive) {
     let spawned = spawn(&ctx, Persistence::Durable).await;
     let proxied = Proxied::start(&spawned).await;
-    let holder = ctx.connect(&with_query(&proxied.url, "timeout=500ms")).await;
+    let holder = ctx
+        .connect(&with_query(&proxied.url, "timeout=500ms"))
+        .await;
     let other = ctx.connect(&spawned.url).await;
     let name = ctx.name("blackholed");
     let history = History::new();
