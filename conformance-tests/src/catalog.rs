@@ -7,8 +7,7 @@
 //! its store and how it connects stay the caller's.
 
 use crate::kit::{
-    KitError, KitErrorKind, MariaDb, Postgres, Redis, RedisCluster, RedisSet, ZkAndRedis,
-    ZooKeeper,
+    KitError, KitErrorKind, MariaDb, Postgres, Redis, RedisCluster, RedisSet, ZkAndRedis, ZooKeeper,
 };
 use crate::spawn::SpawnName;
 use crate::{Expect, Persistence, Spawned, Target};
@@ -23,7 +22,8 @@ const SQL_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
 
 const ZK_TTL_SCENARIO: Expect = Expect::NotApplicable(
     "ZooKeeper locks end with the session (Expiry::Session), not at a server-side ttl; the \
-     session-expiry versions of this scenario are in backend-zk/tests/faults.rs",
+     session-expiry versions are holder_blackholed_past_session_timeout and \
+     silent_permit_holder_returns_its_permit_with_its_session in backend-zk/tests/faults.rs",
 );
 
 const ZK_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
@@ -32,8 +32,8 @@ const ZK_ALWAYS_DURABLE: Expect = Expect::NotApplicable(
 );
 
 const ZK_NO_SERVER_KILL: Expect = Expect::NotApplicable(
-    "ZooKeeper cannot end client connections from the server side; links are cut with the \
-     kit's proxy in backend-zk/tests/faults.rs instead",
+    "ZooKeeper cannot end client connections from the server side; a link is cut with the \
+     kit's proxy instead in holder_blackholed_past_session_timeout (backend-zk/tests/faults.rs)",
 );
 
 const ZK_NO_SINGLE_SERVER: Expect = Expect::NotApplicable(
@@ -49,7 +49,8 @@ const CLUSTER_ANNOUNCED_ADDRESSES: Expect = Expect::NotApplicable(
 
 const DUAL_SESSION: Expect = Expect::NotApplicable(
     "the first store is ZooKeeper, whose locks end with the session (Expiry::Session), not at a \
-     server-side ttl; dual's own one-side faults are in backend-dual/tests/faults.rs",
+     server-side ttl; dual's one-side faults are first_side_connection_lost_fires_lost and \
+     second_side_connection_lost_fires_lost in backend-dual/tests/faults.rs",
 );
 
 /// The declarations of a backend on one server of its own (PostgreSQL, MariaDB, Redis, Tair),
@@ -136,13 +137,22 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
                 ),
             ),
             ("server_paused_past_ttl", Expect::Safe),
-            ("holder_replies_blackholed_past_ttl", CLUSTER_ANNOUNCED_ADDRESSES),
-            ("holder_requests_blackholed_past_ttl", CLUSTER_ANNOUNCED_ADDRESSES),
+            (
+                "holder_replies_blackholed_past_ttl",
+                CLUSTER_ANNOUNCED_ADDRESSES,
+            ),
+            (
+                "holder_requests_blackholed_past_ttl",
+                CLUSTER_ANNOUNCED_ADDRESSES,
+            ),
             ("store_connections_killed", Expect::Safe),
             ("holder_process_killed", Expect::Safe),
             ("client_paused_past_ttl", Expect::Safe),
             ("sem_server_killed_and_restarted", Expect::Safe),
-            ("sem_holder_blackholed_past_ttl", CLUSTER_ANNOUNCED_ADDRESSES),
+            (
+                "sem_holder_blackholed_past_ttl",
+                CLUSTER_ANNOUNCED_ADDRESSES,
+            ),
             ("sem_client_paused_past_ttl", Expect::Safe),
             ("rw_reader_paused_past_ttl", Expect::Safe),
             ("rw_reader_server_killed_and_restarted", Expect::Safe),
@@ -199,8 +209,9 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
             (
                 "store_connections_killed",
                 Expect::NotApplicable(
-                    "ZooKeeper cannot end client connections from the server side; dual's lost \
-                     connections are cut with the kit's proxy in backend-dual/tests/faults.rs",
+                    "ZooKeeper cannot end client connections from the server side; dual's links \
+                     are cut with the kit's proxy in first_side_connection_lost_fires_lost and \
+                     second_side_connection_lost_fires_lost (backend-dual/tests/faults.rs)",
                 ),
             ),
         ],
