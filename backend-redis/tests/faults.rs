@@ -263,6 +263,80 @@ async fn cluster_master_kill9_resets_the_fence() {
     drop(ga);
 }
 
+/// **Liveness.** Every master of a Cluster killed -9 at once and restarted from its
+/// `nodes.conf`, three times in a row, while clients hold and wait for locks and read locks:
+/// after each restart every client takes a lock again. A client whose cluster connection was
+/// left without any node connection while the whole cluster was down would fail every command
+/// with `ClusterConnectionNotFound` for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_clients_recover_after_every_master_restarts() {
+    use lockcore::ReadWriteExt;
+    let cluster = RedisCluster::start_with(3, &["--appendonly", "yes", "--appendfsync", "always"])
+        .await
+        .expect("kit cluster");
+    let url = format!("{}?timeout=1s", cluster.url());
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(client(&url).await);
+    }
+    let name = unique("cluster-restart-all");
+    for round in 1..=3 {
+        // A reader holds; the other clients queue for the write lock behind it.
+        let reader = clients[0]
+            .read_lock(&name, &held_opts(2 * SEC))
+            .await
+            .expect("read lock");
+        let mut waiting = tokio::task::JoinSet::new();
+        for c in &clients[1..] {
+            let (c, name) = (c.clone(), name.clone());
+            waiting.spawn(async move {
+                let opts = AcquireOptions::new()
+                    .ttl(2 * SEC)
+                    .keep_alive(KeepAlive::Off)
+                    .wait(Wait::For(3 * SEC));
+                let mut last = String::from("none");
+                let taken = tokio::time::timeout(60 * SEC, async {
+                    loop {
+                        match c.lock(&name, &opts).await {
+                            Ok(g) => break g,
+                            Err(e) => {
+                                assert!(
+                                    e.is_retryable()
+                                        || matches!(e, lockcore::Error::Timeout { .. }),
+                                    "unexpected error: {e}"
+                                );
+                                last = e.to_string();
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        }
+                    }
+                })
+                .await;
+                match taken {
+                    Ok(g) => {
+                        let _ = g.release().await;
+                        Ok(())
+                    }
+                    Err(_) => Err(last),
+                }
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cluster.nodes().iter().for_each(Redis::kill9);
+        within(30 * SEC, "the reader's lost()", reader.lost()).await;
+        cluster.restart_all().await.expect("restart every master");
+        while let Some(r) = waiting.join_next().await {
+            if let Err(last) = r.expect("waiter task") {
+                panic!(
+                    "round {round}: a client got no lock within 60 s after every master \
+                     restarted; its last error: {last}"
+                );
+            }
+        }
+        drop(reader);
+    }
+}
+
 /// Takes every permit of the semaphore `name` (`permits` of them, ttl 60 s, no keep-alive) on
 /// `c`, after `bumps` grants and releases, retrying while a restarted server still loads.
 async fn fill_semaphore(

@@ -13,10 +13,10 @@ use lockcore::{
 
 use crate::cases::within;
 use crate::faults::{
-    Findings, PERMITS, Primitive, hold_of, paused_past_ttl, take_through_errors, verdict,
+    Findings, PERMITS, Primitive, Proxied, hold_of, paused_past_ttl, take_through_errors, verdict,
     with_query,
 };
-use crate::kit::{Fault, Proxy};
+use crate::kit::Fault;
 use crate::{Ctx, FencedResource, History, Persistence};
 
 const SEC: Duration = Duration::from_secs(1);
@@ -129,7 +129,7 @@ pub async fn sem_server_killed_and_restarted(ctx: Ctx) {
     verdict(&ctx, findings);
 }
 
-/// One permit's holder reaches the store through a proxy whose replies are then blackholed for
+/// One permit's holder reaches the store through proxies (one per server) whose replies are then blackholed for
 /// longer than the ttl, while another client holds the other permit and a third waits. The
 /// cut-off holder's `lost()` fires; the waiter gets a permit only once that holder's lease is
 /// over (the history never has three holders), with a token above it, so the cut-off holder's
@@ -140,11 +140,10 @@ pub async fn sem_holder_blackholed_past_ttl(ctx: Ctx) {
         .spawn(Persistence::Durable)
         .await
         .unwrap_or_else(|e| panic!("cannot start a server for {}: {e}", ctx.case()));
-    let addr = spawned.server.addr().to_string();
-    let proxy = Proxy::start(spawned.server.addr()).await.expect("proxy");
-    let proxied = spawned.url.replace(&addr, &proxy.addr().to_string());
-    assert_ne!(proxied, spawned.url, "the store URL does not name {addr}");
-    let cut = ctx.connect(&with_query(&proxied, "timeout=500ms")).await;
+    let proxied = Proxied::start(&spawned).await;
+    let cut = ctx
+        .connect(&with_query(&proxied.url, "timeout=500ms"))
+        .await;
     let steady = ctx.connect(&spawned.url).await;
     let waiter = ctx.connect(&spawned.url).await;
     let name = ctx.name("sem-blackholed");
@@ -177,7 +176,7 @@ pub async fn sem_holder_blackholed_past_ttl(ctx: Ctx) {
         "a permit was taken while both holders renewed"
     );
 
-    tokio::task::block_in_place(|| proxy.set(Fault::BlackholeReplies));
+    proxied.set(Fault::BlackholeReplies);
     within(30 * SEC, "the cut-off holder's lost()", a.lost()).await;
     history.push(hold_of(0, &a, a_at, None));
     let (c, c_at) = within(90 * SEC, "the waiter's permit", taker)
@@ -187,7 +186,7 @@ pub async fn sem_holder_blackholed_past_ttl(ctx: Ctx) {
     findings.old_holder_writes_late(&slot, a.fencing_token());
     assert!(b.is_held(), "the steady holder lost its permit");
 
-    tokio::task::block_in_place(|| proxy.set(Fault::PassThrough));
+    proxied.set(Fault::PassThrough);
     let released = within(30 * SEC, "the cut-off holder's stale release", async {
         loop {
             match cut.release(&a.lease()).await {

@@ -2,6 +2,7 @@
 //! commands, and one plain connection to any reachable node for pub/sub (a `PUBLISH` on one
 //! node of a cluster reaches the subscribers of every node).
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{PoisonError, RwLock};
 use std::time::Duration;
@@ -9,7 +10,9 @@ use std::time::Duration;
 use redis::aio::PubSub;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult, Value};
+use redis::{
+    Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisResult, Value,
+};
 
 use super::single::timeout_error;
 
@@ -21,8 +24,16 @@ pub(crate) type NodeAddr = (String, u16);
 
 /// A cluster connection, the seed nodes for the subscriber, and our own copy of the slot map
 /// (used only to group pipelined renewals by node; redis-rs routes everything else).
+///
+/// Once every master has been down at once, redis-rs's cluster connection can be left without
+/// any node connection for good, failing every command with `ClusterConnectionNotFound` after
+/// the masters are back. A command that fails so makes [`Cluster::with`] build a new
+/// connection from the seed nodes.
 pub(crate) struct Cluster {
-    connection: ClusterConnection,
+    client: ClusterClient,
+    /// The connection and how many times it was rebuilt.
+    connection: RwLock<(u64, ClusterConnection)>,
+    rebuilding: tokio::sync::Mutex<()>,
     nodes: Vec<ConnectionInfo>,
     next_node: AtomicUsize,
     timeout: Duration,
@@ -40,13 +51,11 @@ impl Cluster {
             .response_timeout(timeout)
             .retries(3)
             .build()?;
-        let connection =
-            match tokio::time::timeout(timeout * 2, client.get_async_connection()).await {
-                Ok(r) => r?,
-                Err(_) => return Err(timeout_error("connecting to the cluster", timeout * 2)),
-            };
+        let connection = open(&client, timeout).await?;
         let cluster = Cluster {
-            connection,
+            client,
+            connection: RwLock::new((0, connection)),
+            rebuilding: tokio::sync::Mutex::new(()),
             nodes,
             next_node: AtomicUsize::new(0),
             timeout,
@@ -60,9 +69,13 @@ impl Cluster {
 
     /// Reloads the slot map with `CLUSTER SLOTS`.
     pub(crate) async fn refresh_slots(&self) -> RedisResult<()> {
-        let reply: Value = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut self.connection())
+        let reply: Value = self
+            .with(|mut con| async move {
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut con)
+                    .await
+            })
             .await?;
         let mut map = Vec::new();
         if let Value::Array(ranges) = reply {
@@ -125,7 +138,7 @@ impl Cluster {
             host: node.0.clone(),
             port: node.1,
         });
-        self.connection().route_command(cmd, routing).await
+        self.current().route_command(cmd, routing).await
     }
 
     pub(crate) fn has_slots(&self) -> bool {
@@ -136,9 +149,68 @@ impl Cluster {
             .is_empty()
     }
 
-    /// A handle on the shared cluster connection (cheap to clone).
-    pub(crate) fn connection(&self) -> ClusterConnection {
-        self.connection.clone()
+    /// A handle on the shared cluster connection, for a request to a named node: its
+    /// `ClusterConnectionNotFound` says only that this node is not connected now.
+    pub(crate) fn current(&self) -> ClusterConnection {
+        self.connection
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .1
+            .clone()
+    }
+
+    /// Runs `request` on a handle of the shared cluster connection. When it fails with
+    /// `ClusterConnectionNotFound`, the connection is replaced by a new one from the seed nodes
+    /// (once, however many requests failed on it) for the next requests; this one's error is
+    /// returned, retryable.
+    pub(crate) async fn with<T, F, Fut>(&self, request: F) -> RedisResult<T>
+    where
+        F: FnOnce(ClusterConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let (generation, connection) = self
+            .connection
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let result = request(connection).await;
+        if let Err(e) = &result
+            && e.kind() == ErrorKind::ClusterConnectionNotFound
+        {
+            self.rebuild(generation).await;
+        }
+        result
+    }
+
+    /// Replaces the connection of `generation` (if it is still the current one) with a new one
+    /// from the seed nodes; keeps it when no seed node answers. A request that fails while
+    /// another rebuilds returns at once.
+    async fn rebuild(&self, generation: u64) {
+        let Ok(_one_at_a_time) = self.rebuilding.try_lock() else {
+            return;
+        };
+        if self
+            .connection
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+            != generation
+        {
+            return;
+        }
+        match open(&self.client, self.timeout).await {
+            Ok(connection) => {
+                let next = generation + 1;
+                *self
+                    .connection
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner) = (next, connection);
+                tracing::debug!(nodes = %self.describe(), "redis cluster: connection rebuilt from the seed nodes");
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "redis cluster: rebuilding the connection failed");
+            }
+        }
     }
 
     /// A new pub/sub connection to one of the seed nodes, trying each in turn (starting after
@@ -184,10 +256,14 @@ impl Cluster {
 
     /// Whether the cluster knows shard channels (`SPUBLISH`, Redis 7.0 and later).
     pub(crate) async fn has_shard_channels(&self) -> RedisResult<bool> {
-        let reply: Value = redis::cmd("COMMAND")
-            .arg("INFO")
-            .arg("SPUBLISH")
-            .query_async(&mut self.connection())
+        let reply: Value = self
+            .with(|mut con| async move {
+                redis::cmd("COMMAND")
+                    .arg("INFO")
+                    .arg("SPUBLISH")
+                    .query_async(&mut con)
+                    .await
+            })
             .await?;
         Ok(
             matches!(reply, Value::Array(entries) if entries.first().is_some_and(|e| *e != Value::Nil)),
@@ -209,6 +285,14 @@ impl Cluster {
             })
             .collect::<Vec<_>>()
             .join(",")
+    }
+}
+
+/// A new cluster connection through `client`'s seed nodes, within twice `timeout`.
+async fn open(client: &ClusterClient, timeout: Duration) -> RedisResult<ClusterConnection> {
+    match tokio::time::timeout(timeout * 2, client.get_async_connection()).await {
+        Ok(r) => r,
+        Err(_) => Err(timeout_error("connecting to the cluster", timeout * 2)),
     }
 }
 

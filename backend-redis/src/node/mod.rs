@@ -244,7 +244,7 @@ impl Node {
         tracing::debug!(nodes = %cluster.describe(), ?route, "redis: connected to the cluster");
         Ok(Self::over(
             config,
-            Store::Cluster(cluster),
+            Store::Cluster(Box::new(cluster)),
             shown.to_owned(),
             route,
         ))

@@ -18,7 +18,7 @@ use crate::BACKEND;
 /// A single server or a Cluster.
 pub(crate) enum Store {
     Single(Box<Single>),
-    Cluster(Cluster),
+    Cluster(Box<Cluster>),
 }
 
 /// The error of a single request's answer, if it failed.
@@ -144,7 +144,10 @@ impl Store {
                 let request = |mut con| async move { eval_on(&mut con, call).await };
                 s.send(call.lua.repeatable, request, failure, Err).await
             }
-            Store::Cluster(c) => eval_on(&mut c.connection(), call).await,
+            Store::Cluster(c) => {
+                c.with(|mut con| async move { eval_on(&mut con, call).await })
+                    .await
+            }
         }
     }
 
@@ -177,7 +180,10 @@ impl Store {
                 let request = |mut con| async move { run(&mut con, cmd).await };
                 s.send(false, request, failure, Err).await
             }
-            Store::Cluster(c) => run(&mut c.connection(), cmd).await,
+            Store::Cluster(c) => {
+                c.with(|mut con| async move { run(&mut con, cmd).await })
+                    .await
+            }
         }
     }
 
@@ -193,7 +199,7 @@ impl Store {
             Store::Cluster(c) => {
                 join_all(
                     cmds.iter()
-                        .map(|cmd| async move { run(&mut c.connection(), cmd).await }),
+                        .map(|cmd| c.with(move |mut con| async move { run(&mut con, cmd).await })),
                 )
                 .await
             }
@@ -299,7 +305,7 @@ async fn cluster_many(c: &Cluster, calls: &[Call]) -> Vec<RedisResult<Value>> {
             pipe.add_command(calls[i].cmd().clone());
         }
         match c
-            .connection()
+            .current()
             .route_pipeline(
                 pipe,
                 0,
@@ -326,12 +332,11 @@ async fn cluster_many(c: &Cluster, calls: &[Call]) -> Vec<RedisResult<Value>> {
         if let Err(e) = c.refresh_slots().await {
             tracing::debug!(error = %e, "redis cluster: slot map refresh failed");
         }
-        let again = join_all(
-            retry
-                .iter()
-                .map(|&i| async move { eval_on(&mut c.connection(), &calls[i]).await }),
-        )
-        .await;
+        let again =
+            join_all(retry.iter().map(|&i| {
+                c.with(move |mut con| async move { eval_on(&mut con, &calls[i]).await })
+            }))
+            .await;
         for (i, r) in retry.into_iter().zip(again) {
             results[i] = Some(r);
         }

@@ -2,8 +2,8 @@
 
 use super::*;
 
-/// The holder's replies are blackholed through a proxy (its requests arrive, nothing comes
-/// back) for longer than the ttl. Its `lost()` fires; a client on a direct link takes over with
+/// The holder's replies are blackholed through a proxy in front of each of the store's servers
+/// (its requests arrive, nothing comes back) for longer than the ttl. Its `lost()` fires; a client on a direct link takes over with
 /// a higher token only once the holder's lease is over; the holder's late write is refused;
 /// when the link heals, its client works again and its stale release frees nothing.
 pub async fn holder_replies_blackholed_past_ttl(ctx: Ctx) {
@@ -26,11 +26,10 @@ pub async fn holder_requests_blackholed_past_ttl(ctx: Ctx) {
 /// over. See [`holder_replies_blackholed_past_ttl`].
 async fn holder_blackholed(ctx: Ctx, fault: Fault, primitive: Primitive) {
     let spawned = spawn(&ctx, Persistence::Durable).await;
-    let addr = spawned.server.addr().to_string();
-    let proxy = Proxy::start(spawned.server.addr()).await.expect("proxy");
-    let proxied = spawned.url.replace(&addr, &proxy.addr().to_string());
-    assert_ne!(proxied, spawned.url, "the store URL does not name {addr}");
-    let holder = ctx.connect(&with_query(&proxied, "timeout=500ms")).await;
+    let proxied = Proxied::start(&spawned).await;
+    let holder = ctx
+        .connect(&with_query(&proxied.url, "timeout=500ms"))
+        .await;
     let other = ctx.connect(&spawned.url).await;
     let name = ctx.name("blackholed");
     let history = History::new();
@@ -55,7 +54,7 @@ async fn holder_blackholed(ctx: Ctx, fault: Fault, primitive: Primitive) {
     tokio::time::sleep(ms(300)).await;
     assert!(!taker.is_finished(), "taken while the holder renews");
 
-    tokio::task::block_in_place(|| proxy.set(fault));
+    proxied.set(fault);
     let reason = within(30 * SEC, "the holder's lost()", guard.lost()).await;
     assert!(unreachable_reason(reason), "lost() said {reason:?}");
     history.push(hold_of(1, &guard, held_at, None));
@@ -65,7 +64,7 @@ async fn holder_blackholed(ctx: Ctx, fault: Fault, primitive: Primitive) {
     findings.new_holder_writes(&fenced, taken.fencing_token(), 2);
     findings.old_holder_writes_late(&fenced, stale);
 
-    tokio::task::block_in_place(|| proxy.set(Fault::PassThrough));
+    proxied.set(Fault::PassThrough);
     stale_release_frees_nothing(&holder, &guard).await;
     let info = other
         .inspect(&LockName::new(&name).expect("name"))

@@ -98,6 +98,56 @@ pub fn with_query(url: &str, query: &str) -> String {
     format!("{url}{sep}{query}")
 }
 
+/// A [`Proxy`] in front of every address of a spawned store ([`crate::kit::ServerControl::addrs`]:
+/// each Redlock node, say), and the store's URL through them, so that a fault set on them cuts
+/// a client off the whole store at once.
+pub(crate) struct Proxied {
+    proxies: Vec<Proxy>,
+    /// The store's URL with every server address replaced by its proxy's.
+    pub(crate) url: String,
+}
+
+impl Proxied {
+    /// Starts the proxies in front of `spawned`'s servers.
+    ///
+    /// # Panics
+    /// A proxy that does not start, or a URL that does not name some server's address.
+    pub(crate) async fn start(spawned: &Spawned) -> Self {
+        let mut url = spawned.url.clone();
+        let mut proxies = Vec::new();
+        for addr in spawned.server.addrs() {
+            let proxy = Proxy::start(addr).await.expect("proxy");
+            let through = replace_addr(&url, &addr.to_string(), &proxy.addr().to_string());
+            assert_ne!(through, url, "the store URL {url} does not name {addr}");
+            url = through;
+            proxies.push(proxy);
+        }
+        Proxied { proxies, url }
+    }
+
+    /// Sets `fault` on every proxy, one after the other, each in force when its `set`
+    /// returns.
+    pub(crate) fn set(&self, fault: Fault) {
+        tokio::task::block_in_place(|| self.proxies.iter().for_each(|p| p.set(fault)));
+    }
+}
+
+/// `url` with each `from` (a `host:port`) that is not the start of a longer port replaced by
+/// `to`: `127.0.0.1:1234` is not a prefix match of `127.0.0.1:12345`.
+fn replace_addr(url: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    while let Some(at) = rest.find(from) {
+        let end = at + from.len();
+        let longer = rest[end..].starts_with(|c: char| c.is_ascii_digit());
+        out.push_str(&rest[..at]);
+        out.push_str(if longer { from } else { to });
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// A guarded holder's tenure: from when `lock` returned to the last `valid_until` the guard
 /// knew of, or to `ended` if it stopped relying on the lock earlier.
 pub fn hold_of(
@@ -245,18 +295,34 @@ pub(crate) async fn take_through_errors(
     limit: Duration,
     who: &str,
 ) -> (LockGuard, Instant) {
-    within(limit, who, async {
+    let last = std::sync::Mutex::new(None);
+    let taking = async {
         loop {
             match primitive.take(c, name, opts).await {
                 Ok(g) => break (g, Instant::now()),
-                // A no-wait take of a held lock times out at once: not a hot loop.
-                Err(Error::Timeout { .. }) => tokio::time::sleep(ms(10)).await,
-                Err(e) if e.is_retryable() => tokio::time::sleep(ms(100)).await,
+                Err(e @ Error::Timeout { .. }) => {
+                    *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    // A no-wait take of a held lock times out at once: not a hot loop.
+                    tokio::time::sleep(ms(10)).await;
+                }
+                Err(e) if e.is_retryable() => {
+                    *last.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                    tokio::time::sleep(ms(100)).await;
+                }
                 Err(e) => panic!("{who}: unexpected error {e}"),
             }
         }
-    })
-    .await
+    };
+    match tokio::time::timeout(limit, taking).await {
+        Ok(taken) => taken,
+        Err(_) => panic!(
+            "{who}: did not finish within {limit:?}; the last error: {}",
+            last.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_deref()
+                .unwrap_or("none")
+        ),
+    }
 }
 
 /// Releases `guard`'s lease through `c` once the store answers again; must say `NotHeld`.
@@ -360,6 +426,20 @@ mod tests {
         let msg =
             panics(|| verdict(&ctx_declared(unsafe_), Findings::default())).expect("must fail");
         assert!(msg.contains("update the declaration"), "{msg}");
+    }
+
+    #[test]
+    fn replace_addr_replaces_whole_addresses_only() {
+        let url = "redlock://:pw@127.0.0.1:1234,127.0.0.1:12345/x?timeout=1s";
+        assert_eq!(
+            replace_addr(url, "127.0.0.1:1234", "127.0.0.1:7"),
+            "redlock://:pw@127.0.0.1:7,127.0.0.1:12345/x?timeout=1s"
+        );
+        assert_eq!(
+            replace_addr(url, "127.0.0.1:12345", "127.0.0.1:8"),
+            "redlock://:pw@127.0.0.1:1234,127.0.0.1:8/x?timeout=1s"
+        );
+        assert_eq!(replace_addr(url, "127.0.0.1:9", "x"), url);
     }
 
     #[test]

@@ -6,14 +6,16 @@ use std::net::SocketAddr;
 use lockcore::async_trait;
 
 use super::error::{KitError, KitErrorKind, KitResult};
-use super::{MariaDb, Postgres, Redis, RedisReply, RedisSet, ZkEnsemble, ZkNode, ZooKeeper};
+use super::{
+    MariaDb, Postgres, Redis, RedisCluster, RedisReply, RedisSet, ZkEnsemble, ZkNode, ZooKeeper,
+};
 
 /// The lifecycle handle every kit server offers, so that the shared fault scenarios
 /// (`conformance_tests::faults`) can kill, pause and restart any store without knowing its kind.
 ///
 /// Implemented by [`super::Redis`], [`super::Postgres`], [`super::MariaDb`],
-/// [`super::ZooKeeper`], each [`super::ZkNode`], and the sets [`super::RedisSet`] and
-/// [`super::ZkEnsemble`] (every member at once).
+/// [`super::ZooKeeper`] and each [`super::ZkNode`], and by the groups [`super::RedisSet`],
+/// [`super::RedisCluster`] and [`super::ZkEnsemble`], whose every server a fault reaches at once.
 #[async_trait]
 pub trait ServerControl: Send + Sync + Debug {
     /// What runs (`redis-server`, `postgres`, `mariadb`, `zookeeper`), for messages.
@@ -21,6 +23,13 @@ pub trait ServerControl: Send + Sync + Debug {
 
     /// `127.0.0.1:{port}`, the same across restarts (put a [`super::Proxy`] in front of it).
     fn addr(&self) -> SocketAddr;
+
+    /// Every address a client of the store connects to (a [`super::Proxy`] in front of each
+    /// cuts a client off the whole store): [`ServerControl::addr`] alone, unless the store has
+    /// several servers a client talks to (Redlock's nodes).
+    fn addrs(&self) -> Vec<SocketAddr> {
+        vec![self.addr()]
+    }
 
     /// SIGKILLs the server and every process it started (a crash); connections fail at once.
     fn kill9(&self);
@@ -102,7 +111,7 @@ impl ServerControl for Redis {
 }
 
 /// Every server of the set at once: a fault scenario written for one server breaks all of
-/// Redlock's masters (its `addr` is the first node's, so a proxy covers a minority only).
+/// Redlock's masters (its `addr` is the first node's; `addrs` names every node).
 #[async_trait]
 impl ServerControl for RedisSet {
     fn label(&self) -> &str {
@@ -111,6 +120,10 @@ impl ServerControl for RedisSet {
 
     fn addr(&self) -> SocketAddr {
         self.nodes()[0].addr()
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes().iter().map(Redis::addr).collect()
     }
 
     fn kill9(&self) {
@@ -130,6 +143,48 @@ impl ServerControl for RedisSet {
             node.restart().await?;
         }
         Ok(())
+    }
+
+    async fn kill_client_connections(&self) -> KitResult<usize> {
+        let mut killed = 0;
+        for node in self.nodes() {
+            killed += ServerControl::kill_client_connections(node).await?;
+        }
+        Ok(killed)
+    }
+}
+
+/// Every master of the cluster at once (the kit's cluster has no replicas, so nothing fails
+/// over): a fault scenario written for one server breaks the whole cluster.
+#[async_trait]
+impl ServerControl for RedisCluster {
+    fn label(&self) -> &str {
+        "redis-server (every cluster master)"
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.node(0).addr()
+    }
+
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.nodes().iter().map(Redis::addr).collect()
+    }
+
+    fn kill9(&self) {
+        self.nodes().iter().for_each(Redis::kill9);
+    }
+
+    fn pause(&self) {
+        self.nodes().iter().for_each(Redis::pause);
+    }
+
+    fn resume(&self) {
+        self.nodes().iter().for_each(Redis::resume);
+    }
+
+    /// [`RedisCluster::restart_all`]: the cluster re-forms from every node's `nodes.conf`.
+    async fn restart(&self) -> KitResult<()> {
+        self.restart_all().await
     }
 
     async fn kill_client_connections(&self) -> KitResult<usize> {

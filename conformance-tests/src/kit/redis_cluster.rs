@@ -3,8 +3,8 @@
 //! `CLUSTER MEET`, and ready once every node reports `cluster_state:ok`.
 //!
 //! Each node keeps its `nodes.conf` in its own temp dir, so a node restarted with
-//! [`RedisCluster::restart_node`] rejoins with the same id and slots (its keys are gone unless
-//! the cluster was started with persistence arguments).
+//! [`RedisCluster::restart_node`] or [`RedisCluster::restart_all`] rejoins with the same id and
+//! slots (its keys are gone unless the cluster was started with persistence arguments).
 
 use std::time::{Duration, Instant};
 
@@ -146,6 +146,22 @@ impl RedisCluster {
     /// The node does not start, or the cluster does not recover within 60 s.
     pub async fn restart_node(&self, i: usize) -> KitResult<()> {
         self.nodes[i].restart().await?;
+        self.wait_ok(CLUSTER_READY_TIMEOUT).await
+    }
+
+    /// Kills every node, starts each again with its `nodes.conf` (same id, slots and peers),
+    /// and waits until the cluster is ok again.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave nodes stopped; call it again.
+    ///
+    /// # Errors
+    /// A node does not start, or the cluster does not recover within 60 s.
+    pub async fn restart_all(&self) -> KitResult<()> {
+        self.nodes.iter().for_each(Redis::kill9);
+        for node in &self.nodes {
+            node.restart().await?;
+        }
         self.wait_ok(CLUSTER_READY_TIMEOUT).await
     }
 
