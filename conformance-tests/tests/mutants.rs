@@ -1,5 +1,5 @@
-//! The suite's own check: every mutant ([`Mutant::all`]) against every registry entry, a
-//! bounded number at a time, through the runner `dlock check` uses. It fails when a mutant
+//! The suite's own check: every mutant ([`Mutant::all`], and a few defects laid over the kit's
+//! Redis for the fault scenarios) against every registry entry, a bounded number at a time, through the runner `dlock check` uses. It fails when a mutant
 //! survives every case, when a case kills no mutant (but those in [`UNKILLABLE`], each with its
 //! reason), and when a correct store the mutants are copies of ([`Mutant::baselines`]) fails a
 //! case: a kill must be the defect's, not the base's. Prints the kill matrix.
@@ -13,8 +13,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use conformance_tests::mutants::{Mutant, UNKILLABLE, gaps};
+use conformance_tests::catalog::declare;
+use conformance_tests::kit::Redis;
+use conformance_tests::mutants::{Mutant, Mutated, Twist, UNKILLABLE, gaps};
+use conformance_tests::spawn::SpawnName;
 use conformance_tests::{Outcome, Target, registry, run_case};
+use lockcore::DistributedLock;
 
 /// Cases run at once: most of a case's time is sleeps and bounded waits, not CPU.
 const AT_ONCE: usize = 8;
@@ -29,11 +33,37 @@ struct Cell {
     seconds: f64,
 }
 
+/// The defects laid over a real store, the kit's Redis: each with Redis's own declarations of
+/// the fault scenarios, which then start private Redis servers to break.
+const ON_REDIS: [Twist; 3] = [
+    Twist::ValidityFromReply,
+    Twist::ExtendSkipsStore,
+    Twist::ExpiresEarly,
+];
+
+fn redis_mutant(twist: Twist) -> Target {
+    let target = Target::lazy(
+        &format!("mutant-redis-{twist:?}"),
+        || async { Redis::shared().await.expect("kit redis-server").url() },
+        move |url| async move {
+            let inner = backend_redis::connect(&url).await?;
+            Ok(Arc::new(Mutated::new(inner, twist)) as Arc<dyn DistributedLock>)
+        },
+    );
+    declare(SpawnName::Redis, target)
+}
+
 fn hung(outcome: &Outcome) -> bool {
     matches!(outcome, Outcome::Failed { message } if message.starts_with("did not finish within"))
 }
 
 fn main() -> ExitCode {
+    let mut mutants: Vec<Target> = Mutant::all().into_iter().map(Mutant::target).collect();
+    mutants.extend(ON_REDIS.map(redis_mutant));
+    // A fault scenario that kills a holder process starts this program again as the holder.
+    if let Some(code) = conformance_tests::faults::child_main(&mutants) {
+        return code;
+    }
     let started = Instant::now();
     // A case's panic is its failure, and its message is in the outcome: print only the
     // panics of this program's own thread.
@@ -48,10 +78,9 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("runtime");
-    let mutants = Mutant::all();
     let mut jobs: Vec<(Target, bool)> =
         Mutant::baselines().into_iter().map(|t| (t, true)).collect();
-    jobs.extend(mutants.iter().map(|m| (m.target(), false)));
+    jobs.extend(mutants.iter().map(|m| (m.clone(), false)));
     let cells: Vec<Cell> = rt.block_on(async {
         let gate = Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
         let mut set = tokio::task::JoinSet::new();
@@ -103,13 +132,20 @@ fn main() -> ExitCode {
     }
     let mut kills: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut hangs = Vec::new();
+    let mut messages = String::new();
     for c in cells.iter().filter(|c| !c.baseline) {
         let killed = kills.entry(c.target.clone()).or_default();
         if hung(&c.outcome) {
             hangs.push(format!("{} × {}", c.target, c.case));
-        } else if matches!(c.outcome, Outcome::Failed { .. }) {
+        } else if let Outcome::Failed { message } = &c.outcome {
             killed.insert(c.case.to_owned());
+            messages.push_str(&format!("== {} × {}\n{message}\n\n", c.target, c.case));
         }
+    }
+    let messages_at = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("mutant-kills.txt");
+    match std::fs::write(&messages_at, messages) {
+        Ok(()) => println!("why each kill failed: {}", messages_at.display()),
+        Err(e) => println!("cannot write {}: {e}", messages_at.display()),
     }
     problems.extend(gaps(&kills));
 

@@ -505,8 +505,9 @@ impl Mutant {
     }
 }
 
-/// The cases that cannot fail against any mutant of a backend, each with why. Every other case
-/// of the registry must kill at least one mutant ([`gaps`]).
+/// The cases that cannot fail against any mutant of a backend, each with why: lockcore answers
+/// them before any backend call. Every other case of the registry must kill at least one
+/// mutant ([`gaps`]).
 pub const UNKILLABLE: &[(&str, &str)] = &[
     (
         "bad_names_rejected_before_io",
@@ -531,50 +532,6 @@ pub const UNKILLABLE: &[(&str, &str)] = &[
     (
         "token_floor_unsupported_says_so",
         "a refusal case: lockcore refuses from the capabilities, before any backend call",
-    ),
-    (
-        "holder_process_killed",
-        "needs a store another OS process shares; every mutant here lives in this process",
-    ),
-    (
-        "server_killed_and_restarted",
-        "needs a server to break; every mutant here is in-process",
-    ),
-    (
-        "server_killed_and_restarted_without_persistence",
-        "needs a server to break; every mutant here is in-process",
-    ),
-    (
-        "server_paused_past_ttl",
-        "needs a server to break; every mutant here is in-process",
-    ),
-    (
-        "holder_replies_blackholed_past_ttl",
-        "needs a link to a server to break; every mutant here is in-process",
-    ),
-    (
-        "holder_requests_blackholed_past_ttl",
-        "needs a link to a server to break; every mutant here is in-process",
-    ),
-    (
-        "store_connections_killed",
-        "needs a server to break; every mutant here is in-process",
-    ),
-    (
-        "sem_server_killed_and_restarted",
-        "needs a server to break; every mutant here is in-process",
-    ),
-    (
-        "sem_holder_blackholed_past_ttl",
-        "needs a link to a server to break; every mutant here is in-process",
-    ),
-    (
-        "rw_reader_server_killed_and_restarted",
-        "needs a server to break; every mutant here is in-process",
-    ),
-    (
-        "rw_reader_blackholed_past_ttl",
-        "needs a link to a server to break; every mutant here is in-process",
     ),
 ];
 
@@ -820,11 +777,11 @@ mod tests {
         let mut kills = all_killed();
         let cases = kills.get_mut("mutant-a").unwrap();
         cases.remove("basic_exclusivity");
-        cases.insert("holder_process_killed".to_owned());
+        cases.insert("rw_unsupported_says_so".to_owned());
         let found = gaps(&kills);
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found[0].contains("basic_exclusivity kills no mutant"));
-        assert!(found[1].contains("holder_process_killed is listed"));
+        assert!(found[1].contains("rw_unsupported_says_so is listed"));
     }
 
     #[test]

@@ -29,11 +29,13 @@ pub enum Twist {
     ExtendSkipsStore,
     /// The owner id the caller chose is replaced by a random one.
     OwnerIgnored,
+    /// The store keeps every lease for a quarter of its ttl (the client counts the whole ttl).
+    ExpiresEarly,
 }
 
 impl Twist {
     /// Every twist.
-    pub const ALL: [Twist; 7] = [
+    pub const ALL: [Twist; 8] = [
         Twist::FloorIgnored,
         Twist::PermitsNeverExpire,
         Twist::ValidityFromReply,
@@ -41,6 +43,7 @@ impl Twist {
         Twist::ExtendOverreaches,
         Twist::ExtendSkipsStore,
         Twist::OwnerIgnored,
+        Twist::ExpiresEarly,
     ];
 }
 
@@ -48,6 +51,7 @@ impl Twist {
 const LATE_REPLY: Duration = Duration::from_millis(300);
 
 /// A backend with one [`Twist`]; every call the twist does not touch goes to `inner` as is.
+/// A lease with a handle is taken for a permit (the memory store marks permits so).
 #[derive(Debug)]
 pub struct Mutated {
     inner: Arc<dyn DistributedLock>,
@@ -60,15 +64,22 @@ impl Mutated {
         Mutated { inner, twist }
     }
 
+    /// The ttl the store is sent for a lease (a permit's if `permit`) of `ttl`.
+    fn store_ttl(&self, ttl: Duration, permit: bool) -> Duration {
+        match self.twist {
+            Twist::PermitsNeverExpire if permit => Duration::from_secs(3600),
+            Twist::ExpiresEarly => ttl / 4,
+            _ => ttl,
+        }
+    }
+
     /// The options the store is sent.
     fn sent(&self, opts: &AcquireOptions, permit: bool) -> AcquireOptions {
+        let ttl = self.store_ttl(opts.ttl_value(), permit);
         match self.twist {
             Twist::FloorIgnored => opts.clone().without_token_floor(),
             Twist::OwnerIgnored => opts.clone().owner(OwnerId::random()),
-            Twist::PermitsNeverExpire if permit => opts
-                .clone()
-                .ttl(Duration::from_secs(3600))
-                .drift(opts.drift_value()),
+            _ if ttl != opts.ttl_value() => opts.clone().ttl(ttl).drift(opts.drift_value()),
             _ => opts.clone(),
         }
     }
@@ -77,7 +88,7 @@ impl Mutated {
     async fn handed(&self, got: Option<Lease>, sent: Instant, ttl: Duration) -> Option<Lease> {
         let lease = got?;
         let claim = match self.twist {
-            Twist::PermitsNeverExpire if lease.ttl() != ttl => (sent, ttl),
+            Twist::PermitsNeverExpire | Twist::ExpiresEarly if lease.ttl() != ttl => (sent, ttl),
             Twist::ValidityFromReply => {
                 tokio::time::sleep(LATE_REPLY).await;
                 (Instant::now(), ttl)
@@ -213,8 +224,9 @@ impl DistributedLock for Mutated {
                 let got = self.inner.extend(lease, ttl * 100).await?;
                 Ok(relabel(&got, sent, ttl))
             }
-            Twist::PermitsNeverExpire if lease.handle().is_some() => {
-                let got = self.inner.extend(lease, Duration::from_secs(3600)).await?;
+            Twist::PermitsNeverExpire | Twist::ExpiresEarly => {
+                let stored = self.store_ttl(ttl, lease.handle().is_some());
+                let got = self.inner.extend(lease, stored).await?;
                 Ok(relabel(&got, sent, ttl))
             }
             Twist::ValidityOverclaimed => {
