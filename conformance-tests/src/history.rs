@@ -9,9 +9,9 @@
 
 use std::fmt;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use lockcore::Lease;
+use lockcore::{DistributedLock, Lease};
 
 /// One holder's tenure.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +37,26 @@ impl Hold {
         self.ended
             .map_or(self.valid_until, |e| e.min(self.valid_until))
     }
+}
+
+/// Whether `lease`'s `valid_until` lies past the store's own expiry of it, by the store's own
+/// word: `client` asks the store ([`DistributedLock::inspect`]) for the time left on the
+/// lease, and the store's expiry is then at most the instant the reply arrived plus that time
+/// (plus 1 ms for a store that rounds it down). A checker that records holds can see only
+/// what the lease claims; this sees whether the claim is the store's. `None` when the store
+/// says nothing to compare (no inspect, no time left reported, or another holder by now).
+pub async fn overpromised(client: &dyn DistributedLock, lease: &Lease) -> Option<Violation> {
+    let info = client.inspect(lease.name()).await.ok()??;
+    let replied = Instant::now();
+    if info.holder.as_deref() != Some(lease.owner().to_string().as_str()) {
+        return None;
+    }
+    let bound = replied + info.remaining? + Duration::from_millis(1);
+    (lease.valid_until() > bound).then(|| Violation::Overpromised {
+        name: lease.name().as_str().to_owned(),
+        token: lease.token().0,
+        by: lease.valid_until() - bound,
+    })
 }
 
 /// A safety violation found in a history.
@@ -71,6 +91,15 @@ pub enum Violation {
         /// The later acquisition with the same token.
         second: Hold,
     },
+    /// A lease promised validity past the store's own expiry of it (see [`overpromised`]).
+    Overpromised {
+        /// The lock name.
+        name: String,
+        /// The lease's token.
+        token: u64,
+        /// How far `valid_until` lies past the latest expiry the store's word allows.
+        by: Duration,
+    },
 }
 
 impl Violation {
@@ -84,6 +113,7 @@ impl Violation {
             Violation::TooManyHolders { holds, .. } => {
                 holds.last().map_or_else(Instant::now, |h| h.acquired)
             }
+            Violation::Overpromised { .. } => Instant::now(),
         }
     }
 
@@ -94,6 +124,7 @@ impl Violation {
             Violation::TokenNotIncreasing { .. } => "token-order",
             Violation::TooManyHolders { .. } => "too-many-holders",
             Violation::TokenReused { .. } => "token-reused",
+            Violation::Overpromised { .. } => "overpromised",
         }
     }
 }
@@ -133,6 +164,11 @@ impl fmt::Display for Violation {
                 f,
                 "token {} of {:?} handed out twice: to client {} and to client {}",
                 first.token, first.name, first.client, second.client
+            ),
+            Violation::Overpromised { name, token, by } => write!(
+                f,
+                "the lease on {name:?} (token {token}) is valid {by:?} past the store's own \
+                 expiry of it"
             ),
         }
     }

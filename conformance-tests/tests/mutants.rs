@@ -1,150 +1,209 @@
-//! The suite's own check: each case must fail against a backend broken in the way the case is
-//! about (`conformance_tests::mutants`). A case that passes against its mutant asserts nothing
-//! useful. Each check goes through the same runner `dlock check` uses, so it also shows that a
-//! failing case becomes a failed outcome with its message.
+//! The suite's own check: every mutant ([`Mutant::all`], and a few defects laid over the kit's
+//! Redis for the fault scenarios) against every registry entry, a bounded number at a time, through the runner `dlock check` uses. It fails when a mutant
+//! survives every case, when a case kills no mutant (but those in [`UNKILLABLE`], each with its
+//! reason), and when a correct store the mutants are copies of ([`Mutant::baselines`]) fails a
+//! case: a kill must be the defect's, not the base's. Prints the kill matrix.
+//!
+//! A failure by the runner's own time limit does not count as a kill (a case that hangs proves
+//! nothing about what it asserts); a case's own bounded wait that runs out does (it is the
+//! case's liveness assertion, with a margin many times what a correct store needs).
 
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use conformance_tests::mutants::{Defect, target};
+use conformance_tests::catalog::declare;
+use conformance_tests::kit::Redis;
+use conformance_tests::mutants::{Mutant, Mutated, Twist, UNKILLABLE, gaps};
+use conformance_tests::spawn::SpawnName;
 use conformance_tests::{Outcome, Target, registry, run_case};
+use lockcore::DistributedLock;
 
-/// Runs `case` against `target` (a backend broken in the way the case is about) and asserts
-/// that it fails, rather than passing or hanging; `what` names the defect in messages.
-fn fails_against(case: &'static str, target: &Target, what: &str) {
+/// Cases run at once: most of a case's time is sleeps and bounded waits, not CPU.
+const AT_ONCE: usize = 8;
+/// The runner's limit for one case; above every case's own bounded waits.
+const LIMIT: Duration = Duration::from_secs(150);
+
+struct Cell {
+    target: String,
+    baseline: bool,
+    case: &'static str,
+    outcome: Outcome,
+    seconds: f64,
+}
+
+/// The defects laid over a real store, the kit's Redis: each with Redis's own declarations of
+/// the fault scenarios, which then start private Redis servers to break.
+const ON_REDIS: [Twist; 3] = [
+    Twist::ValidityOverclaimed,
+    Twist::ExtendSkipsStore,
+    Twist::ExpiresEarly,
+];
+
+fn redis_mutant(twist: Twist) -> Target {
+    let target = Target::lazy(
+        &format!("mutant-redis-{twist:?}"),
+        || async { Redis::shared().await.expect("kit redis-server").url() },
+        move |url| async move {
+            let inner = backend_redis::connect(&url).await?;
+            Ok(Arc::new(Mutated::new(inner, twist)) as Arc<dyn DistributedLock>)
+        },
+    );
+    declare(SpawnName::Redis, target)
+}
+
+fn hung(outcome: &Outcome) -> bool {
+    matches!(outcome, Outcome::Failed { message } if message.starts_with("did not finish within"))
+}
+
+fn main() -> ExitCode {
+    let mut mutants: Vec<Target> = Mutant::all().into_iter().map(Mutant::target).collect();
+    mutants.extend(ON_REDIS.map(redis_mutant));
+    // A fault scenario that kills a holder process starts this program again as the holder.
+    if let Some(code) = conformance_tests::faults::child_main(&mutants) {
+        return code;
+    }
+    // `DLOCK_MUTANTS=<text>` runs only the cells whose "<target> <case>" contains the text,
+    // to look at one; such a partial run does not judge the matrix.
+    let only = std::env::var("DLOCK_MUTANTS").ok();
+    let started = Instant::now();
+    // A case's panic is its failure, and its message is in the outcome: print only the
+    // panics of this program's own thread.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().name() == Some("main") {
+            default_hook(info);
+        }
+    }));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap();
-    let entry = registry::find(case).expect("a registry case");
-    let report = rt.block_on(run_case(target, entry, Duration::from_secs(120)));
-    rt.shutdown_timeout(Duration::from_secs(1));
-    match report.outcome {
-        Outcome::Failed { message } => assert!(
-            !message.contains("did not finish within"),
-            "case {case} hung against {what} instead of failing"
-        ),
-        other => panic!("case {case} did not fail against {what}: {other:?}"),
-    }
-}
-
-/// Runs `case` against the mutant with `defect` and asserts that it fails.
-fn must_fail(case: &'static str, defect: Defect) {
-    fails_against(case, &target(defect), &format!("a backend with {defect:?}"));
-}
-
-macro_rules! caught_by {
-    ($test:ident: $case:ident on $defect:ident) => {
-        #[test]
-        fn $test() {
-            must_fail(stringify!($case), Defect::$defect);
+        .expect("runtime");
+    let mut jobs: Vec<(Target, bool)> =
+        Mutant::baselines().into_iter().map(|t| (t, true)).collect();
+    jobs.extend(mutants.iter().map(|m| (m.clone(), false)));
+    let cells: Vec<Cell> = rt.block_on(async {
+        let gate = Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+        let mut set = tokio::task::JoinSet::new();
+        for (target, baseline) in &jobs {
+            for case in registry() {
+                let cell = format!("{} {}", target.label(), case.name);
+                if only.as_deref().is_some_and(|o| !cell.contains(o)) {
+                    continue;
+                }
+                let (target, baseline, gate) = (target.clone(), *baseline, gate.clone());
+                set.spawn(async move {
+                    let _turn = gate.acquire_owned().await.expect("gate");
+                    let report = run_case(&target, case, LIMIT).await;
+                    Cell {
+                        target: report.target,
+                        baseline,
+                        case: case.name,
+                        outcome: report.outcome,
+                        seconds: report.seconds,
+                    }
+                });
+            }
         }
-    };
-}
+        let total = set.len();
+        let mut cells = Vec::with_capacity(total);
+        while let Some(cell) = set.join_next().await {
+            let cell = cell.expect("a case task");
+            if !matches!(cell.outcome, Outcome::NotApplicable { .. }) {
+                println!(
+                    "[{:>4}/{total} {:>5.0}s] {:<36} {:<48} {} ({:.1}s)",
+                    cells.len() + 1,
+                    started.elapsed().as_secs_f64(),
+                    cell.target,
+                    cell.case,
+                    cell.outcome.short(),
+                    cell.seconds
+                );
+            }
+            cells.push(cell);
+        }
+        cells
+    });
+    rt.shutdown_timeout(Duration::from_secs(1));
 
-caught_by!(exclusivity_catches_non_exclusive: basic_exclusivity on NotExclusive);
-caught_by!(contention_catches_non_exclusive: mutual_exclusion_50_tasks on NotExclusive);
-caught_by!(race_catches_non_exclusive: try_acquire_race on NotExclusive);
-caught_by!(history_catches_non_exclusive: history_is_safe_under_contention on NotExclusive);
-caught_by!(owner_check_catches_sloppy_release: owner_only_release on ReleaseIgnoresOwner);
-caught_by!(idempotence_catches_sloppy_release: idempotent_release on ReleaseIgnoresOwner);
-caught_by!(fencing_catches_constant_token: fencing_tokens_increase on ConstantToken);
-caught_by!(expiry_fencing_catches_constant_token: fencing_tokens_increase_across_expiry on ConstantToken);
-caught_by!(history_catches_constant_token: history_is_safe_under_contention on ConstantToken);
-caught_by!(extend_case_catches_resurrection: extend_after_expiry_is_lock_lost on ExtendResurrects);
-caught_by!(owner_check_catches_resurrection: owner_only_release on ExtendResurrects);
-caught_by!(expiry_case_catches_immortal_leases: ttl_expiry_frees_lock on NeverExpires);
-caught_by!(expiry_case_catches_early_expiry: ttl_expiry_frees_lock on ExpiresEarly);
-caught_by!(extend_case_catches_noop_extend: extend_keeps_contender_out on ExtendIsNoop);
-caught_by!(keep_alive_case_catches_noop_extend: keep_alive_holds_past_ttl on ExtendIsNoop);
-caught_by!(lost_expired_case_catches_immortal_leases: lost_fires_expired on NeverExpires);
-caught_by!(drop_case_catches_noop_release: dropping_guard_releases on ReleaseIsNoop);
-caught_by!(timeout_case_catches_noop_release: wait_for_timeout_leaves_no_trace on ReleaseIsNoop);
-caught_by!(reentrant_case_catches_noop_release: reentrant_balance on ReleaseIsNoop);
-caught_by!(multi_case_catches_noop_release: multi_lock_all_or_nothing on ReleaseIsNoop);
-caught_by!(names_case_catches_noop_release: unusual_names_usable_and_distinct on ReleaseIsNoop);
-caught_by!(lost_case_catches_sloppy_release: lost_fires_taken on ReleaseIsNoop);
-
-/// The read-write cases fail against a backend whose readers and writers ignore each other.
-#[test]
-fn read_write_cases_catch_blind_readers() {
-    for case in [
-        "rw_readers_share_writer_waits",
-        "rw_writer_excludes_readers_and_writers",
-        "rw_no_writer_starvation",
-    ] {
-        let target = conformance_tests::mutants::blind_readers_target();
-        fails_against(case, &target, "blind readers");
+    let mut problems = Vec::new();
+    for c in cells.iter().filter(|c| c.baseline) {
+        if let Outcome::Failed { message } = &c.outcome {
+            problems.push(format!(
+                "the correct store {} failed {}: {message}",
+                c.target, c.case
+            ));
+        }
     }
-}
+    let mut kills: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut hangs = Vec::new();
+    let mut messages = String::new();
+    for c in cells.iter().filter(|c| !c.baseline) {
+        let killed = kills.entry(c.target.clone()).or_default();
+        if hung(&c.outcome) {
+            hangs.push(format!("{} × {}", c.target, c.case));
+        } else if let Outcome::Failed { message } = &c.outcome {
+            killed.insert(c.case.to_owned());
+            messages.push_str(&format!("== {} × {}\n{message}\n\n", c.target, c.case));
+        }
+    }
+    let messages_at = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("mutant-kills.txt");
+    match std::fs::write(&messages_at, messages) {
+        Ok(()) => println!("why each kill failed: {}", messages_at.display()),
+        Err(e) => println!("cannot write {}: {e}", messages_at.display()),
+    }
+    if only.is_none() {
+        problems.extend(gaps(&kills));
+    }
 
-/// A fault scenario goes through the same verdict: declared safe on a backend whose leases
-/// never expire (the paused client is never replaced) or whose tokens do not grow, it fails.
-#[test]
-fn paused_client_scenario_catches_immortal_leases_and_constant_tokens() {
-    for defect in [Defect::NeverExpires, Defect::ConstantToken] {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let declared =
-            target(defect).fault("client_paused_past_ttl", conformance_tests::Expect::Safe);
-        let entry = registry::find("client_paused_past_ttl").unwrap();
-        let report = rt.block_on(run_case(&declared, entry, Duration::from_secs(150)));
-        rt.shutdown_timeout(Duration::from_secs(1));
-        assert!(
-            matches!(report.outcome, Outcome::Failed { .. }),
-            "client_paused_past_ttl passed against {defect:?}: {:?}",
-            report.outcome
+    println!("\nkill matrix (mutant: the cases that fail against it)");
+    for (mutant, cases) in &kills {
+        let cases: Vec<&str> = cases.iter().map(String::as_str).collect();
+        println!("  {mutant} ({}): {}", cases.len(), cases.join(", "));
+    }
+    println!("\ncases and the mutants they kill");
+    for case in registry() {
+        let by: Vec<&str> = kills
+            .iter()
+            .filter(|(_, k)| k.contains(case.name))
+            .map(|(m, _)| m.trim_start_matches("mutant-"))
+            .collect();
+        let note = UNKILLABLE
+            .iter()
+            .find(|(n, _)| *n == case.name)
+            .map_or(String::new(), |(_, why)| format!(" [exempt: {why}]"));
+        println!("  {} ({}): {}{note}", case.name, by.len(), by.join(", "));
+    }
+    if !hangs.is_empty() {
+        println!(
+            "\nran into the runner's {LIMIT:?} limit (not counted as kills): {}",
+            hangs.join("; ")
         );
     }
-}
-
-/// Runs `case` against the semaphore mutant with `defect` and asserts that it fails.
-fn semaphore_case_must_fail(
-    case: &'static str,
-    defect: conformance_tests::mutants::SemaphoreDefect,
-) {
-    let target = conformance_tests::mutants::semaphore_target(defect);
-    fails_against(case, &target, &format!("a semaphore with {defect:?}"));
-}
-
-#[test]
-fn semaphore_cases_catch_overbooking() {
-    use conformance_tests::mutants::SemaphoreDefect::Overbooked;
-    semaphore_case_must_fail("sem_permits_fill_then_refuse", Overbooked);
-    semaphore_case_must_fail("sem_history_never_exceeds_permits", Overbooked);
-    semaphore_case_must_fail("sem_waiter_woken_when_a_permit_frees", Overbooked);
-}
-
-#[test]
-fn semaphore_cases_catch_an_ignored_count() {
-    use conformance_tests::mutants::SemaphoreDefect::CountIgnored;
-    semaphore_case_must_fail("sem_mismatched_permits_rejected", CountIgnored);
-}
-
-#[test]
-fn semaphore_cases_catch_a_leaky_wait() {
-    use conformance_tests::mutants::SemaphoreDefect::LeakyWait;
-    semaphore_case_must_fail("sem_dropped_acquire_leaves_nothing", LeakyWait);
-}
-
-/// The paused-client scenarios of the other primitives, declared safe on a mutant, fail: a
-/// semaphore that overbooks hands a third permit out while the paused holder's is still live,
-/// and readers that ignore writers let the writer in beside the paused reader.
-#[test]
-fn paused_client_scenarios_catch_overbooking_and_blind_readers() {
-    use conformance_tests::Expect;
-    use conformance_tests::mutants::SemaphoreDefect::Overbooked;
-    let overbooked = conformance_tests::mutants::semaphore_target(Overbooked)
-        .fault("sem_client_paused_past_ttl", Expect::Safe);
-    fails_against(
-        "sem_client_paused_past_ttl",
-        &overbooked,
-        "an overbooking semaphore",
+    let baseline_runs = cells
+        .iter()
+        .filter(|c| c.baseline && c.outcome == Outcome::Passed)
+        .count();
+    println!(
+        "\n{} mutants, {} case runs, {baseline_runs} baseline passes, in {:.0}s",
+        mutants.len(),
+        cells
+            .iter()
+            .filter(|c| !matches!(c.outcome, Outcome::NotApplicable { .. }))
+            .count(),
+        started.elapsed().as_secs_f64()
     );
-    let blind = conformance_tests::mutants::blind_readers_target()
-        .fault("rw_reader_paused_past_ttl", Expect::Safe);
-    fails_against("rw_reader_paused_past_ttl", &blind, "blind readers");
+    for p in &problems {
+        println!("PROBLEM: {p}");
+    }
+    let checks = mutants.len() + registry().len() + 1;
+    let failed = problems.len().min(checks);
+    println!("mutants: {} passed, {failed} failed", checks - failed);
+    if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

@@ -8,7 +8,7 @@ use lockcore::{
     AcquireOptions, Error, FencingToken, KeepAlive, LockExt, LockName, LostReason, Released, Wait,
 };
 
-use super::{SEC, is_free, lease_opts, ms, within};
+use super::{SEC, is_free, lease_opts, ms, promise_kept, within};
 use crate::Ctx;
 
 /// Dropping a guard without calling release frees the lock promptly (not at its ttl).
@@ -42,6 +42,7 @@ pub async fn keep_alive_holds_past_ttl(ctx: Ctx) {
     let token = g.fencing_token();
     let started = Instant::now();
     for _ in 0..9 {
+        promise_kept(&a, &g.lease()).await;
         tokio::time::sleep(ms(700)).await;
         // Looked at before the store is asked: a guard that knows it lost the lock by then
         // failed at keeping it (a liveness failure); one that still claims it would hold it
@@ -71,6 +72,7 @@ pub async fn keep_alive_renewal_cap_ends_lease(ctx: Ctx) {
         .keep_alive(KeepAlive::max_renewals(2))
         .wait(Wait::No);
     let g = a.lock(&n, &opts).await.expect("acquire");
+    promise_kept(&a, &g.lease()).await;
     let reason = within(30 * SEC, "lost() after the renewal cap", g.lost()).await;
     assert_eq!(reason, LostReason::RenewalLimit);
     assert!(!g.is_held());
@@ -90,6 +92,7 @@ pub async fn ttl_expiry_frees_lock(ctx: Ctx) {
     let (a, b) = (ctx.client().await, ctx.client().await);
     let n = ctx.name("x");
     let ga = a.lock(&n, &lease_opts(SEC)).await.expect("acquire");
+    promise_kept(&a, &ga.lease()).await;
     let valid_until = ga.lease().valid_until();
     let gb = within(
         60 * SEC,
@@ -143,6 +146,7 @@ pub async fn lost_fires_expired(ctx: Ctx) {
     let (a, b) = (ctx.client().await, ctx.client().await);
     let n = ctx.name("x");
     let g = a.lock(&n, &lease_opts(ms(200))).await.expect("acquire");
+    promise_kept(&a, &g.lease()).await;
     assert!(g.is_held());
     let reason = within(30 * SEC, "lost()", g.lost()).await;
     assert_eq!(reason, LostReason::Expired);

@@ -54,6 +54,14 @@ pub(crate) async fn try_answered(
     .await
 }
 
+/// Fails the case when `lease` is valid past the store's own expiry of it, by the store's word
+/// ([`crate::history::overpromised`]); a store that does not report the time left passes.
+pub(crate) async fn promise_kept(c: &Arc<dyn DistributedLock>, lease: &lockcore::Lease) {
+    if let Some(v) = crate::history::overpromised(c.as_ref(), lease).await {
+        panic!("{v}");
+    }
+}
+
 pub(crate) async fn is_free(c: &Arc<dyn DistributedLock>, name: &str) -> bool {
     match try_answered(c, name, &lease_opts(10 * SEC)).await {
         Some(g) => {

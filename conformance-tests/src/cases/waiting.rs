@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{AcquireOptions, Error, KeepAlive, LockExt, LockName, Released, Wait};
 
-use super::{SEC, is_free, lease_opts, ms, within};
+use super::{SEC, is_free, lease_opts, ms, promise_kept, within};
 use crate::Ctx;
 
 /// `Wait::For(200 ms)` on a held lock returns `Timeout` and leaves nothing behind: once the holder
@@ -142,6 +142,7 @@ pub async fn long_waiter_keeps_its_lease(ctx: Ctx) {
          start of the wait ({:?} before the grant), not from the granting request",
         granted.saturating_duration_since(gb.lease().valid_until())
     );
+    promise_kept(&b, &gb.lease()).await;
     let token = gb.fencing_token();
     let until = granted + 2 * ttl;
     while Instant::now() < until {

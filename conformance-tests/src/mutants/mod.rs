@@ -4,7 +4,7 @@
 //!
 //! Never connect an application to these.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,13 @@ use lockcore::{
     Result, WaitMechanism, async_trait,
 };
 
-use crate::Target;
+use crate::{Expect, Target};
+
+mod mutated;
+mod queued;
+
+pub use mutated::{Mutated, Twist, memory_target, mutated_target};
+pub use queued::{FifoDefect, Queued, ordered_target};
 
 /// Which defect a toy backend has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +41,8 @@ pub enum Defect {
     ReleaseIsNoop,
     /// Extend reports success but changes nothing in the store.
     ExtendIsNoop,
+    /// Forget deletes a name that someone holds.
+    ForgetsHeld,
 }
 
 #[derive(Debug)]
@@ -50,14 +58,15 @@ struct State {
     fence: HashMap<LockName, u64>,
 }
 
-/// A toy backend with one defect; every client with the same defect shares one store.
+/// A toy backend with one defect (or none: [`Toy::correct`]); every client with the same
+/// defect shares one store.
 #[derive(Debug)]
 pub struct Toy {
-    defect: Defect,
+    defect: Option<Defect>,
     state: &'static Mutex<State>,
 }
 
-fn state(defect: Defect) -> &'static Mutex<State> {
+fn state(defect: Option<Defect>) -> &'static Mutex<State> {
     static STATES: OnceLock<Mutex<HashMap<String, &'static Mutex<State>>>> = OnceLock::new();
     let mut m = STATES.get_or_init(Default::default).lock().unwrap();
     m.entry(format!("{defect:?}"))
@@ -83,20 +92,20 @@ impl DistributedLock for Toy {
         let live = s
             .holders
             .get(name)
-            .is_some_and(|h| self.defect == Defect::NeverExpires || h.expires > now);
-        if live && self.defect != Defect::NotExclusive {
+            .is_some_and(|h| self.has(Defect::NeverExpires) || h.expires > now);
+        if live && !self.has(Defect::NotExclusive) {
             return Ok(None);
         }
         let fence = s.fence.entry(name.clone()).or_default();
         *fence += 1;
-        let token = if self.defect == Defect::ConstantToken {
+        let token = if self.has(Defect::ConstantToken) {
             1
         } else {
             *fence
         };
         let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
-        let life = if self.defect == Defect::ExpiresEarly {
+        let life = if self.has(Defect::ExpiresEarly) {
             ttl / 2
         } else {
             ttl
@@ -120,13 +129,13 @@ impl DistributedLock for Toy {
     }
 
     async fn release(&self, lease: &Lease) -> Result<Released> {
-        if self.defect == Defect::ReleaseIsNoop {
+        if self.has(Defect::ReleaseIsNoop) {
             return Ok(Released::Released);
         }
         let mut s = self.state.lock().unwrap();
         let now = Instant::now();
         let ok = s.holders.get(lease.name()).is_some_and(|h| {
-            self.defect == Defect::ReleaseIgnoresOwner
+            self.has(Defect::ReleaseIgnoresOwner)
                 || (h.owner == lease.owner() && h.token == lease.token().0 && h.expires > now)
         });
         if ok {
@@ -141,10 +150,10 @@ impl DistributedLock for Toy {
         let started = Instant::now();
         let mut s = self.state.lock().unwrap();
         let now = Instant::now();
-        if self.defect == Defect::ExtendIsNoop {
+        if self.has(Defect::ExtendIsNoop) {
             return Ok(lease.renewed(started, ttl));
         }
-        if self.defect == Defect::ExtendResurrects {
+        if self.has(Defect::ExtendResurrects) {
             s.holders.insert(
                 lease.name().clone(),
                 Holder {
@@ -158,7 +167,7 @@ impl DistributedLock for Toy {
         match s.holders.get_mut(lease.name()) {
             Some(h)
                 if h.owner == lease.owner()
-                    && (h.expires > now || self.defect == Defect::NeverExpires) =>
+                    && (h.expires > now || self.has(Defect::NeverExpires)) =>
             {
                 h.expires = now + ttl;
                 Ok(lease.renewed(started, ttl))
@@ -170,7 +179,7 @@ impl DistributedLock for Toy {
     async fn forget(&self, name: &LockName) -> Result<bool> {
         let mut s = self.state.lock().unwrap();
         let now = Instant::now();
-        if s.holders.get(name).is_some_and(|h| h.expires > now) {
+        if s.holders.get(name).is_some_and(|h| h.expires > now) && !self.has(Defect::ForgetsHeld) {
             return Ok(false);
         }
         s.holders.remove(name);
@@ -186,7 +195,7 @@ impl DistributedLock for Toy {
                 name,
                 Some(h.owner.to_string()),
                 Some(FencingToken(h.token)),
-                None,
+                Some(h.expires - now),
                 None,
             )
         }))
@@ -195,7 +204,7 @@ impl DistributedLock for Toy {
 
 impl Defect {
     /// Every defect.
-    pub const ALL: [Defect; 8] = [
+    pub const ALL: [Defect; 9] = [
         Defect::NotExclusive,
         Defect::ReleaseIgnoresOwner,
         Defect::ConstantToken,
@@ -204,6 +213,7 @@ impl Defect {
         Defect::ExpiresEarly,
         Defect::ReleaseIsNoop,
         Defect::ExtendIsNoop,
+        Defect::ForgetsHeld,
     ];
 }
 
@@ -211,10 +221,30 @@ impl Toy {
     /// A client of the shared store of toys with `defect`.
     pub fn new(defect: Defect) -> Self {
         Toy {
-            defect,
-            state: state(defect),
+            defect: Some(defect),
+            state: state(Some(defect)),
         }
     }
+
+    /// A client of the shared store of toys without a defect: the baseline every defect is
+    /// measured against (it must pass every case that applies to it).
+    pub fn correct() -> Self {
+        Toy {
+            defect: None,
+            state: state(None),
+        }
+    }
+
+    fn has(&self, defect: Defect) -> bool {
+        self.defect == Some(defect)
+    }
+}
+
+/// A target whose clients are correct toys (label `toy`).
+pub fn correct_target() -> Target {
+    Target::new("toy", "", |_| async {
+        Ok(Arc::new(Toy::correct()) as Arc<dyn DistributedLock>)
+    })
 }
 
 /// A target whose clients all have `defect` (label `mutant-<defect>`).
@@ -392,6 +422,151 @@ pub fn blind_readers_target() -> Target {
     })
 }
 
+/// Every mutant of this module, one enumeration: each builds its [`Target`] with
+/// [`Mutant::target`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mutant {
+    /// The toy with one [`Defect`].
+    Toy(Defect),
+    /// [`BlindReaders`].
+    BlindReaders,
+    /// The memory semaphore with one [`SemaphoreDefect`].
+    Semaphore(SemaphoreDefect),
+    /// The ordered toy with one [`FifoDefect`].
+    Ordered(FifoDefect),
+    /// The memory store with one [`Twist`].
+    Memory(Twist),
+}
+
+/// The fault scenarios a store in this process can stage: they pause a client, not a server.
+pub const CLIENT_SIDE_FAULTS: [&str; 3] = [
+    "client_paused_past_ttl",
+    "sem_client_paused_past_ttl",
+    "rw_reader_paused_past_ttl",
+];
+
+/// `target` with every fault scenario declared: the client-side ones safe (a correct store is),
+/// the others not applicable (an in-process store has no server to break, and no other process
+/// shares it).
+pub fn declare_faults(target: Target) -> Target {
+    crate::registry()
+        .iter()
+        .filter(|c| c.kind == crate::Kind::Fault)
+        .fold(target, |t, c| {
+            let expect = if CLIENT_SIDE_FAULTS.contains(&c.name) {
+                Expect::Safe
+            } else {
+                Expect::NotApplicable(
+                    "an in-process store has no server to break or process to share it",
+                )
+            };
+            t.fault(c.name, expect)
+        })
+}
+
+impl Mutant {
+    /// Every mutant: each toy defect, the blind readers, each semaphore defect, each FIFO
+    /// defect, each twist of the memory store.
+    pub fn all() -> Vec<Mutant> {
+        let mut all: Vec<Mutant> = Defect::ALL.iter().map(|d| Mutant::Toy(*d)).collect();
+        all.push(Mutant::BlindReaders);
+        all.extend(SemaphoreDefect::ALL.iter().map(|d| Mutant::Semaphore(*d)));
+        all.extend(FifoDefect::ALL.iter().map(|d| Mutant::Ordered(*d)));
+        all.extend(Twist::ALL.iter().map(|t| Mutant::Memory(*t)));
+        all
+    }
+
+    /// The mutant's target, with every fault scenario declared ([`declare_faults`]).
+    pub fn target(self) -> Target {
+        declare_faults(match self {
+            Mutant::Toy(d) => target(d),
+            Mutant::BlindReaders => blind_readers_target(),
+            Mutant::Semaphore(d) => semaphore_target(d),
+            Mutant::Ordered(d) => ordered_target(Some(d)),
+            Mutant::Memory(t) => memory_target(t),
+        })
+    }
+
+    /// The correct stores the mutants are broken copies of (the toy, the ordered toy, the
+    /// memory store), with every fault scenario declared: each must pass every case that
+    /// applies to it, or a mutant's kill may be the base's fault rather than the defect's.
+    pub fn baselines() -> Vec<Target> {
+        vec![
+            declare_faults(correct_target()),
+            declare_faults(ordered_target(None)),
+            declare_faults(Target::new(
+                "memory",
+                "mutant-baseline-memory",
+                |url| async move {
+                    Ok(Arc::new(lockcore::MemoryLock::new(&url)) as Arc<dyn DistributedLock>)
+                },
+            )),
+        ]
+    }
+}
+
+/// The cases that cannot fail against any mutant of a backend, each with why: lockcore answers
+/// them before any backend call. Every other case of the registry must kill at least one
+/// mutant ([`gaps`]).
+pub const UNKILLABLE: &[(&str, &str)] = &[
+    (
+        "bad_names_rejected_before_io",
+        "lockcore refuses the name before any backend call",
+    ),
+    (
+        "bad_options_rejected_before_io",
+        "lockcore refuses the options before any backend call",
+    ),
+    (
+        "sem_bad_count_rejected_before_io",
+        "lockcore refuses the count before any backend call",
+    ),
+    (
+        "rw_unsupported_says_so",
+        "a refusal case: lockcore refuses from the capabilities, before any backend call",
+    ),
+    (
+        "sem_unsupported_says_so",
+        "a refusal case: lockcore refuses from the capabilities, before any backend call",
+    ),
+    (
+        "token_floor_unsupported_says_so",
+        "a refusal case: lockcore refuses from the capabilities, before any backend call",
+    ),
+];
+
+/// What a run of every mutant over the registry leaves unproven, given `kills` (each mutant's
+/// label and the cases that failed against it): a mutant no case kills, a case that kills no
+/// mutant and is not in [`UNKILLABLE`], and an [`UNKILLABLE`] entry that does kill one (stale).
+pub fn gaps(kills: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (mutant, cases) in kills {
+        if cases.is_empty() {
+            out.push(format!("mutant {mutant} survives every case"));
+        }
+    }
+    for case in crate::registry() {
+        let killed = kills.values().any(|k| k.contains(case.name));
+        let exempt = UNKILLABLE.iter().any(|(name, _)| *name == case.name);
+        match (killed, exempt) {
+            (false, false) => out.push(format!("case {} kills no mutant", case.name)),
+            (true, true) => out.push(format!(
+                "case {} is listed as unable to kill a mutant, yet kills one: drop it from UNKILLABLE",
+                case.name
+            )),
+            _ => {}
+        }
+    }
+    for (name, _) in UNKILLABLE {
+        if crate::registry::find(name).is_none() {
+            out.push(format!(
+                "UNKILLABLE lists {name}, which is not in the registry"
+            ));
+        }
+    }
+    out
+}
+
 /// What a [`SemaphoreMutant`] gets wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SemaphoreDefect {
@@ -402,6 +577,15 @@ pub enum SemaphoreDefect {
     CountIgnored,
     /// A waiting acquire runs on in a task of its own when dropped, and keeps what it gets.
     LeakyWait,
+}
+
+impl SemaphoreDefect {
+    /// Every semaphore defect.
+    pub const ALL: [SemaphoreDefect; 3] = [
+        SemaphoreDefect::Overbooked,
+        SemaphoreDefect::CountIgnored,
+        SemaphoreDefect::LeakyWait,
+    ];
 }
 
 /// The memory backend with one semaphore defect; clients with the same defect share a store.
@@ -560,4 +744,52 @@ pub fn semaphore_target(defect: SemaphoreDefect) -> Target {
         "",
         move |_| async move { Ok(Arc::new(SemaphoreMutant::new(defect)) as Arc<dyn DistributedLock>) },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all_killed() -> BTreeMap<String, BTreeSet<String>> {
+        let every: BTreeSet<String> = crate::registry()
+            .iter()
+            .map(|c| c.name)
+            .filter(|n| !UNKILLABLE.iter().any(|(u, _)| u == n))
+            .map(str::to_owned)
+            .collect();
+        BTreeMap::from([("mutant-a".to_owned(), every)])
+    }
+
+    #[test]
+    fn gaps_accept_a_full_matrix() {
+        assert_eq!(gaps(&all_killed()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn gaps_name_a_surviving_mutant() {
+        let mut kills = all_killed();
+        kills.insert("mutant-b".to_owned(), BTreeSet::new());
+        assert_eq!(gaps(&kills), vec!["mutant mutant-b survives every case"]);
+    }
+
+    #[test]
+    fn gaps_name_a_case_that_kills_nothing_and_a_stale_exemption() {
+        let mut kills = all_killed();
+        let cases = kills.get_mut("mutant-a").unwrap();
+        cases.remove("basic_exclusivity");
+        cases.insert("rw_unsupported_says_so".to_owned());
+        let found = gaps(&kills);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].contains("basic_exclusivity kills no mutant"));
+        assert!(found[1].contains("rw_unsupported_says_so is listed"));
+    }
+
+    #[test]
+    fn every_mutant_has_its_own_label() {
+        let labels: BTreeSet<String> = Mutant::all()
+            .into_iter()
+            .map(|m| m.target().label().to_owned())
+            .collect();
+        assert_eq!(labels.len(), Mutant::all().len());
+    }
 }
