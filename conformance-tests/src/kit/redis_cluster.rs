@@ -101,6 +101,13 @@ impl RedisCluster {
             bus_ports,
             replicas,
         };
+        // Distinct config epochs from the start (as `redis-cli --cluster create` sets them): a
+        // node that becomes a replica keeps its epoch, and one that shares its master's would,
+        // once promoted by a takeover, claim the slots with an epoch no higher than the old
+        // owner's, which the other nodes ignore.
+        for (epoch, node) in (1..).zip(cluster.nodes.iter().chain(&cluster.replicas)) {
+            expect_ok(node, &["CLUSTER", "SET-CONFIG-EPOCH", &format!("{epoch}")]).await?;
+        }
         cluster.assign_slots_and_meet().await?;
         if with_replicas {
             cluster.join_replicas(&replica_bus_ports).await?;
