@@ -166,7 +166,8 @@ impl RedisCluster {
     /// Promotes the replica of master `i` with `CLUSTER FAILOVER TAKEOVER` (no agreement from
     /// the master or the other masters needed, so it works with master `i` killed or paused),
     /// then waits until the replica reports `role:master` and every other node, master `i`
-    /// aside, reports `cluster_state:ok`.
+    /// aside, lists it as a master with slots (so a client that refreshes its slot map from
+    /// any of them finds it) and reports `cluster_state:ok`.
     ///
     /// # Cancel safety
     /// Dropping the future may leave the failover in progress; call it again.
@@ -206,6 +207,34 @@ impl RedisCluster {
             .map(|(_, n)| n)
             .chain(&self.replicas)
             .collect();
+        let addr = format!("127.0.0.1:{}@", replica.port());
+        for node in &others {
+            loop {
+                // A `CLUSTER NODES` line: id addr@bus flags master ping pong epoch link slots...
+                let nodes = node.command(&["CLUSTER", "NODES"]).await?;
+                let line = nodes.as_text().and_then(|text| {
+                    text.lines()
+                        .find(|l| l.split(' ').nth(1).is_some_and(|a| a.starts_with(&addr)))
+                        .map(str::to_owned)
+                });
+                let fields: Vec<&str> = line.as_deref().unwrap_or_default().split(' ').collect();
+                let flags = fields.get(2).copied().unwrap_or_default();
+                if flags.split(',').any(|f| f == "master") && fields.len() > 8 {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(KitError::new(
+                        KitErrorKind::NotReady,
+                        format!(
+                            "redis 127.0.0.1:{} does not list the promoted replica as a master \
+                             with slots: {line:?}",
+                            node.port()
+                        ),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
         self.wait_ok_on(&others, deadline.saturating_duration_since(Instant::now()))
             .await
     }
