@@ -1,17 +1,17 @@
 //! Fault scenarios only Redis has, against private kit servers: a reply lost during an acquire
 //! (what the armed cleanup does), a subscriber connection that goes silent, a Cluster master
-//! killed without persistence, and a server killed while every permit of a semaphore is held,
-//! with and without persistence. Each test's doc comment declares it **safe** or **documented
-//! unsafe**. The scenarios every backend shares (kill -9 with and without AOF, SIGSTOP past the
-//! ttl, blackholed holder, connections killed, holder process killed, client paused) run from
-//! `conformance_tests::faults` through `tests/conformance.rs`; their declarations are in
-//! `conformance_tests::catalog`.
+//! killed without persistence or failed over to its replica, and a server killed while every
+//! permit of a semaphore is held, with and without persistence. Each test's doc comment declares
+//! it **safe** or **documented unsafe**. The scenarios every backend shares (kill -9 with and
+//! without AOF, SIGSTOP past the ttl, blackholed holder, connections killed, holder process
+//! killed, client paused) run from `conformance_tests::faults` through `tests/conformance.rs`;
+//! their declarations are in `conformance_tests::catalog`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use conformance_tests::kit::{Fault, Proxy, Redis, RedisCluster, RedisReply};
-use conformance_tests::within;
+use conformance_tests::{FencedResource, History, Violation, within};
 use lockcore::{
     AcquireOptions, DistributedLock, Fencing, FencingToken, KeepAlive, LockExt, LockGuard,
     LockName, LostReason, Released, Wait,
@@ -44,11 +44,21 @@ fn plain_opts(ttl: Duration) -> AcquireOptions {
 /// Takes and releases `name` until the fence counter reaches at least `n`; returns a guard for
 /// the next acquisition (token > n) with keep-alive.
 async fn hold_after_bumps(c: &Arc<dyn DistributedLock>, name: &str, n: usize) -> LockGuard {
+    hold_after_bumps_ttl(c, name, n, 2 * SEC).await
+}
+
+/// As [`hold_after_bumps`], the held lease with `ttl`.
+async fn hold_after_bumps_ttl(
+    c: &Arc<dyn DistributedLock>,
+    name: &str,
+    n: usize,
+    ttl: Duration,
+) -> LockGuard {
     for _ in 0..n {
         let g = c.lock(name, &plain_opts(10 * SEC)).await.expect("acquire");
         g.release().await.expect("release");
     }
-    c.lock(name, &held_opts(2 * SEC)).await.expect("acquire")
+    c.lock(name, &held_opts(ttl)).await.expect("acquire")
 }
 
 /// **Safe.** Replies blackholed during an acquire (`Fault::BlackholeReplies` on a proxy
@@ -260,6 +270,224 @@ async fn cluster_master_kill9_resets_the_fence() {
         "documented unsafe: the restarted master lost the fence counter"
     );
     gb.release().await.expect("release");
+    drop(ga);
+}
+
+/// The index of the master that serves lock `name`'s keys, and the keys' hash-tagged base.
+async fn cluster_owner(cluster: &RedisCluster, name: &str) -> (usize, String) {
+    let esc = LockName::new(name).unwrap().escaped();
+    let base = format!("{{dlock:{esc}}}");
+    let slot = match cluster
+        .node(0)
+        .command(&["CLUSTER", "KEYSLOT", &format!("{base}:lock")])
+        .await
+        .expect("keyslot")
+    {
+        RedisReply::Integer(s) => u16::try_from(s).expect("slot"),
+        other => panic!("CLUSTER KEYSLOT: {other:?}"),
+    };
+    (cluster.node_for_slot(slot), base)
+}
+
+/// Waits until master `i`'s writes so far reached its replica (`WAIT 1`).
+async fn wait_replicated(cluster: &RedisCluster, i: usize) {
+    let acked = cluster
+        .node(i)
+        .command(&["WAIT", "1", "10000"])
+        .await
+        .expect("WAIT");
+    assert_eq!(acked, RedisReply::Integer(1), "the replica did not ack");
+}
+
+/// Takes `name` with `c` as soon as the cluster serves it again (retryable errors retried).
+async fn lock_when_served(
+    c: &Arc<dyn DistributedLock>,
+    name: &str,
+    opts: &AcquireOptions,
+) -> LockGuard {
+    within(60 * SEC, "acquire after the failover", async {
+        loop {
+            match c.lock(name, opts).await {
+                Ok(g) => break g,
+                Err(e) => {
+                    assert!(e.is_retryable(), "unexpected error after the failover: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// **Safe.** A Cluster master failed over after its writes reached its replica: the holder's
+/// lock and the fence counter are on the promoted replica. A holder with keep-alive takes a
+/// lock, the master's writes are acknowledged by its replica (`WAIT 1`), the master is killed
+/// -9 and its replica promoted (`CLUSTER FAILOVER TAKEOVER`). The holder never sees `lost()`,
+/// its renewals reach the new master, a contender cannot take the lock, and after the holder
+/// releases the next holder's token is higher; the history is safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_failover_after_replication_keeps_the_lock() {
+    let cluster = RedisCluster::start_with_replicas(3, &[])
+        .await
+        .expect("kit cluster");
+    let url = format!("{}?timeout=2s", cluster.url());
+    let (a, b) = (client(&url).await, client(&url).await);
+    let name = unique("cluster-failover-replicated");
+    let (owner, base) = cluster_owner(&cluster, &name).await;
+    let replica = cluster.replica(owner).expect("replica");
+    let history = History::new();
+    let resource = FencedResource::new();
+
+    // The ttl outlasts the failover (kill, takeover, the client's new slot map) with room for
+    // renewals that fail meanwhile.
+    let ga = hold_after_bumps_ttl(&a, &name, 2, 10 * SEC).await;
+    let a_hold = history.acquired(0, &ga.lease());
+    resource.write(ga.fencing_token(), 1).expect("A writes");
+    wait_replicated(&cluster, owner).await;
+
+    cluster.node(owner).kill9();
+    let before = ga.lease().valid_until();
+    cluster.promote_replica(owner).await.expect("failover");
+    let exists = replica
+        .command(&["EXISTS", &format!("{base}:lock")])
+        .await
+        .expect("EXISTS");
+    assert_eq!(
+        exists,
+        RedisReply::Integer(1),
+        "the lock key is on the new master"
+    );
+
+    // A renewal after the kill can only have been answered by the promoted replica.
+    within(30 * SEC, "a renewal on the new master", async {
+        while ga.lease().valid_until() <= before {
+            assert_eq!(ga.lost_reason(), None, "A lost the lock in the failover");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    history.extended(a_hold, &ga.lease());
+    assert!(ga.is_held());
+    assert_eq!(ga.lost_reason(), None);
+
+    let contender = b
+        .try_lock(&name, &plain_opts(10 * SEC))
+        .await
+        .expect("B's try_lock");
+    assert!(contender.is_none(), "B took a lock A still holds");
+    resource
+        .write(ga.fencing_token(), 2)
+        .expect("A writes again");
+
+    let a_token = ga.fencing_token();
+    history.ended(a_hold);
+    assert_eq!(ga.release().await.expect("A releases"), Released::Released);
+    let gb = lock_when_served(&b, &name, &plain_opts(10 * SEC)).await;
+    let b_hold = history.acquired(1, &gb.lease());
+    assert!(gb.fencing_token() > a_token, "B's token is not above A's");
+    resource.write(gb.fencing_token(), 3).expect("B writes");
+    history.ended(b_hold);
+    gb.release().await.expect("B releases");
+
+    history.assert_safe();
+    resource.assert_never_accepted_stale();
+    assert_eq!(resource.rejected(), 0);
+}
+
+/// **Documented unsafe.** A Cluster master failed over before its writes reached its replica:
+/// the promoted replica has neither the lock nor the fence counter's last increment. The
+/// replica is stopped (SIGSTOP) and its replication link cut, A takes the lock (token 3, the
+/// counter at 2 replicated before), the master is killed -9 and the replica resumed and
+/// promoted (`CLUSTER FAILOVER TAKEOVER`). B acquires at once, while A's lease still runs, and
+/// gets token 3 again: the checker finds the overlap and the repeated token, and the fenced
+/// resource accepts both holders' writes (it cannot tell them apart). This is why a Cluster
+/// declares `Fencing::Conditional`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_failover_before_replication_loses_the_lock_and_its_token() {
+    let cluster = RedisCluster::start_with_replicas(3, &[])
+        .await
+        .expect("kit cluster");
+    let url = format!("{}?timeout=2s", cluster.url());
+    let (a, b) = (client(&url).await, client(&url).await);
+    let name = unique("cluster-failover-unreplicated");
+    let (owner, base) = cluster_owner(&cluster, &name).await;
+    let replica = cluster.replica(owner).expect("replica");
+    let history = History::new();
+    let resource = FencedResource::new();
+
+    for _ in 0..2 {
+        let g = a.lock(&name, &plain_opts(10 * SEC)).await.expect("acquire");
+        g.release().await.expect("release");
+    }
+    wait_replicated(&cluster, owner).await;
+    replica.pause();
+    // A stopped replica still has its socket: what the master sends lands in its receive
+    // buffer and is read on SIGCONT. Closing the link from the master's side makes the write
+    // below miss the replica for sure.
+    let killed = cluster
+        .node(owner)
+        .command(&["CLIENT", "KILL", "TYPE", "replica"])
+        .await
+        .expect("CLIENT KILL");
+    assert_eq!(
+        killed,
+        RedisReply::Integer(1),
+        "the replica link was not cut"
+    );
+
+    // No keep-alive: A's lease runs its full ttl, with no renewal to tell A of the loss.
+    let ga = a
+        .lock(&name, &plain_opts(10 * SEC))
+        .await
+        .expect("A acquires");
+    assert_eq!(ga.fencing_token(), FencingToken(3));
+    let a_hold = history.acquired(0, &ga.lease());
+    resource.write(ga.fencing_token(), 1).expect("A writes");
+
+    cluster.node(owner).kill9();
+    replica.resume();
+    cluster.promote_replica(owner).await.expect("failover");
+    let on_new_master = |key: &'static str| {
+        let key = format!("{base}:{key}");
+        async move { replica.command(&["GET", &key]).await.expect("GET") }
+    };
+    assert_eq!(
+        on_new_master("lock").await,
+        RedisReply::Bulk(None),
+        "the lock key came over"
+    );
+    assert_eq!(
+        on_new_master("fence").await,
+        RedisReply::Bulk(Some(b"2".to_vec())),
+        "the fence counter is not the replicated one"
+    );
+
+    let gb = lock_when_served(&b, &name, &plain_opts(10 * SEC)).await;
+    let b_hold = history.acquired(1, &gb.lease());
+    assert!(ga.is_held(), "A's lease ran out before B acquired");
+    assert_eq!(
+        gb.fencing_token(),
+        ga.fencing_token(),
+        "documented unsafe: the promoted replica hands A's token out again"
+    );
+    // The resource cannot tell the two holders apart: both write under token 3.
+    resource.write(gb.fencing_token(), 2).expect("B writes");
+    resource
+        .write(ga.fencing_token(), 3)
+        .expect("A, no longer the holder, writes");
+    assert_eq!(resource.accepted(), vec![(3, 1), (3, 2), (3, 3)]);
+    assert_eq!(resource.rejected(), 0);
+
+    history.ended(b_hold);
+    gb.release().await.expect("B releases");
+    history.ended(a_hold);
+    let kinds: Vec<&str> = history.violations().iter().map(Violation::kind).collect();
+    assert_eq!(
+        kinds,
+        ["token-order", "overlap"],
+        "{:?}",
+        history.violations()
+    );
     drop(ga);
 }
 

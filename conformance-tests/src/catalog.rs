@@ -157,9 +157,11 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
              AOF, it starts again at 1 (capabilities say Conditional unless the server runs \
              appendfsync always)",
         )),
-        // A server scenario breaks every master at once (the kit's cluster has no replicas, so
-        // no failover); one master's kill -9 is cluster_master_kill9_resets_the_fence in
-        // backend-redis/tests/faults.rs.
+        // A server scenario breaks every master at once (this cluster has no replicas, so no
+        // failover); one master's kill -9 is cluster_master_kill9_resets_the_fence in
+        // backend-redis/tests/faults.rs, and a failover to a replica is
+        // cluster_failover_after_replication_keeps_the_lock (safe) and
+        // cluster_failover_before_replication_loses_the_lock_and_its_token (documented unsafe).
         SpawnName::RedisCluster => vec![
             ("server_killed_and_restarted", Expect::Safe),
             (

@@ -154,7 +154,7 @@ impl ServerControl for RedisSet {
     }
 }
 
-/// Every master of the cluster at once (the kit's cluster has no replicas, so nothing fails
+/// Every master of the cluster at once (the catalog starts it without replicas, so nothing fails
 /// over): a fault scenario written for one server breaks the whole cluster.
 #[async_trait]
 impl ServerControl for RedisCluster {
