@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use backend_redis::node::{AcquireReply, AttemptReply};
-use conformance_tests::kit::{RedisCluster, RedisReply};
+use conformance_tests::kit::{Redis, RedisCluster, RedisReply};
 use conformance_tests::within;
 use lockcore::{Error, FencingToken, LockExt, LockName, Released, SemaphoreExt, Wait};
 
@@ -14,10 +14,13 @@ use crate::support::*;
 /// waiters queue (each in a client of its own, as processes are): for every waiter, every token
 /// the semaphore could have given, in the form a hand-over had before it was tagged and with
 /// tags of its own. No waiter takes one for a permit: after the holder's release the permits go
-/// to the waiters in queue order with increasing tokens.
+/// to the waiters in queue order with increasing tokens. The server is the test's own: the user
+/// publishes on every channel it sees, which on the shared server would reach other tests'
+/// clients.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_permit_hand_overs_grant_nothing() {
-    let redis = shared().await;
+    let own = Redis::start().await.expect("a server of the test's own");
+    let redis = &own;
     let user = format!("mallory{:08x}", rand::random::<u32>());
     let acl = ["ACL", "SETUSER", &user, "on", &format!(">{PASSWORD}")];
     ok(
