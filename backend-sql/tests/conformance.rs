@@ -15,7 +15,9 @@ use conformance_tests::spawn::SpawnName;
 fn sqlite_url() -> String {
     static URL: OnceLock<(tempfile::TempDir, String)> = OnceLock::new();
     URL.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("temp dir");
+        // Under cargo's folder for test files: a static is never dropped, so the folder
+        // outlives the run.
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir");
         let url = format!("sqlite://{}/locks.db", dir.path().display());
         (dir, url)
     })

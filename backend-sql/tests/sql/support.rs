@@ -18,9 +18,11 @@ pub(crate) enum Kind {
     MariaDb,
 }
 
+/// The SQLite files' folder, under cargo's folder for test files: a static is never dropped, so
+/// the folder outlives the run, and there it goes with `target/`, not into `/tmp`.
 pub(crate) fn sqlite_dir() -> &'static tempfile::TempDir {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().expect("temp dir"))
+    DIR.get_or_init(|| tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("temp dir"))
 }
 
 pub(crate) fn unique(prefix: &str) -> String {
