@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{SEC, client, dyn_lock, ms, nodes, plain, unique, within};
+use common::{SEC, client, contend, dyn_lock, ms, nodes, plain, unique, within};
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -281,31 +281,7 @@ async fn ensemble_leader_killed_no_two_holders() {
     let mut tasks = Vec::new();
     for id in 0..4 {
         let locks = dyn_lock(&client(&url).await);
-        let (name, history, fenced, stop) =
-            (name.clone(), history.clone(), fenced.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut held = 0;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                match locks
-                    .lock(&name, &plain(5 * SEC, Wait::For(20 * SEC)))
-                    .await
-                {
-                    Ok(g) => {
-                        let hold = history.acquired(id, &g.lease());
-                        fenced
-                            .write(g.fencing_token(), id as u64)
-                            .expect("a current holder was refused");
-                        tokio::time::sleep(ms(20)).await;
-                        history.ended(hold);
-                        let _ = g.release().await;
-                        held += 1;
-                    }
-                    Err(e) if e.is_retryable() => tokio::time::sleep(ms(100)).await,
-                    Err(e) => panic!("client {id}: {e}"),
-                }
-            }
-            held
-        }));
+        tasks.push(contend(locks, &name, id, &history, &fenced, &stop));
     }
     tokio::time::sleep(2 * SEC).await;
     let leader = ensemble.leader().await.expect("a leader");

@@ -14,7 +14,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{SEC, client, dyn_lock, ms, plain, unique, within};
+use common::{SEC, client, contend, dyn_lock, ms, plain, unique, within};
 use conformance_tests::kit::{Fault, Proxy, ServerControl, ZkEnsemble, ZooKeeper};
 use conformance_tests::{FencedResource, History, Hold};
 use lockcore::{
@@ -849,7 +849,7 @@ async fn every_ensemble_member_killed_and_restarted() {
 /// token, until stopped.
 struct Contenders {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: Vec<tokio::task::JoinHandle<usize>>,
 }
 
 impl Contenders {
@@ -864,32 +864,7 @@ impl Contenders {
         let mut tasks = Vec::new();
         for id in 0..n {
             let locks = dyn_lock(&client(url).await);
-            let (name, history, fenced, stop) = (
-                name.to_owned(),
-                history.clone(),
-                fenced.clone(),
-                stop.clone(),
-            );
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    match locks
-                        .lock(&name, &plain(5 * SEC, Wait::For(20 * SEC)))
-                        .await
-                    {
-                        Ok(g) => {
-                            let hold = history.acquired(id, &g.lease());
-                            fenced
-                                .write(g.fencing_token(), id as u64)
-                                .expect("a current holder was refused");
-                            tokio::time::sleep(ms(20)).await;
-                            history.ended(hold);
-                            let _ = g.release().await;
-                        }
-                        Err(e) if e.is_retryable() => tokio::time::sleep(ms(100)).await,
-                        Err(e) => panic!("client {id}: {e}"),
-                    }
-                }
-            }));
+            tasks.push(contend(locks, name, id, history, fenced, &stop));
         }
         Contenders { stop, tasks }
     }

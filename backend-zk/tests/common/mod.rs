@@ -3,11 +3,13 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use backend_zk::zookeeper_client as zk;
 use backend_zk::{ZkConfig, ZkLock};
-use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockName, Wait};
+use conformance_tests::{FencedResource, History};
+use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, Wait};
 
 pub const SEC: Duration = Duration::from_secs(1);
 
@@ -52,4 +54,46 @@ pub async fn nodes(observer: &ZkLock, name: &str) -> Vec<String> {
         Err(zk::Error::NoNode) => Vec::new(),
         Err(e) => panic!("list {parent}: {e}"),
     }
+}
+
+/// Client `id` takes `name` again and again until `stop` is set: each hold is recorded in
+/// `history`, writes its token to `fenced` (a refusal fails the test) and lasts 20 ms; store
+/// errors that may pass are waited out. Returns how many holds it had.
+pub fn contend(
+    locks: Arc<dyn DistributedLock>,
+    name: &str,
+    id: usize,
+    history: &Arc<History>,
+    fenced: &Arc<FencedResource>,
+    stop: &Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
+    let (name, history, fenced, stop) = (
+        name.to_owned(),
+        history.clone(),
+        fenced.clone(),
+        stop.clone(),
+    );
+    tokio::spawn(async move {
+        let mut held = 0;
+        while !stop.load(Ordering::SeqCst) {
+            match locks
+                .lock(&name, &plain(5 * SEC, Wait::For(20 * SEC)))
+                .await
+            {
+                Ok(g) => {
+                    let hold = history.acquired(id, &g.lease());
+                    fenced
+                        .write(g.fencing_token(), id as u64)
+                        .expect("a current holder was refused");
+                    tokio::time::sleep(ms(20)).await;
+                    history.ended(hold);
+                    let _ = g.release().await;
+                    held += 1;
+                }
+                Err(e) if e.is_retryable() => tokio::time::sleep(ms(100)).await,
+                Err(e) => panic!("client {id}: {e}"),
+            }
+        }
+        held
+    })
 }
