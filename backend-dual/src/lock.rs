@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fencing, Lease,
-    LockInfo, LockName, LostReason, OwnerId, RawFloor, Released, Result, SemaphoreInfo,
-    async_trait, backend_support::Access,
+    LockInfo, LockName, LostReason, OwnerId, Released, Result, SemaphoreInfo, async_trait,
+    backend_support::Access,
 };
 
 use crate::{BACKEND, DualConfig};
@@ -534,71 +534,10 @@ impl DistributedLock for DualLock {
             .collect()
     }
 
-    /// The first store's raw floor, then the second's: a dual pair makes the same round trips
-    /// in the same order (acquire on the first, acquire on the second, release on the second,
-    /// release on the first), so no dual lock can do better than both floors one after the
-    /// other. None when either store has no floor.
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        BothFloors::of(self.first.raw_floor(), self.second.raw_floor())
-    }
-
-    /// Each store's fenced floor (its raw floor where it has no fenced one: ZooKeeper's czxid
-    /// comes with its create), the first then the second, as [`raw_floor`](Self::raw_floor).
-    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        let fenced = |s: &Arc<dyn DistributedLock>| s.fenced_floor().or_else(|| s.raw_floor());
-        BothFloors::of(fenced(&self.first), fenced(&self.second))
-    }
-
-    /// The stores' recipe floors (each its fenced or raw floor where it has none), the first
-    /// then the second, as [`raw_floor`](Self::raw_floor).
-    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        let recipe = |s: &Arc<dyn DistributedLock>| {
-            s.recipe_floor()
-                .or_else(|| s.fenced_floor())
-                .or_else(|| s.raw_floor())
-        };
-        BothFloors::of(recipe(&self.first), recipe(&self.second))
-    }
-
     /// Forgets `name` on the second store, then on the first.
     async fn forget(&self, name: &LockName) -> Result<bool> {
         let second = self.second.forget(name).await?;
         let first = self.first.forget(name).await?;
         Ok(first && second)
-    }
-}
-
-/// Two stores' floors run one after the other, the first store's first: the floor of a lock
-/// held on both.
-struct BothFloors {
-    first: Arc<dyn RawFloor>,
-    second: Arc<dyn RawFloor>,
-}
-
-impl BothFloors {
-    fn of(
-        first: Option<Arc<dyn RawFloor>>,
-        second: Option<Arc<dyn RawFloor>>,
-    ) -> Option<Arc<dyn RawFloor>> {
-        Some(Arc::new(BothFloors {
-            first: first?,
-            second: second?,
-        }))
-    }
-}
-
-#[async_trait]
-impl RawFloor for BothFloors {
-    fn description(&self) -> String {
-        format!(
-            "first store: {}; then second store: {}",
-            self.first.description(),
-            self.second.description()
-        )
-    }
-
-    async fn pair(&self, name: &LockName) -> Result<()> {
-        self.first.pair(name).await?;
-        self.second.pair(name).await
     }
 }

@@ -1,8 +1,6 @@
 #![doc = include_str!("../README.md")]
 
 pub mod config;
-#[cfg(feature = "ladder")]
-pub mod ladder;
 mod lock;
 pub mod node;
 mod queue;

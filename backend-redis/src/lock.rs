@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
-    Fencing, FencingToken, Lease, LockInfo, LockName, PermitHolder, RawFloor, Released, Result,
+    Fencing, FencingToken, Lease, LockInfo, LockName, PermitHolder, Released, Result,
     SemaphoreInfo, WaitMechanism, async_trait,
 };
 
@@ -349,43 +349,5 @@ impl DistributedLock for RedisLock {
     /// server; in a Cluster, on every master of the slot map.
     async fn names(&self) -> Result<Vec<LockName>> {
         self.inner.node.names().await
-    }
-
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        Some(Arc::new(RedisFloor {
-            node: self.inner.node.clone(),
-            fenced: false,
-        }))
-    }
-
-    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        Some(Arc::new(RedisFloor {
-            node: self.inner.node.clone(),
-            fenced: true,
-        }))
-    }
-}
-
-/// The bench floors on the client's own multiplexed connection: plain, `SET NX PX` + an
-/// `EVALSHA` compare-and-delete; fenced, one script doing `SET NX PX` + `INCR` of a fence
-/// counter, then the same compare-and-delete (the floor with the guarantee a fenced lock gives).
-struct RedisFloor {
-    node: Node,
-    fenced: bool,
-}
-
-#[async_trait]
-impl RawFloor for RedisFloor {
-    fn description(&self) -> String {
-        if self.fenced {
-            "one script SET NX PX + INCR fence, then EVALSHA compare-and-delete, on the same multiplexed connection".into()
-        } else {
-            "SET NX PX + EVALSHA compare-and-delete, on the same multiplexed connection".into()
-        }
-    }
-
-    async fn pair(&self, name: &LockName) -> Result<()> {
-        let hold = self.node.floor_acquire(name, self.fenced).await?;
-        self.node.floor_delete(name, &hold).await
     }
 }

@@ -1,7 +1,6 @@
 #![doc = include_str!("../README.md")]
 
 pub mod config;
-mod floor;
 mod inspect;
 mod lock;
 mod masters;

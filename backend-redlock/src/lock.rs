@@ -51,11 +51,10 @@ use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
-    Fencing, Lease, LockInfo, LockName, RawFloor, Released, Result, WaitMechanism, async_trait,
+    Fencing, Lease, LockInfo, LockName, Released, Result, WaitMechanism, async_trait,
 };
 
 use crate::BACKEND;
-use crate::floor::FanOutFloor;
 use crate::masters::{Flow, MIN_GRACE, Master, Masters, gather};
 use crate::{inspect, wait};
 
@@ -480,19 +479,5 @@ impl DistributedLock for RedlockLock {
             Some(e) if answered == 0 => Err(e),
             _ => Ok(names.into_iter().collect()),
         }
-    }
-
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        Some(Arc::new(FanOutFloor {
-            nodes: self.inner.nodes.iter().map(|n| n.node.clone()).collect(),
-            fenced: false,
-        }))
-    }
-
-    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        Some(Arc::new(FanOutFloor {
-            nodes: self.inner.nodes.iter().map(|n| n.node.clone()).collect(),
-            fenced: true,
-        }))
     }
 }

@@ -62,6 +62,7 @@ impl<DB: Database> Checked<DB> {
     }
 
     /// Marks the statement run on it as completed: the connection may be used again.
+    #[cfg(test)]
     pub(crate) fn completed(&mut self) {
         self.clean = true;
     }

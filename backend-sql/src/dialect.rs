@@ -40,8 +40,6 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     const STYLE: Style;
     /// The database's clock, as `expires_at` holds it.
     const NOW: &'static str;
-    /// What the raw floor runs, for `dlock bench`.
-    const FLOOR: &'static str;
     /// Creates the lease table `{t}`, the waiters table `{w}` (named `{q}` unquoted), the
     /// semaphores table `{s}`, the permit holders table `{p}` and the permit waiters table `{v}`
     /// (named `{vq}` unquoted), and any index, in this order.
@@ -87,9 +85,6 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// expired or already ours and no live waiter is queued, setting the fence to
     /// `GREATEST(fence + 1, $floor)`; hands back the fence if granted.
     fn acquire(s: &Sql) -> Stmt;
-
-    /// The raw floor's acquire: the plain statement, without the queue check or a token floor.
-    fn floor_acquire(s: &Sql) -> Stmt;
 
     /// A queued waiter's attempt: as [`acquire`](Self::acquire), but only when no live waiter
     /// with a smaller ticket is queued.
@@ -270,7 +265,6 @@ pub struct Statements {
     /// Expired waiter rows of every name, dropped when a client connects.
     pub gc_queue: Stmt,
     pub acquire: Stmt,
-    pub floor_acquire: Stmt,
     /// A queued waiter's attempt: the fence if granted, the holder's time left in µs where the
     /// dialect reports it, and, where it says, the ticket of the live waiter left at the head
     /// of the queue after this grant (the doorbell its release rings: see `crate::bell`); where
@@ -326,8 +320,6 @@ pub struct Statements {
     /// leaves it (a lease that ran out keeps its owner; a takeover raises the fence). One row:
     /// a count.
     pub freed_at_fence: Stmt,
-    /// The raw floor's release.
-    pub floor_release: Stmt,
     /// Release by owner alone: the clean-up after an interrupted acquire (the fence is unknown).
     pub release_owner: Stmt,
     /// Never resurrects an expired row.
@@ -374,7 +366,6 @@ impl Statements {
                 .collect(),
             gc_queue: s.done(&format!("DELETE FROM {w} WHERE expires_at <= {now}")),
             acquire: D::acquire(&s),
-            floor_acquire: D::floor_acquire(&s),
             wait_acquire: D::wait_acquire(&s),
             probe: Some(s.row(&format!(
                 "SELECT (SELECT count(*) FROM {w} AS w \
@@ -414,7 +405,6 @@ impl Statements {
             freed_at_fence: s.row(&format!(
                 "SELECT count(*) FROM {t} WHERE name = $name AND owner IS NULL AND fence = $fence"
             )),
-            floor_release: release.clone(),
             release,
             release_owner: s.done(&format!(
                 "UPDATE {t} SET owner = NULL WHERE name = $name AND owner = $owner"

@@ -4,6 +4,7 @@ mod bell;
 mod client;
 mod common;
 pub mod config;
+mod connection;
 mod dialect;
 mod kept;
 mod lock;
@@ -19,6 +20,7 @@ use std::sync::Arc;
 use lockcore::{DistributedLock, Result};
 
 pub use config::{DEFAULT_TABLE, Dialect, SqlConfig, SqlitePath, redact_url};
+pub use connection::SqlConnection;
 pub use lock::SqlLock;
 
 /// A PostgreSQL lock client: a pool of up to 8 connections for statements plus one listener

@@ -6,8 +6,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
-    Fencing, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result, SemaphoreInfo,
-    async_trait,
+    Fencing, Lease, LockInfo, LockName, Released, Result, SemaphoreInfo, async_trait,
 };
 
 use crate::client::{Client, is_permit, is_read};
@@ -297,12 +296,6 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         let semaphore = c.forget_semaphore(name).await?;
         Ok(self.inspect(name).await?.is_none() && semaphore)
     }
-
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        Some(Arc::new(Floor {
-            client: self.client.clone(),
-        }))
-    }
 }
 
 /// Copies a batch-wide failure to every lease it concerned.
@@ -318,29 +311,4 @@ fn batch_error(e: &Error, name: &LockName) -> Error {
         other => ("sql", "extend", other.is_retryable(), other.to_string()),
     };
     Error::backend(backend, operation, Some(name), retryable, text)
-}
-
-/// The plain acquire (no waiter-queue check) and the release statement on the client's
-/// connections (see `crate::kept`): no retries, time limits, guards or lockcore layer.
-struct Floor<D: Dialect> {
-    client: Arc<Client<D>>,
-}
-
-#[async_trait]
-impl<D: Dialect> RawFloor for Floor<D> {
-    fn description(&self) -> String {
-        D::FLOOR.into()
-    }
-
-    async fn pair(&self, name: &LockName) -> Result<()> {
-        let c = &self.client;
-        let args = Args::of(name).owner(OwnerId::random());
-        let args = args.ttl(Duration::from_secs(10));
-        if let Some(fence) = c.core.reply_raw(&c.sql.floor_acquire, args).await?.value() {
-            c.core
-                .reply_raw(&c.sql.floor_release, args.fence(fence))
-                .await?;
-        }
-        Ok(())
-    }
 }

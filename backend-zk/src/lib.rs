@@ -3,7 +3,6 @@
 mod acl;
 mod cleanup;
 pub mod config;
-mod floor;
 mod lock;
 mod names;
 mod nodelay;

@@ -1,8 +1,8 @@
 //! [`ZkLock`], the client of one ensemble, as a [`DistributedLock`]: its state (the session,
 //! the nodes it holds and the reaper that deletes those whose lease ran out) and the trait's
 //! methods. The recipe an acquisition follows is in `recipe.rs`, the renewals in `renew.rs`,
-//! the deletes that must get through in `cleanup.rs`, the bench's floors in `floor.rs`, and
-//! the semaphore's permits in `semaphore.rs`.
+//! the deletes that must get through in `cleanup.rs`, and the semaphore's permits in
+//! `semaphore.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use lockcore::async_trait;
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
-    Fencing, FencingToken, Lease, LockInfo, LockName, LostReason, RawFloor, Released, Result,
-    SemaphoreInfo, WaitMechanism,
+    Fencing, FencingToken, Lease, LockInfo, LockName, LostReason, Released, Result, SemaphoreInfo,
+    WaitMechanism,
 };
 use tokio::sync::Notify;
 use zookeeper_client as zk;
@@ -541,13 +541,5 @@ impl DistributedLock for ZkLock {
             .filter_map(|c| c.strip_prefix("n-"))
             .filter_map(LockName::from_escaped)
             .collect())
-    }
-
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        Some(self.bench_floor())
-    }
-
-    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        Some(self.bench_recipe_floor())
     }
 }

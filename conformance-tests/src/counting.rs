@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Lease, LockInfo,
-    LockName, LostReason, RawFloor, Released, Result, async_trait,
+    LockName, LostReason, Released, Result, async_trait,
 };
 
 /// Counts every trait call that would reach the store.
@@ -188,14 +188,5 @@ impl DistributedLock for CountingLock {
     async fn names(&self) -> Result<Vec<LockName>> {
         self.hit();
         self.inner.names().await
-    }
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.inner.raw_floor()
-    }
-    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.inner.fenced_floor()
-    }
-    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.inner.recipe_floor()
     }
 }

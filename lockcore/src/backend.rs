@@ -1,7 +1,6 @@
 //! The implementer trait.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -282,42 +281,4 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + 'static {
             backend: self.capabilities().backend,
         })
     }
-
-    /// The backend's minimal raw commands, for `dlock bench` to report ratios against.
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        None
-    }
-
-    /// The minimal raw commands that also hand out a fencing token, where those of
-    /// [`raw_floor`](Self::raw_floor) do not (Redis: one script doing `SET NX PX` + `INCR`).
-    /// `dlock bench` judges a fenced lock against this floor, which gives the same guarantee.
-    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        None
-    }
-
-    /// The store calls of the recipe's own uncontended acquire and release, sent bare, where
-    /// the recipe needs more than [`raw_floor`](Self::raw_floor) (ZooKeeper: `create`, the
-    /// `getChildren` that decides the attempt, `delete`). `dlock bench` reports it beside the
-    /// floors, to tell what the recipe costs from what the library around it costs; the floors
-    /// stay the targets.
-    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        None
-    }
-}
-
-/// The cheapest lock-like round trips a store offers on the same connection type (for example
-/// `SET NX PX` + an `EVALSHA` delete on Redis), measured by `dlock bench` in the same run.
-#[async_trait]
-pub trait RawFloor: Send + Sync + 'static {
-    /// What one pair consists of, for the report.
-    fn description(&self) -> String;
-
-    /// One raw acquire-and-release equivalent on `name`.
-    ///
-    /// # Cancel safety
-    /// Bench-only; may leave the raw key behind if dropped.
-    ///
-    /// # Errors
-    /// Store failures.
-    async fn pair(&self, name: &LockName) -> Result<()>;
 }

@@ -23,7 +23,7 @@ mod semaphore;
 mod url_parts;
 pub mod wait;
 
-pub use backend::{DistributedLock, RawFloor};
+pub use backend::DistributedLock;
 pub use capabilities::{Capabilities, Expiry, Fairness, Fencing, NativePrimitives, WaitMechanism};
 pub use error::{BoxError, Error, Result};
 pub use ext::LockExt;

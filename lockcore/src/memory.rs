@@ -15,7 +15,7 @@ use crate::cleanup::{CleanupGuard, Undo};
 use crate::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
     Fencing, FencingToken, Lease, LockInfo, LockName, NativePrimitives, OwnerId, PermitHolder,
-    RawFloor, Released, Result, SemaphoreInfo, WaitMechanism,
+    Released, Result, SemaphoreInfo, WaitMechanism,
 };
 
 const BACKEND: &str = "memory";
@@ -560,35 +560,5 @@ impl DistributedLock for MemoryLock {
 
     async fn names(&self) -> Result<Vec<LockName>> {
         Ok(self.ns.entries().keys().cloned().collect())
-    }
-
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        Some(Arc::new(MemoryFloor {
-            map: Mutex::default(),
-        }))
-    }
-}
-
-/// The floor for the memory backend: insert and remove a key in a mutex-guarded map.
-struct MemoryFloor {
-    map: Mutex<HashMap<LockName, u64>>,
-}
-
-#[async_trait]
-impl RawFloor for MemoryFloor {
-    fn description(&self) -> String {
-        "HashMap insert + remove under a std Mutex".into()
-    }
-
-    async fn pair(&self, name: &LockName) -> Result<()> {
-        self.map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(name.clone(), 1);
-        self.map
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(name);
-        Ok(())
     }
 }

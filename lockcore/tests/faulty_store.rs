@@ -235,15 +235,6 @@ impl DistributedLock for Faulty {
     async fn names(&self) -> Result<Vec<LockName>> {
         self.inner.names().await
     }
-    fn raw_floor(&self) -> Option<Arc<dyn lockcore::RawFloor>> {
-        self.inner.raw_floor()
-    }
-    fn fenced_floor(&self) -> Option<Arc<dyn lockcore::RawFloor>> {
-        self.inner.fenced_floor()
-    }
-    fn recipe_floor(&self) -> Option<Arc<dyn lockcore::RawFloor>> {
-        self.inner.recipe_floor()
-    }
 }
 
 #[tokio::test]

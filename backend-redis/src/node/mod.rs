@@ -4,14 +4,14 @@
 //! A [`Node`] is one logical Redis server behind one client: a single master over one
 //! multiplexed connection (what `redis://` and `rediss://` name, and what each Redlock node is),
 //! or a Redis Cluster whose client routes each call by its hash slot (`redis+cluster://`, built
-//! inside this crate only). It holds
+//! by [`Node::cluster`]). It holds
 //!
 //! * **the connection** ([`Node::open`]): address, TLS (CA, client certificate), ACL user and
 //!   password, database, and the `timeout` that bounds connecting and every round trip, built
 //!   in this one place from a [`RedisConfig`]; one multiplexed connection that reconnects after
 //!   a failure;
 //! * **the scripts** (`src/node/lua/`): acquire, release, extend, cancel, inspect, forget, the
-//!   fence write-back, the bench floors, and the counting semaphore's (`sem_*.lua`), sent with
+//!   fence write-back, and the counting semaphore's (`sem_*.lua`), sent with
 //!   `EVALSHA` and, on `NOSCRIPT`, again behind their `SCRIPT LOAD` in one pipeline; the
 //!   read-write lock's readers go through the lock's acquire, cancel and inspect scripts and
 //!   the semaphore's release and extend;
@@ -33,7 +33,7 @@
 //!
 //! The operations are kept by kind: the lock's acquire and its undo here, a held lease's
 //! release and extend in `leases`, the semaphore's in `permits`, the read side's in `readers`,
-//! inspect, names, forget and the fence write-back in `state`, the bench floors in `floor`;
+//! inspect, names, forget and the fence write-back in `state`;
 //! the scripts and their calls in `scripts`, their replies' decoding in `replies`.
 //!
 //! What a node does not decide is left to its caller: the single-server backend
@@ -43,7 +43,6 @@
 
 mod cluster;
 mod connect;
-mod floor;
 mod leases;
 mod permits;
 mod readers;
@@ -70,7 +69,7 @@ use waiters::{Hub, Route};
 pub use connect::{ASSUMPTION_NO_PERSISTENCE, ASSUMPTION_UNKNOWN};
 use connect::{connect_error, connection_info, open_single};
 pub use replies::{AcquireReply, AttemptReply, InspectReply, PermitReply, SemaphoreReply};
-pub use scripts::{MAX_FLOOR, floor_arg};
+pub use scripts::{MAX_FLOOR, floor_arg, script_source};
 pub(crate) use store::{backend_error, protocol_error};
 pub use waiters::Registration;
 
@@ -158,13 +157,6 @@ impl Mode {
     }
 }
 
-/// A bench floor's hold on its key: what [`Node::floor_delete`] deletes.
-#[derive(Debug)]
-pub struct FloorHold {
-    key: String,
-    value: String,
-}
-
 /// One Redis server (or Cluster) as a lock store: its connection, its subscriber hub, and the
 /// key layout under one prefix. Cheap to clone (the clones share everything).
 #[derive(Clone)]
@@ -220,8 +212,16 @@ impl Node {
         ))
     }
 
-    /// A Redis Cluster through its seed `nodes`, connected (the slot map loaded).
-    pub(crate) async fn cluster(config: &RedisConfig, nodes: &[(String, u16)]) -> Result<Node> {
+    /// A Redis Cluster through its seed `nodes` (TLS, credentials and `timeout` of `config`),
+    /// connected: the slot map loaded.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes what was opened.
+    ///
+    /// # Errors
+    /// [`Error::Backend`](lockcore::Error::Backend) when no seed answers or redis-rs refuses an
+    /// address.
+    pub async fn cluster(config: &RedisConfig, nodes: &[(String, u16)]) -> Result<Node> {
         let shown = config.redacted_url();
         let infos = nodes
             .iter()
@@ -354,6 +354,25 @@ impl Node {
             .await
             .map_err(|e| connect_error(&self.shared.shown, e))?;
         Ok(())
+    }
+
+    /// Sends one command as given on this node's connection (in a Cluster, to the master of its
+    /// first key's slot) and answers the reply, for tools beside the lock: reports, repairs,
+    /// measurements. A command that changes this crate's keys can break the locks they stand
+    /// for.
+    ///
+    /// # Cancel safety
+    /// A dropped call may or may not have reached the server.
+    ///
+    /// # Errors
+    /// [`Error::Backend`](lockcore::Error::Backend) for a failure or an error reply (`NOSCRIPT`
+    /// for an `EVALSHA` of a script the server does not hold, among others).
+    pub async fn command(&self, cmd: &redis::Cmd) -> Result<redis::Value> {
+        self.shared
+            .store
+            .query(cmd)
+            .await
+            .map_err(|e| backend_error("command", None, e))
     }
 
     /// [`ping`](Node::ping)s, then reads the persistence settings (`CONFIG GET appendonly`,

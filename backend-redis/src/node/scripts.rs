@@ -97,12 +97,6 @@ pub(crate) static FORGET: LazyLock<Lua> =
 /// Redlock's max-only write-back of a fencing token (`lua/fence_max.lua`).
 pub(crate) static FENCE_MAX: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/fence_max.lua")).repeatable());
-/// The fenced bench floor's acquire: `SET NX PX` + `INCR` in one script (`lua/floor_fenced.lua`).
-pub(crate) static FLOOR_FENCED: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/floor_fenced.lua")));
-/// The bench floor's compare-and-delete (`lua/floor_delete.lua`).
-pub(crate) static FLOOR_DELETE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("lua/floor_delete.lua")));
 /// `try` / `wait` for a semaphore's permit, with the count check (`lua/sem_acquire.lua`).
 pub(crate) static SEM_ACQUIRE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/sem_acquire.lua")));
@@ -119,9 +113,33 @@ pub(crate) static SEM_CANCEL: LazyLock<Lua> =
 pub(crate) static SEM_INSPECT: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/sem_inspect.lua")).repeatable());
 
+/// The source of the script in `file` (a name in `src/node/lua/`, such as `"acquire.lua"`),
+/// exactly as a node sends it (the shared helpers inserted); `None` for a file that is no
+/// script of its own. For audits, and for measuring what each script costs.
+pub fn script_source(file: &str) -> Option<&'static str> {
+    let lua: &'static Lua = match file {
+        "acquire.lua" => &ACQUIRE,
+        "try_fast.lua" => &TRY_FAST,
+        "release.lua" => &RELEASE,
+        "release_plain.lua" => &RELEASE_PLAIN,
+        "extend.lua" => &EXTEND,
+        "cancel.lua" => &CANCEL,
+        "inspect.lua" => &INSPECT,
+        "forget.lua" => &FORGET,
+        "fence_max.lua" => &FENCE_MAX,
+        "sem_acquire.lua" => &SEM_ACQUIRE,
+        "sem_release.lua" => &SEM_RELEASE,
+        "sem_extend.lua" => &SEM_EXTEND,
+        "sem_cancel.lua" => &SEM_CANCEL,
+        "sem_inspect.lua" => &SEM_INSPECT,
+        _ => return None,
+    };
+    Some(&lua.code)
+}
+
 /// Every script of a node, for tests that compare hashes.
 #[cfg(test)]
-pub(crate) fn all() -> [&'static Lua; 16] {
+pub(crate) fn all() -> [&'static Lua; 14] {
     [
         &*ACQUIRE,
         &*TRY_FAST,
@@ -132,8 +150,6 @@ pub(crate) fn all() -> [&'static Lua; 16] {
         &*INSPECT,
         &*FORGET,
         &*FENCE_MAX,
-        &*FLOOR_FENCED,
-        &*FLOOR_DELETE,
         &*SEM_ACQUIRE,
         &*SEM_RELEASE,
         &*SEM_EXTEND,
@@ -172,7 +188,8 @@ pub(crate) struct Call {
 }
 
 impl Call {
-    /// A call of `lua` on explicitly named keys (the bench floor's key is not a lock's).
+    /// A call of `lua` on explicitly named keys (tests call scripts on keys of their own).
+    #[cfg(test)]
     pub(crate) fn on(lua: &'static Lua, keys: &[&str]) -> Self {
         let mut call = Self::start(lua, keys.len(), keys.iter().map(|k| k.len()).sum());
         for k in keys {

@@ -3,13 +3,12 @@
 //! emulation's hash and are woken by this client's wake-up hub (the loop of `crate::queue`,
 //! the same as a `redis://` lock's); every attempt arms a [`CleanupGuard`].
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
-    FencingToken, Lease, LockInfo, LockName, OwnerId, RawFloor, Released, Result, SemaphoreInfo,
+    FencingToken, Lease, LockInfo, LockName, OwnerId, Released, Result, SemaphoreInfo,
     WaitMechanism, async_trait,
 };
 
@@ -370,13 +369,5 @@ impl DistributedLock for TairLock {
             replies::parse_flag(&value).map_err(|e| protocol_error("forget", Some(name), e))?;
         let semaphore = self.client.forget(name).await?;
         Ok(lock && semaphore)
-    }
-
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.client.raw_floor()
-    }
-
-    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.client.fenced_floor()
     }
 }

@@ -28,7 +28,7 @@
 mod lock;
 pub(crate) mod primitives;
 
-pub use primitives::{ExpireLock, ExpireUnlock, ReadEnter, TairLock};
+pub use primitives::{ExpireLock, ExpireUnlock, ReadEnter, TairLock, script_source};
 
 /// The backend name in capabilities and error messages.
 pub const BACKEND: &str = "tair";

@@ -74,11 +74,9 @@ fn refusal(items: &[Value]) -> Answer {
 /// `expireLock` (`lua/lock.lua`).
 static LOCK: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/lock.lua")));
 /// dlock's single attempt at the write lock when nobody reads or queues (`lua/try_fast.lua`).
-pub(crate) static TRY_FAST: LazyLock<Lua> =
-    LazyLock::new(|| tair_script(include_str!("lua/try_fast.lua")));
+static TRY_FAST: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/try_fast.lua")));
 /// `expireUnlock` (`lua/unlock.lua`). Not repeatable: a reentrant holder's unlock counts down.
-pub(crate) static UNLOCK: LazyLock<Lua> =
-    LazyLock::new(|| tair_script(include_str!("lua/unlock.lua")));
+static UNLOCK: LazyLock<Lua> = LazyLock::new(|| tair_script(include_str!("lua/unlock.lua")));
 /// Extend a held lock, keeping its proof (`lua/extend.lua`).
 static EXTEND: LazyLock<Lua> =
     LazyLock::new(|| tair_script(include_str!("lua/extend.lua")).repeatable());
@@ -90,6 +88,23 @@ pub(super) static INSPECT: LazyLock<Lua> =
 /// Delete a free name (`lua/forget.lua`).
 pub(super) static FORGET: LazyLock<Lua> =
     LazyLock::new(|| tair_script(include_str!("lua/forget.lua")).repeatable());
+
+/// The source of the script in `file` (a name in `src/tair/lua/`, such as `"lock.lua"`),
+/// exactly as the emulation sends it (its prelude inserted); `None` for a file that is no
+/// script of its own. For audits, and for measuring what each script costs.
+pub fn script_source(file: &str) -> Option<&'static str> {
+    let lua: &'static Lua = match file {
+        "lock.lua" => &LOCK,
+        "try_fast.lua" => &TRY_FAST,
+        "unlock.lua" => &UNLOCK,
+        "extend.lua" => &EXTEND,
+        "read.lua" => &READ,
+        "inspect.lua" => &INSPECT,
+        "forget.lua" => &FORGET,
+        _ => return None,
+    };
+    Some(&lua.code)
+}
 
 /// What `expireLock` answered.
 #[derive(Clone, Debug, PartialEq, Eq)]

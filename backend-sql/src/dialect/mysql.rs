@@ -191,20 +191,6 @@ impl Dialect for MySql {
         gated(s, "")
     }
 
-    const FLOOR: &'static str = "INSERT .. ON DUPLICATE KEY UPDATE (fence via LAST_INSERT_ID; \
-         without the queue check), then UPDATE .. SET owner = NULL, on the same connections as the lock";
-
-    fn floor_acquire(s: &Sql) -> Stmt {
-        // The raw floor's update, as it was before the queue.
-        s.done(&format!(
-            "{} ON DUPLICATE KEY UPDATE \
-             fence = IF({TAKEABLE}, LAST_INSERT_ID(fence + 1), fence + LAST_INSERT_ID(0)), \
-             owner = IF({TAKEABLE}, $owner, owner), \
-             expires_at = IF(owner <=> $owner, NOW(6) + INTERVAL $ttl MICROSECOND, expires_at)",
-            insert(s, "1")
-        ))
-    }
-
     fn wait_acquire(s: &Sql) -> Stmt {
         gated(s, WAITER_GATE)
     }

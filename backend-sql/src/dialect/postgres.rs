@@ -236,19 +236,6 @@ impl Dialect for Postgres {
         ))
     }
 
-    const FLOOR: &'static str = "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence (without the \
-         queue check), then UPDATE .. SET owner = NULL with pg_notify, on the same connections as the lock";
-
-    fn floor_acquire(s: &Sql) -> Stmt {
-        s.row(&format!(
-            "INSERT INTO {} AS l (name, owner, fence, expires_at) \
-             VALUES ($name, $owner, 1, {}) {}",
-            s.t,
-            Self::expiry(),
-            upsert("l.fence + 1", AGAIN)
-        ))
-    }
-
     /// The hand-over (see [`Statements::hand`]), which also deletes the new owner's waiter
     /// rows and tells it by a notification that carries the grant (`H`, see `wake::Payload`):
     /// the server delivers it only once the statement has committed, and this one waits for
@@ -377,7 +364,6 @@ impl Dialect for Postgres {
         // head's attempt queued behind them.
         sql.release = free_and_notify(s, HELD, true);
         // The plain compare-and-free with a notification, without looking up the queue's head.
-        sql.floor_release = free_and_notify(s, HELD, false);
         sql.release_owner = free_and_notify(s, "name = $name AND owner = $owner", false);
 
         // Semaphores: whatever frees a permit or leaves the permit queue wakes the name's

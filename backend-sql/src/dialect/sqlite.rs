@@ -260,18 +260,6 @@ impl Dialect for Sqlite {
         gated(s, "", "")
     }
 
-    const FLOOR: &'static str = "INSERT .. ON CONFLICT DO UPDATE .. RETURNING fence (without the \
-         queue check), then UPDATE .. SET owner = NULL, on the same connections as the lock";
-
-    fn floor_acquire(s: &Sql) -> Stmt {
-        // The plain acquire, without the queue check (and without a token floor).
-        s.row(&format!(
-            "INSERT INTO {} (name, owner, fence, expires_at) VALUES ($name, $owner, 1, {NOW_MS} + $ttl) {}",
-            s.t,
-            upsert("fence + 1")
-        ))
-    }
-
     fn wait_acquire(s: &Sql) -> Stmt {
         // A queued waiter's attempt: only when no live waiter with a smaller ticket is queued.
         // A grant also names the waiter then at the head (the triggers above have dequeued

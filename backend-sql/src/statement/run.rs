@@ -3,7 +3,7 @@
 
 use std::future::Future;
 
-use lockcore::{Error, LockName, Result};
+use lockcore::{LockName, Result};
 use sqlx::error::BoxDynError;
 use sqlx::{Arguments, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Row};
 use sqlx::{SqlStr, Type};
@@ -347,21 +347,5 @@ impl<DB: SqlDb> Core<DB> {
             (c, r)
         })
         .await
-    }
-
-    /// Runs `stmt` with no retries and no time limit (the raw floor's way), on the connections
-    /// the lock's statements use (`crate::kept`): the floor pays no pool overhead that the lock
-    /// does not.
-    pub async fn reply_raw(&self, stmt: &Stmt, a: Args<'_>) -> Result<Reply> {
-        let raw = async {
-            let mut c = self.checked().await?;
-            let reply = DB::reply(c.conn(), stmt, &a).await;
-            if reply.is_ok() {
-                c.completed();
-            }
-            reply
-        };
-        raw.await
-            .map_err(|e| Error::backend(self.backend, "raw floor", a.name, true, e))
     }
 }

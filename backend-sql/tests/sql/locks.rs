@@ -17,7 +17,6 @@ per_dialect!(
     long_and_case_differing_names_stay_distinct,
     expiry_is_database_time,
     inspect_reports_holder_token_and_remaining,
-    raw_floor_runs_the_same_statements,
     concurrent_clients_never_see_busy_errors,
     extend_many_reports_each_lease,
     try_lock_does_not_jump_a_live_queue,
@@ -744,21 +743,6 @@ async fn inspect_reports_holder_token_and_remaining(kind: Kind) {
         Some(lease.token()),
         "the last token stays visible"
     );
-}
-
-async fn raw_floor_runs_the_same_statements(kind: Kind) {
-    let url = fresh_url(kind).await;
-    let c = client(&url).await;
-    let floor = c.raw_floor().expect("SQL backends have a raw floor");
-    assert!(!floor.description().is_empty());
-    let n = name("floor");
-    for _ in 0..3 {
-        floor.pair(&n).await.expect("raw pair");
-    }
-    // The floor works on the real table and leaves the lock free, with its fence advanced.
-    let lease = take(&c, &n, Duration::from_secs(10)).await.expect("free");
-    assert_eq!(lease.token().0, 4, "three raw pairs, then this acquisition");
-    c.release(&lease).await.unwrap();
 }
 
 /// Four clients (four pools) hammer one name: no error ever reaches the caller (SQLite's

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Expiry, Fairness,
-    Fencing, FencingToken, Lease, LockInfo, LockName, LostReason, OwnerId, RawFloor, Released,
-    Result, WaitMechanism, async_trait,
+    Fencing, FencingToken, Lease, LockInfo, LockName, LostReason, OwnerId, Released, Result,
+    WaitMechanism, async_trait,
 };
 
 use crate::{Expect, Target};
@@ -332,18 +332,6 @@ impl DistributedLock for BlindReaders {
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         names.dedup();
         Ok(names)
-    }
-
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.writers.raw_floor()
-    }
-
-    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.writers.fenced_floor()
-    }
-
-    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.writers.recipe_floor()
     }
 
     async fn try_acquire(&self, name: &LockName, opts: &AcquireOptions) -> Result<Option<Lease>> {
@@ -722,18 +710,6 @@ impl DistributedLock for SemaphoreMutant {
 
     async fn names(&self) -> Result<Vec<LockName>> {
         self.inner.names().await
-    }
-
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.inner.raw_floor()
-    }
-
-    fn fenced_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.inner.fenced_floor()
-    }
-
-    fn recipe_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.inner.recipe_floor()
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lockcore::{
     AcquireOptions, Capabilities, ClientDefaults, DistributedLock, Error, Lease, LockInfo,
-    LockName, LostReason, OwnerId, RawFloor, Released, Result, SemaphoreInfo, async_trait,
+    LockName, LostReason, OwnerId, Released, Result, SemaphoreInfo, async_trait,
 };
 
 use crate::{Connect, Target};
@@ -257,10 +257,6 @@ impl DistributedLock for Mutated {
 
     async fn names(&self) -> Result<Vec<LockName>> {
         self.inner.names().await
-    }
-
-    fn raw_floor(&self) -> Option<Arc<dyn RawFloor>> {
-        self.inner.raw_floor()
     }
 }
 

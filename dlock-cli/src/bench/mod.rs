@@ -338,8 +338,13 @@ async fn measure(opts: &BenchOptions, progress: Arc<dyn Progress>) -> Result<Ben
     } else {
         None
     };
+    let floors = if opts.mode.uncontended() || opts.mode.contended() {
+        dlock_bench::floor::connect(&opts.url).await?
+    } else {
+        dlock_bench::Floors::default()
+    };
     let uncontended = if opts.mode.uncontended() {
-        Some(uncontended(opts, &backend, &prefix, progress.as_ref()).await?)
+        Some(uncontended(opts, &backend, &floors, &prefix, progress.as_ref()).await?)
     } else {
         None
     };
@@ -350,7 +355,7 @@ async fn measure(opts: &BenchOptions, progress: Arc<dyn Progress>) -> Result<Ben
                 .as_ref()
                 .or(u.floor.as_ref())
                 .map(|f| f.latency.p50_us),
-            None => floor_median(opts, &backend, &prefix, progress.as_ref()).await?,
+            None => floor_median(opts, &floors, &prefix, progress.as_ref()).await?,
         };
         Some(contended(opts, &prefix, progress.clone(), floor_p50).await?)
     } else {

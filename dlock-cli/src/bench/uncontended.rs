@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use dlock::{
-    AcquireOptions, DistributedLock, Error, KeepAlive, LockName, RawFloor, Released, Result, Wait,
-};
+use dlock::{AcquireOptions, DistributedLock, Error, KeepAlive, LockName, Released, Result, Wait};
+use dlock_bench::{Floor, Floors};
 
 use super::client::hold_one;
 use super::report::{
@@ -143,7 +142,7 @@ pub(super) async fn interleaved<FA, FutA>(
     opts: &BenchOptions,
     progress: &dyn Progress,
     mut a: FA,
-    floors: &[(Arc<dyn RawFloor>, LockName)],
+    floors: &[(Arc<dyn Floor>, LockName)],
 ) -> (LoopStats, Vec<LoopStats>)
 where
     FA: FnMut() -> FutA,
@@ -224,6 +223,7 @@ where
 pub(super) async fn uncontended(
     opts: &BenchOptions,
     backend: &Arc<dyn DistributedLock>,
+    store_floors: &Floors,
     prefix: &str,
     progress: &dyn Progress,
 ) -> Result<UncontendedReport> {
@@ -249,11 +249,11 @@ pub(super) async fn uncontended(
     let mut floors = Vec::new();
     let mut kinds = Vec::new();
     for (kind, floor) in [
-        ("plain", backend.raw_floor()),
-        ("fenced", backend.fenced_floor()),
-        ("recipe", backend.recipe_floor()),
+        ("plain", &store_floors.raw),
+        ("fenced", &store_floors.fenced),
+        ("recipe", &store_floors.recipe),
     ] {
-        if let Some(floor) = floor {
+        if let Some(floor) = floor.clone() {
             floors.push((floor, LockName::new(format!("{prefix}/{kind}-floor"))?));
             kinds.push(kind);
         }
@@ -315,11 +315,11 @@ pub(super) async fn uncontended(
 /// short run of its own, for a contended-only bench.
 pub(super) async fn floor_median(
     opts: &BenchOptions,
-    backend: &Arc<dyn DistributedLock>,
+    floors: &Floors,
     prefix: &str,
     progress: &dyn Progress,
 ) -> Result<Option<f64>> {
-    let Some(floor) = backend.fenced_floor().or_else(|| backend.raw_floor()) else {
+    let Some(floor) = floors.target() else {
         return Ok(None);
     };
     let name = LockName::new(format!("{prefix}/limit-floor"))?;

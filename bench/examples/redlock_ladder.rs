@@ -24,14 +24,14 @@
 //! median, mean and p90 pair, and its pairs/s relative to the floor's.
 //!
 //! ```text
-//! cargo run --release -p fencedlock-redlock --example redlock_ladder -- redlock://h1:p1,h2:p2,h3:p3 [rounds=50]
+//! cargo run --release -p fencedlock-bench --example redlock_ladder -- redlock://h1:p1,h2:p2,h3:p3 [rounds=50]
 //! ```
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use backend_redis::config::{Deployment, RedisConfig};
-use backend_redis::ladder::{self, FAIR, FAIR_DELETE, Failure, OWNER, RealScripts};
+use dlock_bench::ladder::{self, FAIR, FAIR_DELETE, Failure, OWNER, RealScripts};
 use futures_util::StreamExt as _;
 use futures_util::future::join_all;
 use futures_util::stream::FuturesUnordered;
@@ -181,7 +181,10 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
         release: real.release,
     };
     let backend: Arc<dyn DistributedLock> = backend_redlock::connect(&url).await?;
-    let floor = backend.fenced_floor().ok_or("no fenced floor")?;
+    let floor = dlock_bench::floor::connect(&url)
+        .await?
+        .fenced
+        .ok_or("no fenced floor")?;
     let floor_name = LockName::new("ladder-floor")?;
     let name = LockName::new("ladder-backend")?;
     let opts = AcquireOptions::new()

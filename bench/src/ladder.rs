@@ -1,8 +1,7 @@
-//! What the cost ladders share (`examples/cost_ladder.rs` and `examples/tair_ladder.rs` here,
-//! `redlock_ladder.rs` in `backend-redlock`): the least scripts that keep the backend's queue,
-//! the backend's own scripts (and the Tair emulation's) to call inline, the shuffled rounds of
-//! steps, and the report. Only with the `ladder` feature: it is measuring code, not part of the
-//! lock.
+//! What the cost ladders share (`examples/cost_ladder.rs`, `tair_ladder.rs` and
+//! `redlock_ladder.rs`): the least scripts that keep the backend's queue, the backend's own
+//! scripts (and the Tair emulation's) to call inline, the shuffled rounds of steps, and the
+//! report.
 //!
 //! A ladder starts from `dlock bench`'s floor and adds one guarantee per step; each step runs
 //! in blocks of 200 pairs, in a new order every round, so every step sees the same machine
@@ -16,7 +15,8 @@ use std::time::{Duration, Instant};
 use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, Wait};
 use redis::Script;
 
-use crate::node::scripts;
+use backend_redis::node::script_source;
+use backend_redis::tair;
 
 /// A step's failure.
 pub type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -66,10 +66,10 @@ pub struct RealScripts {
     /// The release of a lock the fast path granted, while its key is plain
     /// (`lua/release_plain.lua`): KEYS lock, fence; ARGV owner, token.
     pub release_plain: Script,
-    /// The fenced bench floor's acquire (`lua/floor_fenced.lua`): KEYS key, fence; ARGV value,
+    /// The fenced bench floor's acquire (`floor/lua/fenced_acquire.lua`): KEYS key, fence; ARGV value,
     /// ttl_ms.
     pub floor_fenced: Script,
-    /// The bench floor's compare-and-delete (`lua/floor_delete.lua`): KEYS key; ARGV value.
+    /// The bench floor's compare-and-delete (`floor/lua/delete.lua`): KEYS key; ARGV value.
     pub floor_delete: Script,
 }
 
@@ -77,11 +77,11 @@ impl RealScripts {
     /// The scripts as the backend sends them.
     pub fn load() -> Self {
         RealScripts {
-            try_fast: Script::new(&scripts::TRY_FAST.code),
-            release: Script::new(&scripts::RELEASE.code),
-            release_plain: Script::new(&scripts::RELEASE_PLAIN.code),
-            floor_fenced: Script::new(&scripts::FLOOR_FENCED.code),
-            floor_delete: Script::new(&scripts::FLOOR_DELETE.code),
+            try_fast: Script::new(node_script("try_fast.lua")),
+            release: Script::new(node_script("release.lua")),
+            release_plain: Script::new(node_script("release_plain.lua")),
+            floor_fenced: Script::new(include_str!("floor/lua/fenced_acquire.lua")),
+            floor_delete: Script::new(include_str!("floor/lua/delete.lua")),
         }
     }
 }
@@ -102,10 +102,18 @@ impl TairScripts {
     /// The scripts as the emulation sends them.
     pub fn load() -> Self {
         TairScripts {
-            try_fast: Script::new(&crate::tair::primitives::TRY_FAST.code),
-            unlock: Script::new(&crate::tair::primitives::UNLOCK.code),
+            try_fast: Script::new(tair_script("try_fast.lua")),
+            unlock: Script::new(tair_script("unlock.lua")),
         }
     }
+}
+
+fn node_script(file: &str) -> &'static str {
+    script_source(file).unwrap_or_else(|| panic!("backend-redis has no script {file}"))
+}
+
+fn tair_script(file: &str) -> &'static str {
+    tair::script_source(file).unwrap_or_else(|| panic!("the Tair emulation has no script {file}"))
 }
 
 /// Pairs per step and round.

@@ -21,7 +21,7 @@
 //! floor's (total pairs over total time), as `dlock bench` reports `fenced_floor.ratio`.
 //!
 //! ```text
-//! cargo run --release -p fencedlock-redis --example tair_ladder -- tair://127.0.0.1:6379 [rounds=100]
+//! cargo run --release -p fencedlock-bench --example tair_ladder -- tair://127.0.0.1:6379 [rounds=100]
 //! ```
 //!
 //! Use a server nobody else uses: it writes keys under the `{tair-ladder-*}` hash tags and
@@ -29,7 +29,7 @@
 
 use std::sync::Arc;
 
-use backend_redis::ladder::{self, Failure, OWNER, RealScripts, TairScripts};
+use dlock_bench::ladder::{self, Failure, OWNER, RealScripts, TairScripts};
 use lockcore::DistributedLock;
 use redis::aio::MultiplexedConnection;
 use redis::{Script, Value};

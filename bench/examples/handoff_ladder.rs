@@ -6,7 +6,7 @@
 //! holds). A hand-over is timed from the moment the holder starts giving the row up to the
 //! moment the next process may use it, as the bench times it, and the rate is set against the
 //! bench's limit, `1 / (hold + the backend's own floor pair)`, with the floor pair measured
-//! first through this crate's `raw_floor` (what `dlock bench` uses). Each step is one way to
+//! first through `dlock_bench::floor` (what `dlock bench` uses). Each step is one way to
 //! hand over, the least first:
 //!
 //! 1. **hand, ring**: one flushed `UPDATE` makes the next process the owner with the next
@@ -36,7 +36,7 @@
 //! On PostgreSQL the waiters' table is `UNLOGGED`, as this crate's queue tables are.
 //!
 //! ```text
-//! cargo run --release -p fencedlock-sql --example handoff_ladder -- URL [PROCESSES=8] [SECONDS=4]
+//! cargo run --release -p fencedlock-bench --example handoff_ladder -- URL [PROCESSES=8] [SECONDS=4]
 //! ```
 //!
 //! `URL` is a `postgres://` or `mysql://` URL as `dlock` takes it (`?sslmode=disable` and the
@@ -313,8 +313,10 @@ mod ring {
 
     /// The p50 of 500 pairs of the backend's raw floor, after 100 unmeasured.
     async fn floor_pair_us(url: &str) -> f64 {
-        let lock = backend_sql::connect(url).await.expect("connect the floor");
-        let floor = lock.raw_floor().expect("the SQL backend has a raw floor");
+        let floors = dlock_bench::floor::connect(url)
+            .await
+            .expect("connect the floor");
+        let floor = floors.raw.expect("a SQL database on file has a raw floor");
         let name = LockName::new("dlock-handoff-ladder/floor").expect("name");
         let mut pairs = Vec::with_capacity(500);
         for i in 0..600 {

@@ -4,21 +4,21 @@
 //! and adds one thing per step: drawing a fencing token in the acquire, the FIFO queue check as
 //! an `EXISTS queue` in both scripts, then the backend's real acquire (the owner echo in its
 //! reply; FIFO kept by the lock key's form instead of the `EXISTS`) and its real release of a
-//! lease that acquire granted (`release_plain.lua`: the token check; no `EXISTS`), as `backend_redis::ladder::RealScripts` hands them out, then
+//! lease that acquire granted (`release_plain.lua`: the token check; no `EXISTS`), as `dlock_bench::ladder::RealScripts` hands them out, then
 //! this backend through `DistributedLock`, then lockcore's `lock()` and guard. The steps
 //! alternate in blocks of 200 pairs, in a new order each round, so they see the same machine
 //! load; each prints its median, mean and p90 pair, and its pairs/s relative to the floor's
 //! (total pairs over total time).
 //!
 //! ```text
-//! cargo run --release -p fencedlock-redis --example cost_ladder -- redis://127.0.0.1:6379 [rounds=100]
+//! cargo run --release -p fencedlock-bench --example cost_ladder -- redis://127.0.0.1:6379 [rounds=100]
 //! ```
 //!
 //! Use a server nobody else uses: it writes keys under the `{ladder-*}` hash tags and `dlock`.
 
 use std::sync::Arc;
 
-use backend_redis::ladder::{self, FAIR, FAIR_DELETE, Failure, OWNER, RealScripts};
+use dlock_bench::ladder::{self, FAIR, FAIR_DELETE, Failure, OWNER, RealScripts};
 use lockcore::DistributedLock;
 use redis::Script;
 use redis::aio::MultiplexedConnection;

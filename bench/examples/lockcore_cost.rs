@@ -5,7 +5,7 @@
 //! renewer task woken per guard would show as CPU above 1.0 × wall).
 //!
 //! ```text
-//! cargo run --release -p fencedlock-core --example lockcore_cost -- [pairs=200000]
+//! cargo run --release -p fencedlock-bench --example lockcore_cost -- [pairs=200000]
 //! ```
 
 use std::sync::Arc;

@@ -7,7 +7,7 @@
 //! p50 and the node timeout in force.
 //!
 //! ```text
-//! cargo run --release -p fencedlock-redlock --example redlock_blackhole -- \
+//! cargo run --release -p fencedlock-bench --example redlock_blackhole -- \
 //!     'redlock://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103,127.0.0.1:7104,127.0.0.1:7105?node_timeout=20ms' \
 //!     "$(cat /path/to/7105.pid)" [samples=200]
 //! ```
@@ -63,7 +63,8 @@ async fn main() -> lockcore::Result<()> {
         .keep_alive(KeepAlive::Off)
         .wait(Wait::No);
     let name = LockName::new("redlock-blackhole")?;
-    let floor = lock.fenced_floor().expect("redlock has a fenced floor");
+    let floors = dlock_bench::floor::connect(&url).await?;
+    let floor = floors.fenced.expect("redlock has a fenced floor");
     let floor_name = LockName::new("redlock-blackhole-floor")?;
     let mut floor_pairs = Vec::with_capacity(samples);
     for _ in 0..samples {
