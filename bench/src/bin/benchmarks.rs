@@ -1,0 +1,300 @@
+//! Writes `docs/benchmarks.md` whole: `dlock bench` against every backend on servers the test
+//! kit starts, each figure the median of interleaved runs, with the machine, date and build at
+//! the top. Given a second `dlock` binary (`--baseline`), runs it in turn with the first on the
+//! same servers and reports both, so a change is judged against the bench's own noise.
+//!
+//! ```text
+//! scripts/benchmarks [--runs N] [--baseline PATH] [--only sqlite,redis,...]
+//! ```
+//! (the script builds the release binaries and calls this with `--dlock target/release/dlock`).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+
+use conformance_tests::spawn::{SpawnName, Stack};
+use serde_json::Value;
+
+/// The backends measured, in the order of the report.
+const BACKENDS: &[SpawnName] = &[
+    SpawnName::Sqlite,
+    SpawnName::Postgres,
+    SpawnName::Mariadb,
+    SpawnName::Redis,
+    SpawnName::Tair,
+    SpawnName::Redlock3,
+    SpawnName::Zk,
+];
+
+/// What `dlock bench` is asked for each run: one uncontended client beside the floors, then 8
+/// contending clients holding 1 ms.
+const BENCH_ARGS: &[&str] = &[
+    "bench",
+    "--mode",
+    "all",
+    "--duration",
+    "2s",
+    "--warmup",
+    "500ms",
+    "--clients",
+    "8",
+    "--hold",
+    "1ms",
+    "--json",
+];
+
+struct Options {
+    dlock: PathBuf,
+    baseline: Option<PathBuf>,
+    runs: usize,
+    only: Option<Vec<String>>,
+    out: PathBuf,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: benchmarks --dlock PATH [--baseline PATH] [--runs N (odd, default 5)] \
+         [--only sqlite,postgres,...] [--out docs/benchmarks.md]"
+    );
+    std::process::exit(2)
+}
+
+fn options() -> Options {
+    let mut o = Options {
+        dlock: PathBuf::new(),
+        baseline: None,
+        runs: 5,
+        only: None,
+        out: PathBuf::from("docs/benchmarks.md"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().unwrap_or_else(|| usage());
+        match flag.as_str() {
+            "--dlock" => o.dlock = value.into(),
+            "--baseline" => o.baseline = Some(value.into()),
+            "--runs" => {
+                o.runs = value
+                    .parse()
+                    .ok()
+                    .filter(|n| n % 2 == 1)
+                    .unwrap_or_else(|| usage())
+            }
+            "--only" => o.only = Some(value.split(',').map(str::to_owned).collect()),
+            "--out" => o.out = value.into(),
+            _ => usage(),
+        }
+    }
+    if o.dlock.as_os_str().is_empty() {
+        usage();
+    }
+    for binary in std::iter::once(&o.dlock).chain(&o.baseline) {
+        if !binary.is_file() {
+            eprintln!("benchmarks: no dlock binary at {}", binary.display());
+            std::process::exit(2);
+        }
+    }
+    o
+}
+
+/// One run's figures, from `dlock bench --json`.
+#[derive(Clone, Copy, Default)]
+struct Figures {
+    pairs_per_sec: f64,
+    /// dlock's pairs/s over the floor with its guarantee (the fenced floor where there is one).
+    of_floor: Option<f64>,
+    /// That floor against itself over the same run: the bench's own noise.
+    floor_self: Option<f64>,
+    acquisitions_per_sec: f64,
+    /// Contended acquisitions over the limit `holders / (hold + floor pair)`.
+    of_limit: Option<f64>,
+}
+
+fn figures(report: &Value) -> Figures {
+    let u = &report["uncontended"];
+    let floor = if u["fenced_floor"].is_object() {
+        &u["fenced_floor"]
+    } else {
+        &u["floor"]
+    };
+    let c = &report["contended"];
+    Figures {
+        pairs_per_sec: u["pairs_per_sec"].as_f64().unwrap_or(0.0),
+        of_floor: floor["ratio"].as_f64(),
+        floor_self: floor["self_ratio"].as_f64(),
+        acquisitions_per_sec: c["acquisitions_per_sec"].as_f64().unwrap_or(0.0),
+        of_limit: c["of_limit"].as_f64(),
+    }
+}
+
+fn bench(binary: &PathBuf, url: &str, extra: &[&str]) -> Result<Figures, String> {
+    let out = Command::new(binary)
+        .args(BENCH_ARGS)
+        .args(extra)
+        .arg("--url")
+        .arg(url)
+        .output()
+        .map_err(|e| format!("{}: {e}", binary.display()))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+    }
+    let report: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    Ok(figures(&report))
+}
+
+/// The median and the range of `values`.
+fn spread(mut values: Vec<f64>) -> Option<(f64, f64, f64)> {
+    values.retain(|v| v.is_finite());
+    values.sort_by(f64::total_cmp);
+    let mid = *values.get(values.len() / 2)?;
+    Some((mid, values[0], values[values.len() - 1]))
+}
+
+fn cell(values: Vec<f64>, digits: usize) -> String {
+    match spread(values) {
+        Some((m, lo, hi)) => format!("{m:.digits$} ({lo:.digits$}–{hi:.digits$})"),
+        None => "–".into(),
+    }
+}
+
+fn column(runs: &[Figures], of: impl Fn(&Figures) -> Option<f64>) -> Vec<f64> {
+    runs.iter().filter_map(of).collect()
+}
+
+/// One table row per build: the medians of its runs, each with its range.
+fn row(label: &str, runs: &[Figures]) -> String {
+    format!(
+        "| {label} | {} | {} | {} | {} | {} |\n",
+        cell(column(runs, |f| Some(f.pairs_per_sec)), 0),
+        cell(column(runs, |f| f.of_floor), 3),
+        cell(column(runs, |f| f.floor_self), 3),
+        cell(column(runs, |f| Some(f.acquisitions_per_sec)), 0),
+        cell(column(runs, |f| f.of_limit), 3),
+    )
+}
+
+fn shell(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_gib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+    format!(
+        "{model}, {cores} cores, {mem_gib:.0} GiB, {}",
+        shell("uname", &["-sr"])
+    )
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let o = options();
+    let builds: Vec<(&str, &PathBuf)> = match &o.baseline {
+        Some(base) => vec![("before", base), ("after", &o.dlock)],
+        None => vec![("dlock", &o.dlock)],
+    };
+    let mut doc = String::new();
+    let _ = writeln!(doc, "# Benchmarks\n");
+    let _ = writeln!(
+        doc,
+        "Written whole by `scripts/benchmarks`; every run replaces it.\n\n\
+         - Machine: {}\n- Date: {} UTC\n- Build: {} at {}, {}, release profile\n",
+        machine(),
+        shell("date", &["-u", "+%Y-%m-%d %H:%M"]),
+        shell(&o.dlock.display().to_string(), &["--version"]),
+        shell("git", &["describe", "--always", "--dirty"]),
+        shell("rustc", &["--version"]),
+    );
+    let _ = writeln!(
+        doc,
+        "Each backend runs on servers the test kit starts on this machine. A run is `dlock {}`; \
+         each cell is the median of {} runs and their range. `× floor` is dlock's uncontended \
+         pairs/s over the floor with the same guarantee (fenced where there is one), measured in \
+         alternating 200 ms turns; `floor ÷ itself` is that floor's odd turns over its even \
+         ones, the bench's own noise: a difference smaller than its distance from 1 is noise. \
+         `× limit` is contended acquisitions/s over `holders / (hold + floor pair)`.{}\n",
+        BENCH_ARGS.join(" "),
+        o.runs,
+        if o.baseline.is_some() {
+            " `before` and `after` are two builds run in turn on the same servers."
+        } else {
+            ""
+        },
+    );
+    let _ = writeln!(
+        doc,
+        "| backend | pairs/s | × floor | floor ÷ itself | contended/s | × limit |\n|---|---|---|---|---|---|"
+    );
+    for &name in BACKENDS {
+        if o.only
+            .as_ref()
+            .is_some_and(|only| !only.iter().any(|n| n == name.as_str()))
+        {
+            continue;
+        }
+        eprintln!("benchmarks: {name}: starting its servers");
+        let stack = match Stack::start(name, 1).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = writeln!(doc, "| {name} | not run: {} | | | | |", e.message());
+                continue;
+            }
+        };
+        let mut runs: Vec<Vec<Figures>> = vec![Vec::new(); builds.len()];
+        let mut failed = None;
+        for r in 0..o.runs {
+            // Alternate which build goes first, so neither always runs on a warmer store.
+            for i in 0..builds.len() {
+                let i = if r % 2 == 0 { i } else { builds.len() - 1 - i };
+                eprintln!(
+                    "benchmarks: {name}: {} run {}/{}",
+                    builds[i].0,
+                    r + 1,
+                    o.runs
+                );
+                match bench(builds[i].1, &stack.direct_url, &[]) {
+                    Ok(f) => runs[i].push(f),
+                    Err(e) => failed = Some(e),
+                }
+            }
+        }
+        for ((label, _), figures) in builds.iter().zip(&runs) {
+            let label = if builds.len() > 1 {
+                format!("{name} {label}")
+            } else {
+                name.to_string()
+            };
+            doc.push_str(&row(&label, figures));
+        }
+        if let Some(e) = failed {
+            let _ = writeln!(
+                doc,
+                "| {name} | a run failed: {} | | | | |",
+                e.replace('\n', " ")
+            );
+        }
+        drop(stack);
+    }
+    if let Err(e) = std::fs::write(&o.out, doc) {
+        eprintln!("benchmarks: cannot write {}: {e}", o.out.display());
+        std::process::exit(1);
+    }
+    eprintln!("benchmarks: wrote {}", o.out.display());
+}
