@@ -24,7 +24,7 @@ pub const FENCING_ASSUMPTION: &str = "tokens of dual clients come from the secon
      one increasing sequence only while the migration phases are followed (no first-only and \
      second-only clients at the same time)";
 
-/// What a dual fencing guarantee assumes when the second store cannot carry a token floor
+/// What a dual fencing guarantee assumes when the second store cannot carry a token minimum
 /// (ZooKeeper second).
 pub const UNCARRIED_ASSUMPTION: &str = "tokens are the second store's own (it cannot raise them \
      to the first store's): strict among dual clients, but not ordered with the tokens of \
@@ -76,11 +76,11 @@ enum Attempt {
 /// two dual clients never deadlock), released and extended on both, lost when either side is
 /// lost. Waiting happens in the first store's queue. The token is the second store's, whose
 /// counter is carried to at least the first store's token in the granting step
-/// ([`AcquireOptions::token_floor`]), so one fenced resource sees one increasing sequence from
+/// ([`AcquireOptions::min_token`]), so one fenced resource sees one increasing sequence from
 /// first-only, dual and second-only clients while the migration phases are followed.
 ///
 /// Any two stores compose; the token order across a migration needs a second store that can
-/// carry a token floor (every backend but ZooKeeper). Read-write locks when both have them.
+/// carry a token minimum (every backend but ZooKeeper). Read-write locks when both have them.
 pub struct DualLock {
     first: Arc<dyn DistributedLock>,
     second: Arc<dyn DistributedLock>,
@@ -100,7 +100,7 @@ impl fmt::Debug for DualLock {
 }
 
 impl DualLock {
-    /// Composes two connected stores. A second store that cannot carry a token floor
+    /// Composes two connected stores. A second store that cannot carry a token minimum
     /// (ZooKeeper, which assigns its tokens itself) is accepted with a weaker fencing claim
     /// ([`UNCARRIED_ASSUMPTION`]) and a warning: such a pair keeps mutual exclusion through a
     /// migration, but not one token order.
@@ -129,7 +129,7 @@ impl DualLock {
         } else {
             Expiry::Ttl
         };
-        let assumption = if c2.token_floor {
+        let assumption = if c2.min_token {
             FENCING_ASSUMPTION
         } else {
             UNCARRIED_ASSUMPTION
@@ -144,11 +144,11 @@ impl DualLock {
         .native(crate::native_of(c1.native, c2.native))
         .shared_across_processes(c1.shared_across_processes && c2.shared_across_processes)
         .bounded_requests(c1.bounded_requests && c2.bounded_requests)
-        .token_floor(c2.token_floor)
+        .min_token(c2.min_token)
         // A name must be usable on both stores (ZooKeeper in Curator's or kazoo's layout takes
         // only znode paths).
         .path_names(c1.path_names || c2.path_names);
-        if !c2.token_floor {
+        if !c2.min_token {
             tracing::warn!(
                 second = c2.backend,
                 "the second store cannot raise its tokens to the first store's: dual tokens are \

@@ -41,7 +41,7 @@ fn main() -> ExitCode {
             common::dual,
         ),
     );
-    // The other way round: a second store that cannot carry a token floor. Cases only; the
+    // The other way round: a second store that cannot carry a token minimum. Cases only; the
     // fault scenarios run on the ZooKeeper-first pair above.
     let redis_zk = conformance_tests::registry()
         .iter()
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
                     c.name,
                     Expect::NotApplicable(
                         "the fault scenarios run on dual_zk_redis; this pair checks the cases \
-                         with a second store that cannot carry a token floor",
+                         with a second store that cannot carry a token minimum",
                     ),
                 )
             },

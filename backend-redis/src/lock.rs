@@ -184,8 +184,8 @@ impl DistributedLock for RedisLock {
         // `timeout`, and connecting is bounded by it too. The Cluster client retries a request
         // after a timeout, so there lockcore keeps its own bound.
         .bounded_requests(!self.inner.node.is_cluster())
-        // The acquire scripts raise the fence counter to the floor in the granting step.
-        .token_floor(true)
+        // The acquire scripts raise the fence counter to the minimum in the granting step.
+        .min_token(true)
     }
 
     fn defaults(&self) -> ClientDefaults {

@@ -47,16 +47,19 @@ impl Hold {
         owner: OwnerId,
         opts: &AcquireOptions,
         mode: Mode,
-        floor: u64,
+        min_token: u64,
         queued: bool,
     ) -> Result<AttemptReply> {
         let now = match (self, mode) {
-            (Hold::Lock, Mode::Try) => return node.try_attempt(name, owner, opts, floor).await,
-            (Hold::Lock, _) => node.acquire(name, owner, opts, mode, floor).await?,
-            (Hold::Read, _) => node.acquire_shared(name, owner, opts, mode, floor).await?,
+            (Hold::Lock, Mode::Try) => return node.try_attempt(name, owner, opts, min_token).await,
+            (Hold::Lock, _) => node.acquire(name, owner, opts, mode, min_token).await?,
+            (Hold::Read, _) => {
+                node.acquire_shared(name, owner, opts, mode, min_token)
+                    .await?
+            }
             (Hold::Permit(n), _) => {
                 return node
-                    .acquire_permit(name, owner, opts, mode, floor, n, queued)
+                    .acquire_permit(name, owner, opts, mode, min_token, n, queued)
                     .await;
             }
         };
@@ -115,7 +118,7 @@ pub(crate) trait Queued: Clone + Send + Sync + 'static {
         owner: OwnerId,
         opts: &AcquireOptions,
         mode: Mode,
-        floor: u64,
+        min_token: u64,
         started: Instant,
         queued: Option<Instant>,
     ) -> impl Future<Output = Result<Step>> + Send;
@@ -161,13 +164,21 @@ impl Queued for OnNode {
         owner: OwnerId,
         opts: &AcquireOptions,
         mode: Mode,
-        floor: u64,
+        min_token: u64,
         started: Instant,
         queued: Option<Instant>,
     ) -> Result<Step> {
         let reply = self
             .hold
-            .attempt(&self.node, name, owner, opts, mode, floor, queued.is_some())
+            .attempt(
+                &self.node,
+                name,
+                owner,
+                opts,
+                mode,
+                min_token,
+                queued.is_some(),
+            )
             .await?;
         Ok(match reply {
             AttemptReply::Now(AcquireReply::Granted(token)) => {
@@ -230,13 +241,13 @@ pub(crate) async fn try_acquire(
     hold: Hold,
 ) -> Result<Option<Lease>> {
     let started = Instant::now();
-    let floor = node::floor_arg(BACKEND, opts)?;
+    let min_token = node::min_token_arg(BACKEND, opts)?;
     let owner = opts.owner_or_random();
     // Until the reply is in: a dropped or failed request may still have granted the lock.
     let attempt = (node.clone(), name.clone(), owner, hold);
     let guard = CleanupGuard::arm(BACKEND, name, attempt, leave);
     let reply = hold
-        .attempt(node, name, owner, opts, Mode::Try, floor, false)
+        .attempt(node, name, owner, opts, Mode::Try, min_token, false)
         .await?;
     let _ = guard.disarm();
     Ok(match reply {
@@ -278,7 +289,7 @@ pub(crate) async fn wait<Q: Queued>(
     opts: &AcquireOptions,
     deadline: Option<Instant>,
 ) -> Result<Option<Lease>> {
-    let floor = node::floor_arg(Q::BACKEND, opts)?;
+    let min_token = node::min_token_arg(Q::BACKEND, opts)?;
     let owner = opts.owner_or_random();
     let waiter = owner.to_string();
     let node = q.node();
@@ -295,7 +306,7 @@ pub(crate) async fn wait<Q: Queued>(
     let mut queued: Option<Instant> = None;
     loop {
         let started = Instant::now();
-        let step = q.attempt(name, owner, opts, Mode::Wait, floor, started, queued);
+        let step = q.attempt(name, owner, opts, Mode::Wait, min_token, started, queued);
         let (pttl, rank) = match step.await? {
             Step::Granted(lease) => {
                 let _ = guard.disarm();

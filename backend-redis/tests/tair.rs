@@ -149,7 +149,7 @@ async fn the_reentrant_form_counts_per_owner_and_balances() {
     assert!(version3 > version);
 }
 
-/// A token floor lifts the version in the granting step, for a writer's `expireLock` and for a
+/// A token minimum lifts the version in the granting step, for a writer's `expireLock` and for a
 /// reader's entry alike, and the next plain hold continues above it; a floor below the version
 /// changes nothing. The caller's owner id is the one the hash records.
 /// dlock's single attempt (`try_acquire`) sends the short `try_fast.lua` first. A writer holding
@@ -196,14 +196,14 @@ async fn a_single_attempt_falls_back_to_the_full_script_where_it_must() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn token_floors_lift_the_version_for_writers_and_readers() {
+async fn min_tokens_lift_the_version_for_writers_and_readers() {
     let redis = Redis::shared().await.expect("kit redis");
     let t = tair(redis).await;
     let n = name(&format!("floor/{:08x}", rand::random::<u32>()));
     let opts = |floor: u64| {
         AcquireOptions::new()
             .ttl(30 * SEC)
-            .token_floor(FencingToken(floor))
+            .min_token(FencingToken(floor))
     };
     let version = || async {
         let key = format!("{{dlock:{}}}:tair", n.escaped());

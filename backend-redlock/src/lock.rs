@@ -282,9 +282,9 @@ impl DistributedLock for RedlockLock {
         .native(crate::NATIVE)
         // Every node request is bounded by the node timeout.
         .bounded_requests(true)
-        // The token is lifted to the floor and written back to a majority before it is
+        // The token is lifted to the minimum and written back to a majority before it is
         // returned.
-        .token_floor(true)
+        .min_token(true)
     }
 
     fn defaults(&self) -> ClientDefaults {

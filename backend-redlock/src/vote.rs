@@ -97,7 +97,7 @@ impl Masters {
             .iter()
             .enumerate()
             .map(|(i, n)| async move {
-                // No floor on the nodes: the acquirer lifts the token to it and the
+                // No minimum on the nodes: the acquirer lifts the token to it and the
                 // write-back carries it (see `decide`).
                 let reply = if mode == Mode::Try {
                     n.node.try_once(name, owner, opts, 0).await
@@ -254,12 +254,12 @@ impl Masters {
         if tally.granted.len() >= q {
             // Above every counter heard of: the granting nodes' counters already count this
             // grant; a refusing node's counter may be its holder's token. At least the
-            // caller's floor: the write-back below carries it to the granting nodes' counters
+            // caller's minimum: the write-back below carries it to the granting nodes' counters
             // before the lease is returned, as it does for any token above theirs.
             let granted = tally.granted.iter().map(|(_, t)| *t);
             let refused = tally.refused.iter().map(|(_, _, _, f)| f + 1);
-            let floor = opts.token_floor_value().map_or(0, |f| f.0);
-            let token = granted.chain(refused).max().unwrap_or(1).max(floor);
+            let min_token = opts.min_token_value().map_or(0, |f| f.0);
+            let token = granted.chain(refused).max().unwrap_or(1).max(min_token);
             let limit = self.node_limit(opts.ttl_value());
             let written = self.write_back(name, &tally.granted, token, limit).await;
             if written < q {

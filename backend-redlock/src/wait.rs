@@ -51,7 +51,7 @@ pub(crate) async fn try_acquire(
     name: &LockName,
     opts: &AcquireOptions,
 ) -> Result<Option<Lease>> {
-    node::floor_arg(BACKEND, opts)?;
+    node::min_token_arg(BACKEND, opts)?;
     let owner = opts.owner_or_random();
     for _ in 0..SPLIT_RETRIES {
         match vote::attempt(masters, name, owner, opts, Mode::Try).await? {
@@ -74,7 +74,7 @@ pub(crate) async fn acquire_wait(
     opts: &AcquireOptions,
     deadline: Option<Instant>,
 ) -> Result<Option<Lease>> {
-    node::floor_arg(BACKEND, opts)?;
+    node::min_token_arg(BACKEND, opts)?;
     let owner = opts.owner_or_random();
     let waiter = owner.to_string();
     // Registered before the first request, so a wake-up that names us is never dropped.

@@ -146,7 +146,7 @@ async fn a_floored_grant_writes_the_floor_back_so_later_tokens_are_higher() {
     occupy(&set.nodes()[2], name).await;
     let floor = 1000u64;
     let g = client
-        .try_lock(name, &once(10 * SEC).token_floor(FencingToken(floor)))
+        .try_lock(name, &once(10 * SEC).min_token(FencingToken(floor)))
         .await
         .expect("acquire")
         .expect("a majority is free");

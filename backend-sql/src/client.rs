@@ -9,7 +9,7 @@ use lockcore::{
     AcquireOptions, ClientDefaults, Lease, LockName, OwnerId, Released, Result, WaitMechanism,
 };
 
-use crate::common::{Core, Pending, detached, floor_of, token};
+use crate::common::{Core, Pending, detached, min_token_of, token};
 use crate::config::SqlConfig;
 use crate::dialect::{Dialect, Statements, held};
 use crate::statement::{Args, Reply, Stmt};
@@ -426,14 +426,14 @@ impl<D: Dialect> Client<D> {
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
-        let floor = floor_of(D::BACKEND, opts)?;
+        let min_token = min_token_of(D::BACKEND, opts)?;
         let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
         // The acquire statement; its reply counts the tries.
         let statement = {
             let (client, name) = (self.clone(), name.clone());
             async move {
-                let args = Args::of(&name).owner(owner).ttl(ttl).floor(floor);
+                let args = Args::of(&name).owner(owner).ttl(ttl).min_token(min_token);
                 client
                     .core
                     .reply("acquire", &client.sql.acquire, args)

@@ -345,18 +345,18 @@ pub(crate) fn token(fence: i64) -> lockcore::FencingToken {
     lockcore::FencingToken(u64::try_from(fence).unwrap_or(0))
 }
 
-/// The token floor of `opts` as a bind for the acquiring statement's
-/// `fence = GREATEST(fence + 1, floor)`: 0 when none is set (fences start at 1). The fence column
-/// is a signed 64-bit integer, so a floor above `i64::MAX` is refused before any I/O.
-pub(crate) fn floor_of(backend: &'static str, opts: &lockcore::AcquireOptions) -> Result<i64> {
-    let Some(floor) = opts.token_floor_value() else {
+/// The token minimum of `opts` as a bind for the acquiring statement's
+/// `fence = GREATEST(fence + 1, min_token)`: 0 when none is set (fences start at 1). The fence column
+/// is a signed 64-bit integer, so a minimum above `i64::MAX` is refused before any I/O.
+pub(crate) fn min_token_of(backend: &'static str, opts: &lockcore::AcquireOptions) -> Result<i64> {
+    let Some(min_token) = opts.min_token_value() else {
         return Ok(0);
     };
-    i64::try_from(floor.0).map_err(|_| {
+    i64::try_from(min_token.0).map_err(|_| {
         Error::invalid_argument(
-            "token_floor",
+            "min_token",
             format!(
-                "{backend} keeps fences in a signed 64-bit column: a floor of {floor} does not fit"
+                "{backend} keeps fences in a signed 64-bit column: a min_token of {min_token} does not fit"
             ),
         )
     })

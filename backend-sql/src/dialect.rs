@@ -83,7 +83,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
 
     /// One attempt (`try_acquire`, a waiting acquire's first): takes the row if it is free,
     /// expired or already ours and no live waiter is queued, setting the fence to
-    /// `GREATEST(fence + 1, $floor)`; hands back the fence if granted.
+    /// `GREATEST(fence + 1, $min_token)`; hands back the fence if granted.
     fn acquire(s: &Sql) -> Stmt;
 
     /// A queued waiter's attempt: as [`acquire`](Self::acquire), but only when no live waiter
@@ -93,13 +93,13 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// Writes the semaphore row of `$name`, inserting it if new: the first statement of every
     /// semaphore transaction, which takes the row's lock (PostgreSQL, MySQL) or the database's
     /// write lock (SQLite) until the transaction ends. With `bump`, it sets the fence to
-    /// `GREATEST(fence + 1, $floor)` (a new row: `GREATEST(1, $floor)`) and hands it back as
+    /// `GREATEST(fence + 1, $min_token)` (a new row: `GREATEST(1, $min_token)`) and hands it back as
     /// its value; without, it leaves the fence as it is (a new row: 0).
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt;
 
     /// The first statement of a reader's grant transaction: inserts the lease row of `$name`
-    /// if missing (free: owner NULL, fence `GREATEST(1, $floor)`), else sets its fence to
-    /// `GREATEST(fence + 1, $floor)`, which takes the row's lock (PostgreSQL, MySQL) or the
+    /// if missing (free: owner NULL, fence `GREATEST(1, $min_token)`), else sets its fence to
+    /// `GREATEST(fence + 1, $min_token)`, which takes the row's lock (PostgreSQL, MySQL) or the
     /// database's write lock (SQLite) until the transaction ends; hands the fence back as its
     /// value. Writers (the mutex's single-statement acquire) write the same row, so they and
     /// the reader's transaction take turns.

@@ -31,7 +31,7 @@ const KEPT_FOR: Duration = Duration::from_secs(60);
 ///
 /// At most [`KEPT`] are kept, and always fewer than the pool's size, so that what takes a
 /// connection from the pool directly (the MySQL routines' install at connect) finds one there.
-/// Every statement, the raw floor's too, first takes one of as many [`slot`](Self::slot)s as
+/// Every statement first takes one of as many [`slot`](Self::slot)s as
 /// the pool has connections, in arrival order, and holds it until its connection is kept or
 /// given back: so a statement never waits in the pool while a connection sits here, and with a
 /// slot it finds one here or room in the pool. One unused for [`KEPT_IDLE`] goes back to the

@@ -95,9 +95,9 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         // Read-write locks (`crate::read`) and counting semaphores (`crate::semaphore`).
         .native(crate::NATIVE)
         .shared_across_processes(self.client.dialect.shared_across_processes())
-        // The acquiring statement sets the fence to GREATEST(fence + 1, floor) (SQLite:
-        // MAX(fence + 1, floor)).
-        .token_floor(true)
+        // The acquiring statement sets the fence to GREATEST(fence + 1, min_token) (SQLite:
+        // MAX(fence + 1, min_token)).
+        .min_token(true)
     }
 
     fn defaults(&self) -> ClientDefaults {

@@ -32,7 +32,7 @@
 //! refreshed within `dialect::HAND_FRESH`; a waiter that died in that window holds the lock
 //! until the handed lease runs out, as a holder that dies does. A waiter whose ttl differs
 //! from the releaser's by more than a tenth extends the row to its own before it returns, and
-//! one below its token floor takes the row again with a greater fence. Where the statement did
+//! one below its token minimum takes the row again with a greater fence. Where the statement did
 //! not also dequeue the new owner (MySQL), it deletes its waiter row in the background, and its
 //! own release waits for that delete first (a later holder's release would otherwise hand the
 //! lock to the row again, to an owner id nobody waits as). A waiter that leaves or is dropped
@@ -50,7 +50,7 @@ use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result};
 
 use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, queued};
-use crate::common::{Pending, detached, floor_of, from_micros};
+use crate::common::{Pending, detached, from_micros, min_token_of};
 use crate::dialect::{Dialect, held};
 use crate::statement::{Args, SqlDb};
 use crate::wake::{Handed, Join, Secret, Terms};
@@ -116,13 +116,13 @@ impl Attempt {
     /// A live row already the waiter's, as a look sent at `seen` (or the join a hand-over's
     /// notification names) reported it: its fence, its time left, the ticket of the waiter
     /// first in line behind it. Handed over, unless there is no such row or its fence is below
-    /// the caller's token `floor` (the next grant then takes the row again with a greater one).
+    /// the caller's token `min_token` (the next grant then takes the row again with a greater one).
     fn handed(
         (fence, left, head): (Option<i64>, Option<Duration>, Option<i64>),
         seen: Instant,
-        floor: i64,
+        min_token: i64,
     ) -> Option<Attempt> {
-        let (fence, left) = (fence.filter(|f| *f >= floor)?, left?);
+        let (fence, left) = (fence.filter(|f| *f >= min_token)?, left?);
         Some(Attempt::Handed {
             fence,
             left,
@@ -189,8 +189,8 @@ impl<D: Dialect> Client<D> {
     /// (PostgreSQL), a grant has also deleted the waiter's row. `woken`: whether a wake-up
     /// started this round (a permit waiter then skips its look). The statement that may grant
     /// runs detached (`common::detached`), undone with [`leave`](Self::leave) if the caller is
-    /// gone when it completes. A grant sets the fence to `GREATEST(fence + 1, floor)` (`floor` 0
-    /// = none, see `common::floor_of`).
+    /// gone when it completes. A grant sets the fence to `GREATEST(fence + 1, min_token)` (`min_token` 0
+    /// = none, see `common::min_token_of`).
     #[allow(clippy::too_many_arguments)]
     async fn attempt(
         self: &Arc<Self>,
@@ -198,16 +198,21 @@ impl<D: Dialect> Client<D> {
         waiter: OwnerId,
         ticket: i64,
         ttl: Duration,
-        floor: i64,
+        min_token: i64,
         kind: Kind,
         woken: bool,
     ) -> Result<Attempt> {
         match kind {
             Kind::Permits(permits) => {
-                let attempt = self.permit_attempt(name, waiter, ticket, permits, ttl, floor, woken);
+                let attempt =
+                    self.permit_attempt(name, waiter, ticket, permits, ttl, min_token, woken);
                 return attempt.await;
             }
-            Kind::Read => return self.read_attempt(name, waiter, ticket, ttl, floor).await,
+            Kind::Read => {
+                return self
+                    .read_attempt(name, waiter, ticket, ttl, min_token)
+                    .await;
+            }
             Kind::Lock => {}
         }
         let mut ahead = None;
@@ -221,7 +226,7 @@ impl<D: Dialect> Client<D> {
                     .reply("acquire", claim, Args::of(name).owner(waiter));
                 let mine = mine.await?;
                 let row = (mine.value(), from_micros(mine.second()), mine.col(2));
-                if let Some(handed) = Attempt::handed(row, sent, floor) {
+                if let Some(handed) = Attempt::handed(row, sent, min_token) {
                     return Ok(handed);
                 }
             }
@@ -231,7 +236,7 @@ impl<D: Dialect> Client<D> {
             let args = Args::of(name).owner(waiter).ticket(ticket);
             let seen = self.core.reply("acquire", probe, args).await?;
             let row = (seen.col(2), from_micros(seen.col(3)), seen.col(4));
-            if let Some(handed) = Attempt::handed(row, sent, floor) {
+            if let Some(handed) = Attempt::handed(row, sent, min_token) {
                 return Ok(handed);
             }
             let holder_left = from_micros(seen.second());
@@ -246,7 +251,7 @@ impl<D: Dialect> Client<D> {
         let sent = Instant::now();
         let statement = async move {
             let args = Args::of(&name2).owner(waiter).ttl(ttl);
-            let args = args.ticket(ticket).floor(floor);
+            let args = args.ticket(ticket).min_token(min_token);
             client
                 .core
                 .reply("acquire", &client.sql.wait_acquire, args)
@@ -257,7 +262,11 @@ impl<D: Dialect> Client<D> {
         let holder_left = from_micros(reply.second());
         // Where the statement reports a live row already ours (PostgreSQL: a release handed
         // it over), columns 3 and 4 hold its fence and time left.
-        let mine = Attempt::handed((reply.col(3), from_micros(reply.col(4)), None), sent, floor);
+        let mine = Attempt::handed(
+            (reply.col(3), from_micros(reply.col(4)), None),
+            sent,
+            min_token,
+        );
         Ok(match (reply.value(), mine) {
             (Some(fence), _) => Attempt::Granted {
                 fence,
@@ -381,7 +390,7 @@ pub(crate) async fn acquire<D: Dialect>(
     opts: &AcquireOptions,
     deadline: Option<Instant>,
 ) -> Result<Option<Lease>> {
-    let floor = floor_of(D::BACKEND, opts)?;
+    let min_token = min_token_of(D::BACKEND, opts)?;
     // Uncontended (or the queue is empty and the lock free): one round trip, no queue row.
     let first = match kind {
         // (The queue's first round makes the attempt instead; never for an acquire that
@@ -412,7 +421,7 @@ pub(crate) async fn acquire<D: Dialect>(
     let terms = match kind {
         Kind::Permits(permits) => Some(Terms {
             ttl,
-            floor,
+            min_token,
             permits,
         }),
         Kind::Lock | Kind::Read => None,
@@ -463,12 +472,12 @@ pub(crate) async fn acquire<D: Dialect>(
         // Or a release elsewhere handed this waiter the lock's row and said so (PostgreSQL's
         // `H` notification, taken only for this waiter's current join and only with the tag
         // of the secret it stored in its row): the row is ours with
-        // that fence for at least `ttl` from `sent`. Below the caller's token floor, the next
+        // that fence for at least `ttl` from `sent`. Below the caller's token minimum, the next
         // attempt takes the row again with a greater fence.
         let handed = wake.take_handed();
         let found = match handed {
             Some(h) if h.ttl.is_some() => {
-                Attempt::handed((Some(h.fence), h.ttl, None), h.sent, floor)
+                Attempt::handed((Some(h.fence), h.ttl, None), h.sent, min_token)
             }
             Some(h) => Some(Attempt::Granted {
                 fence: h.fence,
@@ -500,7 +509,7 @@ pub(crate) async fn acquire<D: Dialect>(
                         holder_left: None,
                     },
                     false => {
-                        q.attempt(name, waiter, ticket, ttl, floor, kind, woken)
+                        q.attempt(name, waiter, ticket, ttl, min_token, kind, woken)
                             .await?
                     }
                 };

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use lockcore::{AcquireOptions, Lease, LockName, OwnerId, Released, Result};
 
 use crate::client::{Client, reader};
-use crate::common::{Pending, detached, floor_of, from_micros};
+use crate::common::{Pending, detached, from_micros, min_token_of};
 use crate::dialect::{Dialect, ReadStatements, held};
 use crate::queue::Attempt;
 use crate::statement::{Args, Reply, SqlDb, begin};
@@ -198,11 +198,11 @@ impl<D: Dialect> Client<D> {
         name: &LockName,
         owner: OwnerId,
         ttl: Duration,
-        floor: i64,
+        min_token: i64,
         ticket: Option<i64>,
     ) -> Result<(Grant, u32)> {
         let sql = &self.sql.reads;
-        let a = Args::of(name).owner(owner).ttl(ttl).floor(floor);
+        let a = Args::of(name).owner(owner).ttl(ttl).min_token(min_token);
         let a = a.ticket(ticket.unwrap_or(i64::MAX));
         let mut tries = 0;
         let grant = self
@@ -227,12 +227,12 @@ impl<D: Dialect> Client<D> {
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
-        let floor = floor_of(D::BACKEND, opts)?;
+        let min_token = min_token_of(D::BACKEND, opts)?;
         let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
         let statement = {
             let (client, name) = (self.clone(), name.clone());
-            async move { client.grant_read(&name, owner, ttl, floor, None).await }
+            async move { client.grant_read(&name, owner, ttl, min_token, None).await }
         };
         let give_back = || self.leave_read_later(name, owner);
         let (grant, _) = self.attempt_once(name, statement, give_back).await?;
@@ -274,7 +274,7 @@ impl<D: Dialect> Client<D> {
         waiter: OwnerId,
         ticket: i64,
         ttl: Duration,
-        floor: i64,
+        min_token: i64,
     ) -> Result<Attempt> {
         let args = Args::of(name).owner(waiter).ticket(ticket);
         let seen = self
@@ -288,7 +288,7 @@ impl<D: Dialect> Client<D> {
         let statement = {
             let (client, name) = (self.clone(), name.clone());
             async move {
-                let grant = client.grant_read(&name, waiter, ttl, floor, Some(ticket));
+                let grant = client.grant_read(&name, waiter, ttl, min_token, Some(ticket));
                 Ok(grant.await?.0)
             }
         };

@@ -25,7 +25,7 @@
 //! and the row's lock held only while the server runs them.
 //!
 //! **Hand-over.** A release of a permit in a process that has a waiter for it (this process's
-//! waiter nearest the head of the queue, with the ttl, token floor and count it asked for)
+//! waiter nearest the head of the queue, with the ttl, token minimum and count it asked for)
 //! runs the release and that waiter's grant in one transaction ([`PermitStatements::hand`]),
 //! under the row's lock and with the grant's own checks: the waiter is still queued and live,
 //! nobody live is queued ahead of it (a waiter of another process queued first keeps its turn),
@@ -61,7 +61,7 @@ use lockcore::{
 };
 
 use crate::client::{Client, permit};
-use crate::common::{Pending, detached, floor_of, from_micros};
+use crate::common::{Pending, detached, from_micros, min_token_of};
 use crate::dialect::Dialect;
 use crate::dialect::held;
 use crate::queue::{Attempt, Kind};
@@ -81,11 +81,11 @@ impl<D: Dialect> Client<D> {
         owner: OwnerId,
         permits: u32,
         ttl: Duration,
-        floor: i64,
+        min_token: i64,
         ticket: Option<i64>,
     ) -> Result<(Grant, u32)> {
         let sql = &self.sql.permits;
-        let a = Args::of(name).owner(owner).ttl(ttl).floor(floor);
+        let a = Args::of(name).owner(owner).ttl(ttl).min_token(min_token);
         let a = a.permits(permits).ticket(ticket.unwrap_or(i64::MAX));
         let mut tries = 0;
         let grant = self
@@ -119,7 +119,7 @@ impl<D: Dialect> Client<D> {
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
-        let floor = floor_of(D::BACKEND, opts)?;
+        let min_token = min_token_of(D::BACKEND, opts)?;
         let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
         // A waiter of this process is queued (joined, with the same count): FIFO refuses a
@@ -142,7 +142,11 @@ impl<D: Dialect> Client<D> {
         }
         let statement = {
             let (client, name) = (self.clone(), name.clone());
-            async move { client.grant(&name, owner, permits, ttl, floor, None).await }
+            async move {
+                client
+                    .grant(&name, owner, permits, ttl, min_token, None)
+                    .await
+            }
         };
         let give_back = || self.free_permit_later(name, owner);
         let (grant, _) = self.attempt_once(name, statement, give_back).await?;
@@ -197,11 +201,11 @@ impl<D: Dialect> Client<D> {
         };
         let Terms {
             ttl,
-            floor,
+            min_token,
             permits,
         } = next.terms;
         let args = held(lease).next(next.owner).ticket(next.ticket);
-        let args = args.ttl(ttl).floor(floor).permits(permits);
+        let args = args.ttl(ttl).min_token(min_token).permits(permits);
         let sent = Instant::now();
         let handover = self
             .core
@@ -306,7 +310,7 @@ impl<D: Dialect> Client<D> {
         ticket: i64,
         permits: u32,
         ttl: Duration,
-        floor: i64,
+        min_token: i64,
         woken: bool,
     ) -> Result<Attempt> {
         if !woken {
@@ -324,7 +328,7 @@ impl<D: Dialect> Client<D> {
         let statement = {
             let (client, name) = (self.clone(), name.clone());
             async move {
-                let grant = client.grant(&name, waiter, permits, ttl, floor, Some(ticket));
+                let grant = client.grant(&name, waiter, permits, ttl, min_token, Some(ticket));
                 Ok(grant.await?.0)
             }
         };

@@ -1,5 +1,5 @@
 //! Statements written once for every dialect: templates name their parameters (`$name`,
-//! `$owner`, `$fence`, `$ttl`, `$ticket`, `$floor`, `$permits`, `$next`, `$secret`), which are expanded to the
+//! `$owner`, `$fence`, `$ttl`, `$ticket`, `$min_token`, `$permits`, `$next`, `$secret`), which are expanded to the
 //! database's placeholders and bound in the order it expects (`statement/run.rs`: binding
 //! them, and what a statement hands back, read the same way from every driver).
 
@@ -40,7 +40,7 @@ enum Param {
     Fence,
     Ttl,
     Ticket,
-    Floor,
+    MinToken,
     Permits,
     Next,
     Secret,
@@ -53,7 +53,7 @@ impl Param {
         Param::Fence,
         Param::Ttl,
         Param::Ticket,
-        Param::Floor,
+        Param::MinToken,
         Param::Permits,
         Param::Next,
         Param::Secret,
@@ -67,7 +67,7 @@ impl Param {
             Param::Fence => "fence",
             Param::Ttl => "ttl",
             Param::Ticket => "ticket",
-            Param::Floor => "floor",
+            Param::MinToken => "min_token",
             Param::Permits => "permits",
             Param::Next => "next",
             Param::Secret => "secret",
@@ -102,8 +102,8 @@ pub struct Args<'a> {
     /// The lease's ttl, or a waiter's liveness.
     ttl: Duration,
     ticket: i64,
-    /// The token floor, 0 for none.
-    floor: i64,
+    /// The token minimum, 0 for none.
+    min_token: i64,
     /// A semaphore's count.
     permits: i64,
     /// The waiter a release hands the freed permit to (see `crate::semaphore`).
@@ -144,9 +144,9 @@ impl<'a> Args<'a> {
         Args { ticket, ..self }
     }
 
-    /// With `$floor`.
-    pub fn floor(self, floor: i64) -> Self {
-        Args { floor, ..self }
+    /// With `$min_token`.
+    pub fn min_token(self, min_token: i64) -> Self {
+        Args { min_token, ..self }
     }
 
     /// With `$permits`.

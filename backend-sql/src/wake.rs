@@ -219,8 +219,8 @@ pub struct Join {
 pub struct Terms {
     /// The permit's ttl.
     pub ttl: Duration,
-    /// The token floor, 0 for none.
-    pub floor: i64,
+    /// The token minimum, 0 for none.
+    pub min_token: i64,
     /// The semaphore's count.
     pub permits: u32,
 }

@@ -289,8 +289,8 @@ impl DistributedLock for ZkLock {
         )
         .native(crate::NATIVE)
         .path_names(self.inner.config.layout.names_are_paths())
-        // The token is the node's czxid, which the server assigns: it cannot carry a floor.
-        .token_floor(false)
+        // The token is the node's czxid, which the server assigns: it cannot carry a minimum.
+        .min_token(false)
         .session_timeout(Some(self.session_timeout()))
     }
 

@@ -5,9 +5,9 @@
 //! leaves Nagle's algorithm on and offers no way to turn it off, so whenever its writer sent
 //! the `create` on its own, the kernel held the `getChildren` back until the server
 //! acknowledged the `create`, which it does with the `create`'s reply: two round trips after
-//! all. On a local ZooKeeper 3.8 with `forceSync=no` an uncontended acquire+release then made
-//! 0.66 to 0.71 of the floor (a `create` and a `delete`, one request in flight at a time,
-//! which Nagle never delays), and 1.01 to 1.06 with the option set.
+//! all. Without the option an uncontended acquire+release ran at about two thirds the rate of a
+//! bare `create` and `delete` (one request in flight at a time, which Nagle never delays); with
+//! it, at the same rate.
 //!
 //! The client's socket is not reachable through its API, so on Linux this module finds it among
 //! the process's open descriptors (`/proc/self/fd`): every TCP socket whose peer is one of the

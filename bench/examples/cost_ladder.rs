@@ -80,7 +80,7 @@ impl ladder::Steps for Scripts {
             for key in [&lock, &fence, &queue].into_iter().take(nkeys) {
                 invocation.key(key);
             }
-            // The real try script as the backend sends it: no token floor, no argument.
+            // The real try script as the backend sends it: no token minimum, no argument.
             invocation.arg(OWNER).arg(10_000);
             let reply: redis::Value = invocation.invoke_async(con).await?;
             let token = ladder::granted_token(&reply)?;

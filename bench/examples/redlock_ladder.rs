@@ -17,7 +17,7 @@
 //! 6. this backend through `DistributedLock` (`try_acquire` + `release`: the vote, its single
 //!    deadline and grace, the undo bookkeeping);
 //! 7. lockcore's `lock()` and guard;
-//! 8. step 6 with a token floor above every node's counter, so that each acquire pays the
+//! 8. step 6 with a token minimum above every node's counter, so that each acquire pays the
 //!    fence write-back round (which a plain uncontended acquire skips: its nodes agree).
 //!
 //! The steps alternate in blocks of 200 pairs, in a new order each round; each prints its
@@ -226,7 +226,7 @@ async fn ladder(url: String, rounds: usize) -> Result<(), Failure> {
                 next_floor += 1_000;
                 let floored = direct_opts
                     .clone()
-                    .token_floor(lockcore::FencingToken(next_floor));
+                    .min_token(lockcore::FencingToken(next_floor));
                 let lease = backend
                     .try_acquire(&written_back, &floored)
                     .await?

@@ -153,7 +153,7 @@ impl ladder::Steps for Scripts {
                 let keys = ["tair", "readers", "tair:queue", "tair:alive"].map(key);
                 let mut lock = s.tair.try_fast.prepare_invoke();
                 lock.key(&keys[0]);
-                // No token floor, so no floor argument, as the backend sends it.
+                // No token minimum, so no floor argument, as the backend sends it.
                 lock.arg(OWNER).arg(10_000);
                 let reply: Value = lock.invoke_async(con).await?;
                 let proof = proof_of(&reply)?;

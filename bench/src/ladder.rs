@@ -58,7 +58,7 @@ pub fn granted_token(reply: &redis::Value) -> Result<i64, Failure> {
 #[derive(Clone, Debug)]
 pub struct RealScripts {
     /// The fast path of a `try` acquire (`lua/try_fast.lua`): KEYS lock, fence; ARGV owner,
-    /// ttl_ms, and a token floor only when there is one.
+    /// ttl_ms, and a token minimum only when there is one.
     pub try_fast: Script,
     /// The owner- and token-checked release (`lua/release.lua`): KEYS lock, fence, queue,
     /// alive; ARGV owner, token, wakes, client id.
@@ -91,7 +91,7 @@ impl RealScripts {
 #[derive(Clone, Debug)]
 pub struct TairScripts {
     /// dlock's single attempt when nobody reads or queues (`tair/lua/try_fast.lua`): KEYS
-    /// hash; ARGV owner, ttl_ms, token floor.
+    /// hash; ARGV owner, ttl_ms, token minimum.
     pub try_fast: Script,
     /// `expireUnlock` (`tair/lua/unlock.lua`): KEYS hash, readers, queue, alive; ARGV proof,
     /// owner, whole, wakes.

@@ -87,15 +87,15 @@ impl Needs {
         label: "a store without semaphores (the case checks that one refuses them)",
         admits: |c| !c.native.semaphore,
     };
-    /// Token floors ([`Capabilities::token_floor`]).
-    pub const TOKEN_FLOOR: Needs = Needs {
-        label: "token floors",
-        admits: |c| c.token_floor,
+    /// Token minimums ([`Capabilities::min_token`]).
+    pub const MIN_TOKEN: Needs = Needs {
+        label: "token minimums",
+        admits: |c| c.min_token,
     };
-    /// A store without token floors: the case checks that such a store refuses one.
-    pub const WITHOUT_TOKEN_FLOOR: Needs = Needs {
-        label: "a store without token floors (the case checks that one refuses them)",
-        admits: |c| !c.token_floor,
+    /// A store without token minimums: the case checks that such a store refuses one.
+    pub const WITHOUT_MIN_TOKEN: Needs = Needs {
+        label: "a store without token minimums (the case checks that one refuses them)",
+        admits: |c| !c.min_token,
     };
     /// Any [`lockcore::LockName`], kept distinct by escaping, rather than names that must be
     /// paths in the store's tree ([`Capabilities::path_names`]).
@@ -189,8 +189,8 @@ static REGISTRY: &[Case] = entries! {
     Case cases::sem_bad_count_rejected_before_io needs ANY;
     Case cases::sem_unsupported_says_so needs WITHOUT_SEMAPHORE;
     Case cases::chosen_owner_is_recorded needs ANY;
-    Case cases::token_floor_carries_the_counter needs TOKEN_FLOOR;
-    Case cases::token_floor_unsupported_says_so needs WITHOUT_TOKEN_FLOOR;
+    Case cases::min_token_carries_the_counter needs MIN_TOKEN;
+    Case cases::min_token_unsupported_says_so needs WITHOUT_MIN_TOKEN;
     Fault faults::client_paused_past_ttl needs TTL;
     Fault faults::holder_process_killed needs TTL_SHARED;
     Fault faults::server_killed_and_restarted needs ANY;

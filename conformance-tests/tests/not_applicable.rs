@@ -20,8 +20,8 @@ const REFUSALS: &[(&str, &str)] = &[
     ("rw_unsupported_says_so", "a store without read-write locks"),
     ("sem_unsupported_says_so", "a store without semaphores"),
     (
-        "token_floor_unsupported_says_so",
-        "a store without token floors",
+        "min_token_unsupported_says_so",
+        "a store without token minimums",
     ),
 ];
 
@@ -79,7 +79,7 @@ async fn a_refusal_case_is_not_applicable_on_a_store_with_the_primitive() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_case_runs_and_passes_on_a_store_without_the_primitive() {
-    // The toy backend has no read-write locks, no semaphores and no token floors.
+    // The toy backend has no read-write locks, no semaphores and no token minimums.
     let toy = target(Defect::NotExclusive);
     for (name, _) in REFUSALS {
         let report = run_case(&toy, case(name), LIMIT).await;
@@ -89,7 +89,7 @@ async fn a_refusal_case_runs_and_passes_on_a_store_without_the_primitive() {
     for name in [
         "rw_readers_share_writer_waits",
         "sem_permits_fill_then_refuse",
-        "token_floor_carries_the_counter",
+        "min_token_carries_the_counter",
     ] {
         let report = run_case(&toy, case(name), LIMIT).await;
         assert!(

@@ -268,8 +268,8 @@ pub struct PrepareReport {
 
 /// Moves the target store's counter of each of `names` up to at least the source store's
 /// token, so that target-only clients' tokens are above every source token and dual tokens
-/// follow the source's. Does this by one acquisition on the target with a token floor
-/// ([`AcquireOptions::token_floor`]) and an immediate release; a name held on the target is
+/// follow the source's. Does this by one acquisition on the target with a token minimum
+/// ([`AcquireOptions::min_token`]) and an immediate release; a name held on the target is
 /// left alone. Safe to run at any phase and more than once: counters only move up, and never
 /// above a token the source has handed out.
 ///
@@ -278,16 +278,16 @@ pub struct PrepareReport {
 /// ttl (2 s).
 ///
 /// # Errors
-/// [`Error::Unsupported`] when the target cannot carry a token floor; store failures.
+/// [`Error::Unsupported`] when the target cannot carry a token minimum; store failures.
 pub async fn prepare(
     source: &Arc<dyn DistributedLock>,
     target: &Arc<dyn DistributedLock>,
     names: &[LockName],
     dry_run: bool,
 ) -> Result<Vec<PrepareReport>> {
-    if !target.capabilities().token_floor {
+    if !target.capabilities().min_token {
         return Err(Error::Unsupported {
-            operation: "raising counters (token floor)",
+            operation: "raising counters (token minimum)",
             backend: target.capabilities().backend,
         });
     }
@@ -315,7 +315,7 @@ pub async fn prepare(
                     .ttl(std::time::Duration::from_secs(2))
                     .keep_alive(crate::KeepAlive::Off)
                     .wait(Wait::No)
-                    .token_floor(crate::FencingToken(t));
+                    .min_token(crate::FencingToken(t));
                 match target.try_lock(name.as_str(), &opts).await? {
                     Some(guard) => {
                         let to = guard.fencing_token().0;

@@ -39,10 +39,10 @@ impl Resolved {
 }
 
 /// Completes `opts` with `backend`'s defaults and validates them (ttl, drift, keep-alive), and
-/// checks that a token floor is only asked of a backend that can carry one. No I/O.
+/// checks that a token minimum is only asked of a backend that can carry one. No I/O.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for bad options; [`Error::Unsupported`] for a token floor on a
+/// [`Error::InvalidArgument`] for bad options; [`Error::Unsupported`] for a token minimum on a
 /// backend without them.
 pub(crate) fn resolve(
     backend: &Arc<dyn DistributedLock>,
@@ -50,11 +50,11 @@ pub(crate) fn resolve(
 ) -> Result<Resolved> {
     let opts = opts.clone().with_defaults(&backend.defaults());
     opts.validate()?;
-    if opts.token_floor_value().is_some() {
+    if opts.min_token_value().is_some() {
         let capabilities = backend.capabilities();
-        if !capabilities.token_floor {
+        if !capabilities.min_token {
             return Err(Error::Unsupported {
-                operation: "token floor",
+                operation: "token minimum",
                 backend: capabilities.backend,
             });
         }

@@ -119,10 +119,10 @@ pub struct Capabilities {
     /// example a client library's per-reply timeout). Then lockcore puts no timer of its own
     /// around a non-waiting acquire; otherwise it bounds the call by `timeout` itself.
     pub bounded_requests: bool,
-    /// Whether acquisitions honour [`AcquireOptions::token_floor`](crate::AcquireOptions::token_floor)
-    /// (the name's counter moves to `max(counter + 1, floor)` in the granting step). Backends
+    /// Whether acquisitions honour [`AcquireOptions::min_token`](crate::AcquireOptions::min_token)
+    /// (the name's counter moves to `max(counter + 1, min_token)` in the granting step). Backends
     /// whose tokens the store assigns by itself (ZooKeeper's `czxid`) cannot.
-    pub token_floor: bool,
+    pub min_token: bool,
     /// For [`Expiry::Session`] stores: the session timeout the server granted this client's
     /// current session, which is how long a lock outlives a holder that died without releasing
     /// it (the server may have clamped the timeout asked for to its own bounds). `None` for ttl
@@ -154,7 +154,7 @@ impl Capabilities {
             native: NativePrimitives::default(),
             shared_across_processes: true,
             bounded_requests: false,
-            token_floor: false,
+            min_token: false,
             session_timeout: None,
             path_names: false,
         }
@@ -175,9 +175,9 @@ impl Capabilities {
         self
     }
 
-    /// Declares that acquisitions honour a token floor (see [`Capabilities::token_floor`]).
-    pub fn token_floor(mut self, carries: bool) -> Self {
-        self.token_floor = carries;
+    /// Declares that acquisitions honour a token minimum (see [`Capabilities::min_token`]).
+    pub fn min_token(mut self, carries: bool) -> Self {
+        self.min_token = carries;
         self
     }
 

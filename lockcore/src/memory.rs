@@ -142,7 +142,7 @@ impl Entry {
         started: Instant,
         now: Instant,
     ) -> Lease {
-        self.fence = (self.fence + 1).max(opts.token_floor_value().map_or(0, |f| f.0));
+        self.fence = (self.fence + 1).max(opts.min_token_value().map_or(0, |f| f.0));
         let owner = opts.owner_or_random();
         let ttl = opts.ttl_value();
         self.holder = Some(Holder {
@@ -397,7 +397,7 @@ impl DistributedLock for MemoryLock {
         )
         .native(NATIVE)
         .shared_across_processes(false)
-        .token_floor(true)
+        .min_token(true)
     }
 
     fn defaults(&self) -> ClientDefaults {

@@ -118,7 +118,7 @@ pub struct AcquireOptions {
     keep_alive: KeepAlive,
     drift: Option<Duration>,
     owner: Option<OwnerId>,
-    token_floor: Option<FencingToken>,
+    min_token: Option<FencingToken>,
     write_side: bool,
 }
 
@@ -169,22 +169,22 @@ impl AcquireOptions {
         self
     }
 
-    /// Asks for a fencing token of at least `floor`: the store's counter for the name moves to
-    /// `max(counter + 1, floor)` in the same atomic step as the grant, so every later token is
-    /// above `floor` too. Only backends whose [`Capabilities::token_floor`](crate::Capabilities)
+    /// Asks for a fencing token of at least `min_token`: the store's counter for the name moves to
+    /// `max(counter + 1, min_token)` in the same atomic step as the grant, so every later token is
+    /// above `min_token` too. Only backends whose [`Capabilities::min_token`](crate::Capabilities)
     /// is set accept it; the acquire paths refuse it with
     /// [`Error::Unsupported`] before any I/O elsewhere.
     ///
     /// This is how a `dual://` client carries the first store's token into the second's counter,
     /// so that tokens of clients on either store form one increasing sequence.
-    pub fn token_floor(mut self, floor: FencingToken) -> Self {
-        self.token_floor = Some(floor);
+    pub fn min_token(mut self, min_token: FencingToken) -> Self {
+        self.min_token = Some(min_token);
         self
     }
 
-    /// The same options without a token floor (a composite asks its first store with these).
-    pub fn without_token_floor(mut self) -> Self {
-        self.token_floor = None;
+    /// The same options without a token minimum (a composite asks its first store with these).
+    pub fn without_min_token(mut self) -> Self {
+        self.min_token = None;
         self
     }
 
@@ -215,9 +215,9 @@ impl AcquireOptions {
         self.owner.unwrap_or_else(OwnerId::random)
     }
 
-    /// The token floor set with [`token_floor`](Self::token_floor), if any.
-    pub fn token_floor_value(&self) -> Option<FencingToken> {
-        self.token_floor
+    /// The token minimum set with [`min_token`](Self::min_token), if any.
+    pub fn min_token_value(&self) -> Option<FencingToken> {
+        self.min_token
     }
 
     /// The ttl, or [`DEFAULT_TTL`] if none was set.

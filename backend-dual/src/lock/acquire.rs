@@ -109,17 +109,17 @@ impl DualLock {
             // caller asked) the next round starts only once that clean-up has ended.
             let owner = opts.owner_or_random();
             let base = opts.clone().owner(owner);
-            let first_opts = base.clone().without_token_floor();
+            let first_opts = base.clone().without_min_token();
             let Some(first) =
                 Self::take_on(self.first.as_ref(), access, name, &first_opts, attempt).await?
             else {
                 return Ok(None);
             };
-            let floor = first
+            let min_token = first
                 .token()
-                .max(opts.token_floor_value().unwrap_or(FencingToken(0)));
-            let second_opts = if self.capabilities.token_floor {
-                base.clone().token_floor(floor)
+                .max(opts.min_token_value().unwrap_or(FencingToken(0)));
+            let second_opts = if self.capabilities.min_token {
+                base.clone().min_token(min_token)
             } else {
                 base.clone()
             };

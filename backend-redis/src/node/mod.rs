@@ -69,7 +69,7 @@ use waiters::{Hub, Route};
 pub use connect::{ASSUMPTION_NO_PERSISTENCE, ASSUMPTION_UNKNOWN};
 use connect::{connect_error, connection_info, open_single};
 pub use replies::{AcquireReply, AttemptReply, InspectReply, PermitReply, SemaphoreReply};
-pub use scripts::{MAX_FLOOR, floor_arg, script_source};
+pub use scripts::{MAX_MIN_TOKEN, min_token_arg, script_source};
 pub(crate) use store::{backend_error, protocol_error};
 pub use waiters::Registration;
 
@@ -391,8 +391,8 @@ impl Node {
         Ok(connect::detect_fencing(&self.shared.store).await)
     }
 
-    /// One run of the acquire script in `mode` for `owner`, with token floor `floor` (0 = none;
-    /// see [`floor_arg`]). The reply must echo `owner`: a reply matched to another request is an
+    /// One run of the acquire script in `mode` for `owner`, with token minimum `min_token` (0 = none;
+    /// see [`min_token_arg`]). The reply must echo `owner`: a reply matched to another request is an
     /// error, never a grant.
     ///
     /// # Cancel safety
@@ -408,9 +408,10 @@ impl Node {
         owner: OwnerId,
         opts: &AcquireOptions,
         mode: Mode,
-        floor: u64,
+        min_token: u64,
     ) -> Result<AcquireReply> {
-        self.acquire_as(name, owner, opts, mode, floor, false).await
+        self.acquire_as(name, owner, opts, mode, min_token, false)
+            .await
     }
 
     async fn acquire_as(
@@ -419,7 +420,7 @@ impl Node {
         owner: OwnerId,
         opts: &AcquireOptions,
         mode: Mode,
-        floor: u64,
+        min_token: u64,
         read: bool,
     ) -> Result<AcquireReply> {
         let keys = [
@@ -431,7 +432,7 @@ impl Node {
             Key::Readers,
         ];
         let call = self
-            .queued_call(&scripts::ACQUIRE, &keys, name, owner, opts, mode, floor)
+            .queued_call(&scripts::ACQUIRE, &keys, name, owner, opts, mode, min_token)
             .arg(u8::from(read));
         let value = self.run("acquire", name, &call).await?;
         replies::parse_acquire(&value, owner).map_err(|e| protocol_error("acquire", Some(name), e))
@@ -440,7 +441,7 @@ impl Node {
     /// A call of `lua` (an acquire script that may queue `owner`: the lock's or the
     /// semaphore's) on `keys`, with the arguments both take first: the owner, the ttl, the
     /// mode, the waiter's liveness, this client's id, the wake-up channel prefix and the token
-    /// floor. The caller appends its own.
+    /// min_token. The caller appends its own.
     // One argument per script input, as the acquires have; a struct would only rename them.
     #[allow(clippy::too_many_arguments)]
     fn queued_call(
@@ -451,7 +452,7 @@ impl Node {
         owner: OwnerId,
         opts: &AcquireOptions,
         mode: Mode,
-        floor: u64,
+        min_token: u64,
     ) -> Call {
         self.keys(name)
             .call(lua, keys)
@@ -461,7 +462,7 @@ impl Node {
             .arg(millis(ALIVE))
             .arg(self.shared.client.as_str())
             .arg(&*self.wakes_of(name))
-            .arg(floor)
+            .arg(min_token)
     }
 
     /// One `try` for `owner` that never jumps the queue: the short fast script (`SET NX PX` and
@@ -480,13 +481,15 @@ impl Node {
         name: &LockName,
         owner: OwnerId,
         opts: &AcquireOptions,
-        floor: u64,
+        min_token: u64,
     ) -> Result<AcquireReply> {
-        Ok(match self.try_attempt(name, owner, opts, floor).await? {
-            AttemptReply::Plain(token) => AcquireReply::Granted(token),
-            AttemptReply::Now(reply) => reply,
-            AttemptReply::Handed(_) => return Err(handed_to_a_try(name)),
-        })
+        Ok(
+            match self.try_attempt(name, owner, opts, min_token).await? {
+                AttemptReply::Plain(token) => AcquireReply::Granted(token),
+                AttemptReply::Now(reply) => reply,
+                AttemptReply::Handed(_) => return Err(handed_to_a_try(name)),
+            },
+        )
     }
 
     /// [`try_once`](Node::try_once), saying which script granted: [`AttemptReply::Plain`]
@@ -502,14 +505,14 @@ impl Node {
         name: &LockName,
         owner: OwnerId,
         opts: &AcquireOptions,
-        floor: u64,
+        min_token: u64,
     ) -> Result<AttemptReply> {
         let keys = self.keys(name);
         let fast = keys
             .call(&scripts::TRY_FAST, &[Key::Lock, Key::Fence])
             .owner_arg(owner)
             .arg(millis(opts.ttl_value()))
-            .floor_arg(floor);
+            .min_token_arg(min_token);
         let value = self.run("acquire", name, &fast).await?;
         match replies::parse_try_fast(&value, owner)
             .map_err(|e| protocol_error("acquire", Some(name), e))?
@@ -517,7 +520,9 @@ impl Node {
             Some(AcquireReply::Granted(token)) => Ok(AttemptReply::Plain(token)),
             Some(refused) => Ok(AttemptReply::Now(refused)),
             None => {
-                let full = self.acquire(name, owner, opts, Mode::Try, floor).await?;
+                let full = self
+                    .acquire(name, owner, opts, Mode::Try, min_token)
+                    .await?;
                 Ok(AttemptReply::Now(full))
             }
         }

@@ -12,7 +12,7 @@ use super::{AttemptReply, Mode, Node, SemaphoreReply, protocol_error};
 impl Node {
     /// One run of the semaphore's acquire script for a permit of `name` with `permits` permits,
     /// for `owner` in `mode` ([`Mode::Try`], or [`Mode::Wait`]: a [`Mode::Member`] waits as
-    /// `Wait` does), with token floor `floor` (0 = none). The semaphore is its own object, apart
+    /// `Wait` does), with token minimum `min_token` (0 = none). The semaphore is its own object, apart
     /// from the lock `name`, with its own queue and fencing counter; a grant's lease must carry
     /// [`PERMIT`](super::PERMIT) as its handle. The reply must echo `owner`.
     ///
@@ -37,7 +37,7 @@ impl Node {
         owner: OwnerId,
         opts: &AcquireOptions,
         mode: Mode,
-        floor: u64,
+        min_token: u64,
         permits: u32,
         queued: bool,
     ) -> Result<AttemptReply> {
@@ -49,7 +49,7 @@ impl Node {
                 owner,
                 opts,
                 mode.unvoted(),
-                floor,
+                min_token,
             )
             .arg(permits)
             .arg(if queued { "1" } else { "0" })

@@ -29,9 +29,9 @@ impl Node {
         owner: OwnerId,
         opts: &AcquireOptions,
         mode: Mode,
-        floor: u64,
+        min_token: u64,
     ) -> Result<AcquireReply> {
-        self.acquire_as(name, owner, opts, mode.unvoted(), floor, true)
+        self.acquire_as(name, owner, opts, mode.unvoted(), min_token, true)
             .await
     }
 

@@ -158,22 +158,22 @@ pub(crate) fn all() -> [&'static Lua; 14] {
     ]
 }
 
-/// The largest token floor the scripts carry exactly: Lua numbers are doubles, which hold every
+/// The largest token minimum the scripts carry exactly: Lua numbers are doubles, which hold every
 /// integer up to 2^53 and no more.
-pub const MAX_FLOOR: u64 = 1 << 53;
+pub const MAX_MIN_TOKEN: u64 = 1 << 53;
 
-/// The token floor of `opts` as a script argument: 0 when none is set.
+/// The token minimum of `opts` as a script argument: 0 when none is set.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] naming `backend` for a floor above [`MAX_FLOOR`]: refused
+/// [`Error::InvalidArgument`] naming `backend` for a minimum above [`MAX_MIN_TOKEN`]: refused
 /// (before any I/O) rather than rounded.
-pub fn floor_arg(backend: &'static str, opts: &AcquireOptions) -> lockcore::Result<u64> {
-    match opts.token_floor_value() {
+pub fn min_token_arg(backend: &'static str, opts: &AcquireOptions) -> lockcore::Result<u64> {
+    match opts.min_token_value() {
         None => Ok(0),
-        Some(f) if f.0 <= MAX_FLOOR => Ok(f.0),
+        Some(f) if f.0 <= MAX_MIN_TOKEN => Ok(f.0),
         Some(f) => Err(Error::invalid_argument(
-            "token_floor",
-            format!("{backend} carries token floors up to 2^53 ({MAX_FLOOR}), not {f}"),
+            "min_token",
+            format!("{backend} carries token minimums up to 2^53 ({MAX_MIN_TOKEN}), not {f}"),
         )),
     }
 }
@@ -216,11 +216,15 @@ impl Call {
         self.arg(&owner_hex(owner)[..])
     }
 
-    /// Appends a token floor as the last argument of a fast attempt (`try_fast.lua`, on a node
-    /// and in the Tair emulation), and nothing for no floor (0): the scripts read an absent
-    /// floor as none, and every argument costs the server an object and a Lua string per call.
-    pub(crate) fn floor_arg(self, floor: u64) -> Self {
-        if floor > 0 { self.arg(floor) } else { self }
+    /// Appends a token minimum as the last argument of a fast attempt (`try_fast.lua`, on a node
+    /// and in the Tair emulation), and nothing for no minimum (0): the scripts read an absent
+    /// min_token as none, and every argument costs the server an object and a Lua string per call.
+    pub(crate) fn min_token_arg(self, min_token: u64) -> Self {
+        if min_token > 0 {
+            self.arg(min_token)
+        } else {
+            self
+        }
     }
 
     /// The command to send.
@@ -269,7 +273,7 @@ pub(crate) enum Key {
     SemSeq,
     /// A semaphore's count, as recorded while it is in use.
     SemCount,
-    /// A semaphore's waiters' terms (HASH from queue entry to `<alive_ms> <ttl_ms> <floor>`),
+    /// A semaphore's waiters' terms (HASH from queue entry to `<alive_ms> <ttl_ms> <min_token>`),
     /// which a release needs to hand a waiter a permit.
     SemTerms,
 }

@@ -175,7 +175,7 @@ impl Store {
     /// Runs one plain command (routed by its key in a Cluster).
     pub(crate) async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
-            // A plain command (a scan, a floor's step) is not known to be repeatable.
+            // A plain command (a scan, a minimum's step) is not known to be repeatable.
             Store::Single(s) => {
                 let request = |mut con| async move { run(&mut con, cmd).await };
                 s.send(false, request, failure, Err).await

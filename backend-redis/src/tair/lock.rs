@@ -17,7 +17,7 @@ use super::primitives::{
     self, Answer, ExpireLock, ExpireUnlock, Queue, ReadEnter, TairLock, u64_at,
 };
 use crate::node::replies;
-use crate::node::{Mode, Node, floor_arg, is_permit, protocol_error};
+use crate::node::{Mode, Node, is_permit, min_token_arg, protocol_error};
 use crate::queue::{self, Queued, Step};
 
 /// How long a waiting writer's mark keeps Tair's own readers (which bypass the queue) out
@@ -55,9 +55,11 @@ impl TairLock {
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
-        let floor = floor_arg(BACKEND, opts)?;
+        let min_token = min_token_arg(BACKEND, opts)?;
         let guard = self.arm(name, owner, false);
-        let answer = self.try_lock(name, owner, opts.ttl_value(), floor).await;
+        let answer = self
+            .try_lock(name, owner, opts.ttl_value(), min_token)
+            .await;
         let _ = guard.disarm();
         Ok(match answer? {
             ExpireLock::Locked {
@@ -82,10 +84,10 @@ impl TairLock {
         opts: &AcquireOptions,
     ) -> Result<Option<Lease>> {
         let started = Instant::now();
-        let floor = floor_arg(BACKEND, opts)?;
+        let min_token = min_token_arg(BACKEND, opts)?;
         let guard = self.arm(name, owner, false);
         let answer = self
-            .read_enter_as(name, owner, opts.ttl_value(), floor, Queue::Try)
+            .read_enter_as(name, owner, opts.ttl_value(), min_token, Queue::Try)
             .await;
         let _ = guard.disarm();
         Ok(match answer? {
@@ -137,7 +139,7 @@ impl Queued for TairHold {
         owner: OwnerId,
         opts: &AcquireOptions,
         mode: Mode,
-        floor: u64,
+        min_token: u64,
         started: Instant,
         _queued: Option<Instant>,
     ) -> Result<Step> {
@@ -145,7 +147,7 @@ impl Queued for TairHold {
         let waiting = self.writer.then_some(WRITER_WAITING);
         let answer = self
             .lock
-            .queued_attempt(name, owner, opts.ttl_value(), floor, waiting)
+            .queued_attempt(name, owner, opts.ttl_value(), min_token, waiting)
             .await?;
         Ok(match answer {
             Answer::Granted { proof, version } => {
@@ -216,8 +218,8 @@ impl DistributedLock for TairLock {
         )
         .bounded_requests(true)
         .native(super::NATIVE)
-        // expireLock and a reader's entry raise the version to the floor in the same step.
-        .token_floor(true)
+        // expireLock and a reader's entry raise the version to the minimum in the same step.
+        .min_token(true)
     }
 
     fn defaults(&self) -> ClientDefaults {

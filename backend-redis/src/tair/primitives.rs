@@ -260,7 +260,7 @@ impl TairLock {
 
     /// `expire_lock` by a writer that will wait (`waiting` = how long its mark lasts without
     /// being refreshed): refused, it marks the name so that new readers stay out. A fresh
-    /// lock's version is at least `floor` (0 = none). `queue` says how dlock's queue counts.
+    /// lock's version is at least `min_token` (0 = none). `queue` says how dlock's queue counts.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn lock_as(
         &self,
@@ -269,33 +269,36 @@ impl TairLock {
         ttl: Duration,
         reentrant: bool,
         waiting: Option<Duration>,
-        floor: u64,
+        min_token: u64,
         queue: Queue,
     ) -> Result<ExpireLock> {
         let value = self
-            .lock_call(name, owner, ttl, reentrant, waiting, floor, queue)
+            .lock_call(name, owner, ttl, reentrant, waiting, min_token, queue)
             .await?;
         decode_lock(name, &value)
     }
 
     /// dlock's single attempt at the write lock (`lock_as` in mode `try`, not reentrant,
     /// without a waiting mark): `try_fast.lua`, with the one key and the arguments its common
-    /// case reads (the token floor only when there is one), and `lock.lua` only where that
+    /// case reads (the token minimum only when there is one), and `lock.lua` only where that
     /// answers that someone may read or queue (or this owner's mark stands).
     pub(super) async fn try_lock(
         &self,
         name: &LockName,
         owner: OwnerId,
         ttl: Duration,
-        floor: u64,
+        min_token: u64,
     ) -> Result<ExpireLock> {
         lockcore::backend_support::check_ttl(ttl)?;
         let node = &self.client.inner.node;
         let call = node.call_on(&TRY_FAST, name, &KEYS[..1]);
-        let call = call.owner_arg(owner).arg(millis(ttl)).floor_arg(floor);
+        let call = call
+            .owner_arg(owner)
+            .arg(millis(ttl))
+            .min_token_arg(min_token);
         let value = self.eval("expireLock", name, &call).await?;
         if replies::int(&value) == Some(-1) {
-            let full = self.lock_as(name, owner, ttl, false, None, floor, Queue::Try);
+            let full = self.lock_as(name, owner, ttl, false, None, min_token, Queue::Try);
             return full.await;
         }
         decode_lock(name, &value)
@@ -309,7 +312,7 @@ impl TairLock {
         ttl: Duration,
         reentrant: bool,
         waiting: Option<Duration>,
-        floor: u64,
+        min_token: u64,
         queue: Queue,
     ) -> Result<Value> {
         lockcore::backend_support::check_ttl(ttl)?;
@@ -321,7 +324,7 @@ impl TairLock {
             .arg(millis(ttl))
             .arg(if reentrant { "1" } else { "0" })
             .arg(waiting.map_or(0, millis))
-            .arg(floor)
+            .arg(min_token)
             .arg(queue.arg())
             .arg(millis(ALIVE))
             .arg(client)
@@ -336,18 +339,26 @@ impl TairLock {
         name: &LockName,
         owner: OwnerId,
         ttl: Duration,
-        floor: u64,
+        min_token: u64,
         writer: Option<Duration>,
     ) -> Result<Answer> {
         let (value, operation) = match writer {
             Some(waiting) => (
-                self.lock_call(name, owner, ttl, false, Some(waiting), floor, Queue::Wait)
-                    .await?,
+                self.lock_call(
+                    name,
+                    owner,
+                    ttl,
+                    false,
+                    Some(waiting),
+                    min_token,
+                    Queue::Wait,
+                )
+                .await?,
                 "expireLock",
             ),
             None => {
                 lockcore::backend_support::check_ttl(ttl)?;
-                let read = self.read(name, owner, ttl, "enter", floor, Queue::Wait);
+                let read = self.read(name, owner, ttl, "enter", min_token, Queue::Wait);
                 (read.await?, "read enter")
             }
         };
@@ -481,18 +492,20 @@ impl TairLock {
             .await
     }
 
-    /// [`read_enter`](Self::read_enter) with a token floor (0 = none): the version the entry
-    /// bumps is at least `floor`; `queue` says how dlock's queue counts.
+    /// [`read_enter`](Self::read_enter) with a token minimum (0 = none): the version the entry
+    /// bumps is at least `min_token`; `queue` says how dlock's queue counts.
     pub(super) async fn read_enter_as(
         &self,
         name: &LockName,
         reader: OwnerId,
         ttl: Duration,
-        floor: u64,
+        min_token: u64,
         queue: Queue,
     ) -> Result<ReadEnter> {
         lockcore::backend_support::check_ttl(ttl)?;
-        let value = self.read(name, reader, ttl, "enter", floor, queue).await?;
+        let value = self
+            .read(name, reader, ttl, "enter", min_token, queue)
+            .await?;
         let items =
             replies::array(&value).map_err(|e| protocol_error("read enter", Some(name), e))?;
         match items.first().and_then(replies::int) {
@@ -542,7 +555,7 @@ impl TairLock {
         replies::parse_flag(&value).map_err(|e| protocol_error("read renew", Some(name), e))
     }
 
-    /// One run of the read script: `op` for `reader`; `floor` (0 = none) and `queue` only
+    /// One run of the read script: `op` for `reader`; `min_token` (0 = none) and `queue` only
     /// count for `enter`.
     pub(super) async fn read(
         &self,
@@ -550,7 +563,7 @@ impl TairLock {
         reader: OwnerId,
         ttl: Duration,
         op: &str,
-        floor: u64,
+        min_token: u64,
         queue: Queue,
     ) -> Result<Value> {
         let (client, wakes) = self.client.inner.node.wake_args(name);
@@ -559,7 +572,7 @@ impl TairLock {
             .owner_arg(reader)
             .arg(millis(ttl).max(1))
             .arg(op)
-            .arg(floor)
+            .arg(min_token)
             .arg(queue.arg())
             .arg(millis(ALIVE))
             .arg(client)

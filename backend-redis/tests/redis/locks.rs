@@ -1,4 +1,4 @@
-//! Locks on one Redis and on a Cluster: keys, names, token floors, the queue, scripts,
+//! Locks on one Redis and on a Cluster: keys, names, token minimums, the queue, scripts,
 //! wake-ups, pipelined renewals, inspect.
 
 use std::sync::Arc;
@@ -132,12 +132,12 @@ async fn names_lists_this_prefixs_names() {
     assert_eq!(names, expected);
 }
 
-/// A token floor is honoured on every path that grants (the `try` fast path, an uncontended
+/// A token minimum is honoured on every path that grants (the `try` fast path, an uncontended
 /// waiting acquire, a queued waiter handed the lock by a release, a reader): the token is the
 /// floor and the fence counter holds it, so the next plain grant is one above. A floor Lua
 /// numbers cannot carry exactly is refused before any I/O.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn token_floor_on_every_granting_path() {
+async fn min_token_on_every_granting_path() {
     let redis = shared().await;
     let (a, b) = (
         backend_redis::connect(&redis.url()).await.unwrap(),
@@ -147,7 +147,7 @@ async fn token_floor_on_every_granting_path() {
     let lock_name = LockName::new(&name).unwrap();
     let fence_key = format!("{{dlock:{}}}:fence", lock_name.escaped());
     let fence = || async { redis.command(&["GET", &fence_key]).await.unwrap().as_text() };
-    let floored = |f: u64| opts(30 * SEC).token_floor(FencingToken(f));
+    let floored = |f: u64| opts(30 * SEC).min_token(FencingToken(f));
 
     // An uncontended waiting acquire: the acquire script's first branch.
     let g = a.lock(&name, &floored(500)).await.expect("acquire");
@@ -197,7 +197,7 @@ async fn token_floor_on_every_granting_path() {
         matches!(
             err,
             Error::InvalidArgument {
-                argument: "token_floor",
+                argument: "min_token",
                 ..
             }
         ),

@@ -497,7 +497,7 @@ async fn a_permit_release_hands_the_permit_to_the_head_waiter() {
     let (registration, _) = node.register(&waiter.to_string(), &name);
     node.ensure_subscribed(&name).await.unwrap();
     let queued_at = std::time::Instant::now();
-    // The waiter's token floor (a `dual://` migration's) binds the permit handed to it too.
+    // The waiter's token minimum (a `dual://` migration's) binds the permit handed to it too.
     let floor = first + 500;
     let queued = node
         .acquire_permit(&name, waiter, &o, Mode::Wait, floor, 1, false)
@@ -634,18 +634,18 @@ async fn locks_and_permits_renew_in_one_batch() {
     }
 }
 
-/// A token floor lifts a permit's token (on a try and on a queued waiter's grant) and the
+/// A token minimum lifts a permit's token (on a try and on a queued waiter's grant) and the
 /// semaphore's counter with it, so later permits are above the floor; the lock's counter is
 /// not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn token_floor_lifts_permits() {
+async fn min_token_lifts_permits() {
     let redis = shared().await;
     let c = backend_redis::connect(&redis.url()).await.unwrap();
     let name = unique("sem-floor");
     let lock_name = LockName::new(&name).unwrap();
     let [_, _, _, fence, _] = sem_keys(&name);
     let sem = c.semaphore(&name, 1).unwrap();
-    let floored = |f: u64| permit_opts(30 * SEC).token_floor(FencingToken(f));
+    let floored = |f: u64| permit_opts(30 * SEC).min_token(FencingToken(f));
     let p = sem.try_acquire(&floored(700)).await.unwrap().expect("free");
     assert_eq!(p.fencing_token(), FencingToken(700));
     let waiter = {

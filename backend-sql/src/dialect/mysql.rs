@@ -24,7 +24,7 @@ pub struct MySql;
 /// lost).
 const TAKEABLE: &str = "owner IS NULL OR expires_at <= NOW(6) OR owner = $owner";
 
-/// A new row for an acquire: `LAST_INSERT_ID(expr)` reports the fence (the token floor, at
+/// A new row for an acquire: `LAST_INSERT_ID(expr)` reports the fence (the token minimum, at
 /// least 1) in the OK packet.
 fn insert(s: &Sql, fence: &str) -> String {
     format!(
@@ -41,8 +41,8 @@ fn insert(s: &Sql, fence: &str) -> String {
 /// new fence if granted and 0 if not (fences start at 1). `expires_at` last tests whether
 /// `owner` is now ours (owner ids are unique per acquisition). The queue condition is a
 /// subquery in the update, not an `INSERT .. SELECT .. WHERE NOT EXISTS`, which costs MariaDB
-/// twice as much per statement. A grant's fence is GREATEST(fence + 1, token floor) (0 = no
-/// floor).
+/// twice as much per statement. A grant's fence is GREATEST(fence + 1, token minimum) (0 = no
+/// min_token).
 fn gated(s: &Sql, gate: &str) -> Stmt {
     s.done(&gated_text(s, gate))
 }
@@ -53,10 +53,10 @@ fn gated_text(s: &Sql, gate: &str) -> String {
         "{} ON DUPLICATE KEY UPDATE \
          fence = IF(({TAKEABLE}) AND NOT EXISTS (SELECT 1 FROM {} AS w \
          WHERE w.name = $name{gate} AND w.expires_at > NOW(6)), \
-         LAST_INSERT_ID(GREATEST(fence + 1, $floor)), fence + LAST_INSERT_ID(0)), \
+         LAST_INSERT_ID(GREATEST(fence + 1, $min_token)), fence + LAST_INSERT_ID(0)), \
          owner = IF(LAST_INSERT_ID() = fence, $owner, owner), \
          expires_at = IF(owner <=> $owner, NOW(6) + INTERVAL $ttl MICROSECOND, expires_at)",
-        insert(s, "GREATEST(1, $floor)"),
+        insert(s, "GREATEST(1, $min_token)"),
         s.w
     )
 }
@@ -70,8 +70,8 @@ const WAITER_GATE: &str = " AND w.ticket < $ticket AND w.waiter <> $owner";
 fn semaphore_lock(sem: &str, bump: bool) -> String {
     if bump {
         format!(
-            "INSERT INTO {sem} (name, fence) VALUES ($name, LAST_INSERT_ID(GREATEST(1, $floor))) \
-             ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence + 1, $floor))"
+            "INSERT INTO {sem} (name, fence) VALUES ($name, LAST_INSERT_ID(GREATEST(1, $min_token))) \
+             ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence + 1, $min_token))"
         )
     } else {
         format!(
@@ -177,15 +177,15 @@ impl Dialect for MySql {
         // The OK packet's insert id is the new fence (see `insert`).
         s.done(&format!(
             "INSERT INTO {} (name, owner, fence, expires_at) \
-             VALUES ($name, NULL, LAST_INSERT_ID(GREATEST(1, $floor)), NOW(6)) \
-             ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence + 1, $floor))",
+             VALUES ($name, NULL, LAST_INSERT_ID(GREATEST(1, $min_token)), NOW(6)) \
+             ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence + 1, $min_token))",
             s.t
         ))
     }
 
     fn acquire(s: &Sql) -> Stmt {
         // LAST_INSERT_ID(expr) reports the outcome in the OK packet: the new fence for a new
-        // row (1, or the floor) and for a take-over, 0 when the row is held by someone else or
+        // row (1, or the minimum) and for a take-over, 0 when the row is held by someone else or
         // a live waiter is queued for the name. A new row (a name never used) is not gated: a
         // waiter only queues after finding the row held, and rows are never deleted.
         gated(s, "")

@@ -46,7 +46,7 @@ pub struct PermitStatements {
     /// other count recorded).
     pub join_call: Option<Stmt>,
     /// The owner- and fence-checked release that hands the freed permit to waiter `$next`
-    /// (queued with `$ticket`; its `$ttl`, `$floor` and `$permits`) in the same transaction,
+    /// (queued with `$ticket`; its `$ttl`, `$min_token` and `$permits`) in the same transaction,
     /// as its grant would have, when it may have it: one call of a server-side routine, a row
     /// (permits freed; the fence granted to `$next`, or NULL; when granted, how many permits
     /// are still free). `None` where the dialect has no such routine (SQLite), or the account

@@ -83,8 +83,8 @@ fn free_and_notify(s: &Sql, condition: &str, head: bool) -> Stmt {
 fn semaphore_lock(sem: &str, bump: bool) -> String {
     if bump {
         format!(
-            "INSERT INTO {sem} AS s (name, fence) VALUES ($name, GREATEST(1, $floor::bigint)) \
-             ON CONFLICT (name) DO UPDATE SET fence = GREATEST(s.fence + 1, $floor::bigint) \
+            "INSERT INTO {sem} AS s (name, fence) VALUES ($name, GREATEST(1, $min_token::bigint)) \
+             ON CONFLICT (name) DO UPDATE SET fence = GREATEST(s.fence + 1, $min_token::bigint) \
              RETURNING fence"
         )
     } else {
@@ -213,8 +213,8 @@ impl Dialect for Postgres {
     fn lease_bump(s: &Sql) -> Stmt {
         s.row(&format!(
             "INSERT INTO {} AS l (name, owner, fence, expires_at) \
-             VALUES ($name, NULL, GREATEST(1, $floor::bigint), {NOW}) \
-             ON CONFLICT (name) DO UPDATE SET fence = GREATEST(l.fence + 1, $floor::bigint) \
+             VALUES ($name, NULL, GREATEST(1, $min_token::bigint), {NOW}) \
+             ON CONFLICT (name) DO UPDATE SET fence = GREATEST(l.fence + 1, $min_token::bigint) \
              RETURNING fence",
             s.t
         ))
@@ -222,17 +222,17 @@ impl Dialect for Postgres {
 
     fn acquire(s: &Sql) -> Stmt {
         // The row is inserted, or taken over when free or expired (or already ours: a retry of
-        // this same statement), setting the fence to GREATEST(fence + 1, floor); never while a
+        // this same statement), setting the fence to GREATEST(fence + 1, min_token); never while a
         // live waiter is queued for the name (no jumping the queue).
         s.row(&format!(
             "INSERT INTO {} AS l (name, owner, fence, expires_at) \
-             SELECT $name, $owner, GREATEST(1, $floor::bigint), {} \
+             SELECT $name, $owner, GREATEST(1, $min_token::bigint), {} \
              WHERE NOT EXISTS (SELECT 1 FROM {} AS w \
              WHERE w.name = $name AND w.expires_at > {NOW}) {}",
             s.t,
             Self::expiry(),
             s.w,
-            upsert("GREATEST(l.fence + 1, $floor::bigint)", AGAIN)
+            upsert("GREATEST(l.fence + 1, $min_token::bigint)", AGAIN)
         ))
     }
 
@@ -284,17 +284,17 @@ impl Dialect for Postgres {
     fn wait_acquire(s: &Sql) -> Stmt {
         // Only when no live waiter with a smaller ticket is queued and the row is not held by
         // another (checked first, so waiters that are not next write nothing); the grant sets
-        // the fence to GREATEST(fence + 1, floor) and deletes the waiter's row (and expired
+        // the fence to GREATEST(fence + 1, min_token) and deletes the waiter's row (and expired
         // ones) in the same statement. A row already ours (a release handed it over, see
         // `hand`, or a lost reply's try granted it) is not taken again but reported, unless
-        // its fence is below the floor. Returns the fence if granted, the holder's time left
+        // its fence is below the minimum. Returns the fence if granted, the holder's time left
         // in µs, no head, and the fence and time left in µs of a live row already ours.
         let (t, w) = (&s.t, &s.w);
         let left = Self::micros_between(NOW, "h.expires_at");
         s.row(&format!(
             "WITH acq AS (\
              INSERT INTO {t} AS l (name, owner, fence, expires_at) \
-             SELECT $name, $owner, GREATEST(1, $floor::bigint), {} \
+             SELECT $name, $owner, GREATEST(1, $min_token::bigint), {} \
              WHERE NOT EXISTS (SELECT 1 FROM {w} AS w \
              WHERE w.name = $name AND w.ticket < $ticket AND w.waiter <> $owner \
              AND w.expires_at > {NOW}) \
@@ -311,8 +311,8 @@ impl Dialect for Postgres {
              (SELECT fence FROM mine), (SELECT left_us FROM mine)",
             Self::expiry(),
             upsert(
-                "GREATEST(l.fence + 1, $floor::bigint)",
-                "l.fence < $floor::bigint"
+                "GREATEST(l.fence + 1, $min_token::bigint)",
+                "l.fence < $min_token::bigint"
             ),
         ))
     }

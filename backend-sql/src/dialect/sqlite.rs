@@ -40,7 +40,7 @@ pub struct Sqlite {
 }
 
 /// The take-over of an existing row with the new fence `fence`: `fence + 1`, or
-/// `MAX(fence + 1, $floor)` with the token floor (0 = none). Unqualified columns in DO UPDATE
+/// `MAX(fence + 1, $min_token)` with the token minimum (0 = none). Unqualified columns in DO UPDATE
 /// are the existing row's.
 fn upsert(fence: &str) -> String {
     format!(
@@ -52,17 +52,17 @@ fn upsert(fence: &str) -> String {
 }
 
 /// An acquire that inserts the row or takes it over, never while a live waiter (`ahead`: one
-/// queued before us) is queued for the name. The fence becomes MAX(fence + 1, floor);
+/// queued before us) is queued for the name. The fence becomes MAX(fence + 1, min_token);
 /// `returning` adds columns after it.
 fn gated(s: &Sql, ahead: &str, returning: &str) -> Stmt {
     s.row(&format!(
         "INSERT INTO {} (name, owner, fence, expires_at) \
-         SELECT $name, $owner, MAX(1, $floor), {NOW_MS} + $ttl \
+         SELECT $name, $owner, MAX(1, $min_token), {NOW_MS} + $ttl \
          WHERE NOT EXISTS (SELECT 1 FROM {} AS w \
          WHERE w.name = $name{ahead} AND w.expires_at > {NOW_MS}) {}{returning}",
         s.t,
         s.w,
-        upsert("MAX(fence + 1, $floor)")
+        upsert("MAX(fence + 1, $min_token)")
     ))
 }
 
@@ -235,8 +235,8 @@ impl Dialect for Sqlite {
         let sem = &s.s;
         if bump {
             s.row(&format!(
-                "INSERT INTO {sem} (name, fence) VALUES ($name, MAX(1, $floor)) \
-                 ON CONFLICT (name) DO UPDATE SET fence = MAX(fence + 1, $floor) RETURNING fence"
+                "INSERT INTO {sem} (name, fence) VALUES ($name, MAX(1, $min_token)) \
+                 ON CONFLICT (name) DO UPDATE SET fence = MAX(fence + 1, $min_token) RETURNING fence"
             ))
         } else {
             s.done(&format!(
@@ -250,8 +250,8 @@ impl Dialect for Sqlite {
         // Unqualified columns in DO UPDATE are the existing row's.
         s.row(&format!(
             "INSERT INTO {} (name, owner, fence, expires_at) \
-             VALUES ($name, NULL, MAX(1, $floor), {NOW_MS}) \
-             ON CONFLICT (name) DO UPDATE SET fence = MAX(fence + 1, $floor) RETURNING fence",
+             VALUES ($name, NULL, MAX(1, $min_token), {NOW_MS}) \
+             ON CONFLICT (name) DO UPDATE SET fence = MAX(fence + 1, $min_token) RETURNING fence",
             s.t
         ))
     }

@@ -178,7 +178,7 @@ impl Handover {
 /// The hand-over transaction on `conn`, statement by statement (where the dialect has no
 /// routine for it): under the semaphore row's lock, the release of `$owner`'s permit with
 /// `$fence`, then the grant transaction's look and writes for `$next` (queued with `$ticket`,
-/// asking for `$ttl`, `$floor` and `$permits`), when it is still queued and the look grants.
+/// asking for `$ttl`, `$min_token` and `$permits`), when it is still queued and the look grants.
 pub(super) async fn hand_tx<DB: SqlDb>(
     conn: &mut DB::Connection,
     sql: &PermitStatements,

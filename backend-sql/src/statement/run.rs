@@ -195,7 +195,7 @@ where
                 Param::Fence => out.add(a.fence),
                 Param::Ttl => out.add(whole(a.ttl, stmt.style.ttl_unit)),
                 Param::Ticket => out.add(a.ticket),
-                Param::Floor => out.add(a.floor),
+                Param::MinToken => out.add(a.min_token),
                 Param::Permits => out.add(a.permits),
                 Param::Next => out.add(next.as_str()),
                 Param::Secret => out.add(secret.as_str()),

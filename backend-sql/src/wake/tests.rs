@@ -222,7 +222,7 @@ fn wake_first_wakes_only_the_local_waiter_nearest_the_head() {
 fn terms(permits: u32) -> Terms {
     Terms {
         ttl: Duration::from_secs(30),
-        floor: 0,
+        min_token: 0,
         permits,
     }
 }

@@ -22,7 +22,7 @@ per_dialect!(
     try_lock_does_not_jump_a_live_queue,
     cancelled_waiters_leave_no_row,
     dead_waiter_blocks_only_until_its_liveness,
-    token_floor_and_chosen_owner_on_every_granting_statement,
+    min_token_and_chosen_owner_on_every_granting_statement,
     a_grant_from_the_queue_names_the_next_head,
     a_release_hands_the_lock_to_the_next_writer,
     a_hand_over_passes_over_readers_and_stale_waiters,
@@ -192,17 +192,17 @@ async fn a_grant_from_the_queue_names_the_next_head(kind: Kind) {
     raw.delete_rows(WAITERS, n.as_str()).await;
 }
 
-/// A token floor and a chosen owner reach every statement that grants: the insert of a new row
+/// A token minimum and a chosen owner reach every statement that grants: the insert of a new row
 /// and the take-over of the plain acquire, and a queued waiter's attempt. The fence column
 /// holds the floor afterwards, so plain grants continue above it; a floor below the fence
 /// changes nothing, and one that does not fit the column is refused before any I/O.
-async fn token_floor_and_chosen_owner_on_every_granting_statement(kind: Kind) {
+async fn min_token_and_chosen_owner_on_every_granting_statement(kind: Kind) {
     let url = fresh_url(kind).await;
     let (a, b) = (client(&url).await, client(&url).await);
     let raw = Raw::connect(&url).await;
     let n = name("floored");
     let fence = || async { raw.row(TABLE, n.as_str()).await.map(|r| r.1) };
-    let floored = |o: AcquireOptions, f: u64| o.token_floor(FencingToken(f));
+    let floored = |o: AcquireOptions, f: u64| o.min_token(FencingToken(f));
 
     // A name never used: the insert.
     let owner = OwnerId::random();
@@ -278,7 +278,7 @@ async fn token_floor_and_chosen_owner_on_every_granting_statement(kind: Kind) {
         matches!(
             err,
             Error::InvalidArgument {
-                argument: "token_floor",
+                argument: "min_token",
                 ..
             }
         ),

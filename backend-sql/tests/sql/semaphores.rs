@@ -343,7 +343,7 @@ async fn permit_count_checked_while_in_use_only(kind: Kind) {
 }
 
 /// A semaphore's fence is never reset: tokens keep increasing across release and expiry (and
-/// new clients), a token floor lifts them, and a refused attempt leaves the fence as it was.
+/// new clients), a token minimum lifts them, and a refused attempt leaves the fence as it was.
 async fn permit_tokens_increase_across_release_and_expiry(kind: Kind) {
     let url = fresh_url(kind).await;
     let (a, b, raw) = (
@@ -390,8 +390,8 @@ async fn permit_tokens_increase_across_release_and_expiry(kind: Kind) {
     assert!(p3.token() > p2.token());
     assert_eq!(b.release(&p2).await.unwrap(), Released::NotHeld);
     assert_eq!(a.release(&p3).await.unwrap(), Released::Released);
-    // A token floor lifts the fence; later grants continue above it.
-    let floored = opts(Duration::from_secs(30)).token_floor(FencingToken(1000));
+    // A token minimum lifts the fence; later grants continue above it.
+    let floored = opts(Duration::from_secs(30)).min_token(FencingToken(1000));
     let p4 = permit(&a, &n, 1, floored).await.unwrap().expect("floored");
     assert_eq!(p4.token(), FencingToken(1000));
     a.release(&p4).await.unwrap();

@@ -1,5 +1,5 @@
 //! Fencing tokens: every acquisition of a name gets a larger token, across expiry, and a token
-//! floor carries the counter (or is refused where the store cannot carry it).
+//! a token minimum carries the counter (or is refused where the store cannot carry it).
 
 use std::sync::Arc;
 
@@ -51,24 +51,24 @@ pub async fn fencing_tokens_increase_across_expiry(ctx: Ctx) {
     gb.release().await.expect("release");
 }
 
-/// A store that honours token floors
-/// ([`AcquireOptions::token_floor`](lockcore::AcquireOptions::token_floor)) hands out a token
-/// of at least the floor and moves its counter there, so plain acquisitions after it get
-/// higher tokens; a floor below the counter changes nothing.
-pub async fn token_floor_carries_the_counter(ctx: Ctx) {
+/// A store that honours token minimums
+/// ([`AcquireOptions::min_token`](lockcore::AcquireOptions::min_token)) hands out a token
+/// of at least the minimum and moves its counter there, so plain acquisitions after it get
+/// higher tokens; a minimum below the counter changes nothing.
+pub async fn min_token_carries_the_counter(ctx: Ctx) {
     let c = ctx.client().await;
     let n = ctx.name("x");
     let first = c.lock(&n, &lease_opts(30 * SEC)).await.expect("acquire");
-    let floor = FencingToken(first.fencing_token().0 + 1_000_000);
+    let min_token = FencingToken(first.fencing_token().0 + 1_000_000);
     first.release().await.expect("release");
 
     let lifted = c
-        .lock(&n, &lease_opts(30 * SEC).token_floor(floor))
+        .lock(&n, &lease_opts(30 * SEC).min_token(min_token))
         .await
-        .expect("acquire with a floor");
+        .expect("acquire with a min_token");
     assert!(
-        lifted.fencing_token() >= floor,
-        "token {} is below the floor {floor}",
+        lifted.fencing_token() >= min_token,
+        "token {} is below the min_token {min_token}",
         lifted.fencing_token()
     );
     let lifted_token = lifted.fencing_token();
@@ -77,33 +77,33 @@ pub async fn token_floor_carries_the_counter(ctx: Ctx) {
     let after = c.lock(&n, &lease_opts(30 * SEC)).await.expect("acquire");
     assert!(
         after.fencing_token() > lifted_token,
-        "token {} after a floored grant is not above {lifted_token}: the counter was not carried",
+        "token {} after a raised grant is not above {lifted_token}: the counter was not carried",
         after.fencing_token()
     );
     let after_token = after.fencing_token();
     after.release().await.expect("release");
 
     let low = c
-        .lock(&n, &lease_opts(30 * SEC).token_floor(FencingToken(1)))
+        .lock(&n, &lease_opts(30 * SEC).min_token(FencingToken(1)))
         .await
-        .expect("acquire with a low floor");
+        .expect("acquire with a low min_token");
     assert!(
         low.fencing_token() > after_token,
-        "a floor below the counter moved tokens backwards: {} after {after_token}",
+        "a min_token below the counter moved tokens backwards: {} after {after_token}",
         low.fencing_token()
     );
     low.release().await.expect("release");
 }
 
-/// A store that cannot carry a token floor refuses one with `Unsupported` before any I/O.
-pub async fn token_floor_unsupported_says_so(ctx: Ctx) {
+/// A store that cannot carry a token minimum refuses one with `Unsupported` before any I/O.
+pub async fn min_token_unsupported_says_so(ctx: Ctx) {
     let counting = crate::CountingLock::new(ctx.client().await);
     let c: Arc<dyn DistributedLock> = counting.clone();
     let n = ctx.name("x");
     let err = c
-        .try_lock(&n, &lease_opts(30 * SEC).token_floor(FencingToken(7)))
+        .try_lock(&n, &lease_opts(30 * SEC).min_token(FencingToken(7)))
         .await
-        .expect_err("a token floor on a store that cannot carry it");
+        .expect_err("a token minimum on a store that cannot carry it");
     assert!(
         matches!(err, Error::Unsupported { .. }),
         "expected Unsupported, got {err}"

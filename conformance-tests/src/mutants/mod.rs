@@ -518,7 +518,7 @@ pub const UNKILLABLE: &[(&str, &str)] = &[
         "a refusal case: lockcore refuses from the capabilities, before any backend call",
     ),
     (
-        "token_floor_unsupported_says_so",
+        "min_token_unsupported_says_so",
         "a refusal case: lockcore refuses from the capabilities, before any backend call",
     ),
 ];

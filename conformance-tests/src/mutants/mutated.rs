@@ -14,8 +14,8 @@ use crate::{Connect, Target};
 /// What a [`Mutated`] backend gets wrong.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Twist {
-    /// The token floor of an acquisition is dropped before the store sees it.
-    FloorIgnored,
+    /// The token minimum of an acquisition is dropped before the store sees it.
+    MinTokenIgnored,
     /// The store keeps a permit for an hour whatever its ttl (the client still counts the ttl).
     PermitsNeverExpire,
     /// A lease's validity is counted from the reply, which comes late, not from the request.
@@ -36,7 +36,7 @@ pub enum Twist {
 impl Twist {
     /// Every twist.
     pub const ALL: [Twist; 8] = [
-        Twist::FloorIgnored,
+        Twist::MinTokenIgnored,
         Twist::PermitsNeverExpire,
         Twist::ValidityFromReply,
         Twist::ValidityOverclaimed,
@@ -77,7 +77,7 @@ impl Mutated {
     fn sent(&self, opts: &AcquireOptions, permit: bool) -> AcquireOptions {
         let ttl = self.store_ttl(opts.ttl_value(), permit);
         match self.twist {
-            Twist::FloorIgnored => opts.clone().without_token_floor(),
+            Twist::MinTokenIgnored => opts.clone().without_min_token(),
             Twist::OwnerIgnored => opts.clone().owner(OwnerId::random()),
             _ if ttl != opts.ttl_value() => opts.clone().ttl(ttl).drift(opts.drift_value()),
             _ => opts.clone(),

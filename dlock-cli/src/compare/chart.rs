@@ -7,7 +7,7 @@
 
 use std::fmt::Write as _;
 
-use super::model::{BackendReport, floor_of};
+use super::model::{BackendReport, min_token_of};
 
 const WIDTH: f64 = 760.0;
 const LABEL: f64 = 130.0;
@@ -170,7 +170,7 @@ pub(crate) fn throughput(rows: &[&BackendReport]) -> String {
         .iter()
         .map(|b| {
             let u = b.bench.uncontended.as_ref()?;
-            Some((u.pairs_per_sec, floor_of(u).map(|f| f.pairs_per_sec)))
+            Some((u.pairs_per_sec, min_token_of(u).map(|f| f.pairs_per_sec)))
         })
         .collect();
     against(

@@ -29,7 +29,7 @@ use conformance_tests::{Kind, Target};
 use lockcore::DistributedLock;
 
 pub use model::{
-    BackendReport, Bench, CompareReport, RunOutcome, Scenario, Sheet, Verdict, floor_of,
+    BackendReport, Bench, CompareReport, RunOutcome, Scenario, Sheet, Verdict, min_token_of,
 };
 
 use crate::bench::{self, BenchOptions};

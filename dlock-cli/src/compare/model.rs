@@ -11,7 +11,7 @@ use crate::bench::{ContendedReport, FloorReport, UncontendedReport};
 
 /// The floor a backend's uncontended figures are judged against: the fenced floor where the
 /// bench measures one (the minimal script that also hands out a token), else the raw one.
-pub fn floor_of(u: &UncontendedReport) -> Option<&FloorReport> {
+pub fn min_token_of(u: &UncontendedReport) -> Option<&FloorReport> {
     u.fenced_floor.as_ref().or(u.floor.as_ref())
 }
 

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use conformance_tests::{Outcome, registry};
 
-use super::model::{BackendReport, CompareReport, Verdict, floor_of};
+use super::model::{BackendReport, CompareReport, Verdict, min_token_of};
 
 /// One row per backend: what its cases, scenarios and benchmark came to.
 pub fn table(report: &CompareReport) -> String {
@@ -86,7 +86,7 @@ fn summary(b: &BackendReport) -> Vec<String> {
     };
     let u = b.bench.uncontended.as_ref();
     let c = b.bench.contended.as_ref();
-    let floor = u.and_then(floor_of);
+    let floor = u.and_then(min_token_of);
     vec![
         b.name.clone(),
         sheet.fencing.clone(),
@@ -359,7 +359,7 @@ pub(super) fn bench_cells(b: &BackendReport) -> Vec<String> {
     let dash = || "-".to_owned();
     let n = |v: f64| format!("{v:.0}");
     let u = b.bench.uncontended.as_ref();
-    let floor = u.and_then(floor_of);
+    let floor = u.and_then(min_token_of);
     let c = b.bench.contended.as_ref();
     let sem = b.bench.semaphore.as_ref();
     vec![

@@ -1,6 +1,6 @@
 -- ACQUIRE: KEYS lock, fence, queue, alive, seq, shared
 --          ARGV owner, ttl_ms, mode ('try' | 'wait' | 'member'), alive_ms, client id,
---               wakes (channel prefix), token floor (0 = none), read ('1': a shared hold of the
+--               wakes (channel prefix), token minimum (0 = none), read ('1': a shared hold of the
 --               read-write lock; else the exclusive hold, which is the write lock)
 -- Returns {1, token, owner} when granted, else {0, ms_blocked, owner, rank_in_queue, fence}
 -- (ms_blocked: how long the holds in the way last unless released: the holder's pttl, for a
@@ -8,8 +8,8 @@
 -- value, the last token handed out; Redlock's acquirer takes a token above every fence it hears
 -- of).
 --
--- A grant's token is max(fence + 1, floor), and the fence counter moves to it in the same step,
--- so every later token is above the floor too. Readers draw from the same counter.
+-- A grant's token is max(fence + 1, min_token), and the fence counter moves to it in the same step,
+-- so every later token is above the minimum too. Readers draw from the same counter.
 --
 -- The exclusive hold needs the lock free and no live reader; a reader needs the lock free and no
 -- writer queued ahead of it, so readers and writers queue together in arrival order and a steady
@@ -45,7 +45,7 @@ end
 --@common
 local lock, fence, queue, alive, seq, shared = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local owner, ttl, mode, alive_ms, wakes = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[6]
-local floor = ARGV[7]
+local min_token = ARGV[7]
 local read = ARGV[8] == '1'
 local entry = owner .. ARGV[5]
 if read then
@@ -63,11 +63,11 @@ local held = writer or (not read and redis.call('EXISTS', shared) == 1)
 -- stays, RESERVED, at least as long, so no `SET NX` takes the lock from under a reader).
 local function grant_hold()
   if not read then
-    return grant(lock, fence, queue, owner, ttl, floor, now, alive_ms)
+    return grant(lock, fence, queue, owner, ttl, min_token, now, alive_ms)
   end
   -- No lease holds here (absent, RESERVED, or a marked lease that ran out).
   redis.call('SET', lock, RESERVED, 'PX', math.max(tonumber(ttl), redis.call('PTTL', lock)))
-  return (grant_member(shared, fence, floor, owner, now + tonumber(ttl)))
+  return (grant_member(shared, fence, min_token, owner, now + tonumber(ttl)))
 end
 
 -- How long the holds in the way last (a head waiter looks again then: expiry publishes nothing).

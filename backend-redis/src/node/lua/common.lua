@@ -9,7 +9,7 @@
 --          RESERVED: no holder, but waiters or readers may be live
 --          so the key exists while anyone waits or reads, and a `SET NX` that succeeds is a grant
 --          that jumps no one (`try_fast.lua`)
---   fence  the fencing counter (INCR on every grant, or raised to the grant's token floor;
+--   fence  the fencing counter (INCR on every grant, or raised to the grant's token minimum;
 --          never deleted)
 --   queue  ZSET of waiting entries (owner id + client id), scored by arrival ticket (FIFO order)
 --   alive  ZSET of the same entries, scored by the server time (ms) until which each is alive
@@ -24,13 +24,13 @@
 -- with a `:sem:` suffix (see `sem_acquire.lua`), and its queue (queue, alive, seq) has the same
 -- shape as a lock's, so `prune` and `wake_first` serve both.
 
--- The next fencing token of `fence`: INCR, or `floor` (a decimal string, '0' for none) when
+-- The next fencing token of `fence`: INCR, or `min_token` (a decimal string, '0' for none) when
 -- that is higher, and the counter moves there with it.
-local function next_token(fence, floor)
+local function next_token(fence, min_token)
   local token = redis.call('INCR', fence)
-  if token < tonumber(floor) then
-    token = tonumber(floor)
-    redis.call('SET', fence, floor)
+  if token < tonumber(min_token) then
+    token = tonumber(min_token)
+    redis.call('SET', fence, min_token)
   end
   return token
 end
@@ -39,8 +39,8 @@ end
 -- token of `fence` (see `next_token`), and the member `<owner>:<token>` in `holders`, running out
 -- at `until_ms` (server ms). The member names the token in decimal, as the client writes it
 -- (exact up to 2^53). Returns the token and the member.
-local function grant_member(holders, fence, floor, owner, until_ms)
-  local token = next_token(fence, floor)
+local function grant_member(holders, fence, min_token, owner, until_ms)
+  local token = next_token(fence, min_token)
   local member = owner .. ':' .. string.format('%d', token)
   redis.call('ZADD', holders, until_ms, member)
   return token, member
@@ -111,8 +111,8 @@ end
 -- plain with the lease's ttl when nobody is queued, else marked, the key kept at least
 -- `alive_ms` (every waiter refreshes its liveness to at most that far ahead). Tokens are drawn
 -- only here, so while the lock is held the fence counter is its holder's token.
-local function grant(lock, fence, queue, owner, ttl, floor, now, alive_ms)
-  local token = next_token(fence, floor)
+local function grant(lock, fence, queue, owner, ttl, min_token, now, alive_ms)
+  local token = next_token(fence, min_token)
   ttl = tonumber(ttl)
   if redis.call('EXISTS', queue) == 0 then
     redis.call('SET', lock, owner, 'PX', ttl)

@@ -1,6 +1,6 @@
 -- SEM_ACQUIRE: KEYS holders, fence, queue, alive, seq, count, terms (the semaphore's keys)
 --              ARGV owner, ttl_ms, mode ('try' | 'wait'), alive_ms, client id, wakes (channel
---                   prefix), token floor (0 = none), permits, queued ('1': an earlier attempt
+--                   prefix), token minimum (0 = none), permits, queued ('1': an earlier attempt
 --                   of this owner was answered with a place in the queue), secret (the
 --                   waiter's, 32 hex digits: see `sem_release.lua`; empty for a try)
 -- Returns {1, token, owner} when a permit is granted now; {2, token, owner} when a release
@@ -18,7 +18,7 @@
 --   queue, alive, seq  the FIFO queue of waiters, as a lock's (see common.lua)
 --   count   the count recorded while the semaphore is in use (a live holder or a queued waiter);
 --           once nobody holds or waits, the next caller's count becomes the semaphore's
---   terms   HASH from each queue entry to `<alive_ms> <ttl_ms> <token floor> <secret>`, its
+--   terms   HASH from each queue entry to `<alive_ms> <ttl_ms> <token minimum> <secret>`, its
 --           terms as it joined the queue: what a release needs to grant the entry a permit in
 --           its place, and to tag the message that tells it so
 --
@@ -35,7 +35,7 @@
 local holders, fence, queue, alive, seq, count = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local terms = KEYS[7]
 local owner, ttl, mode, alive_ms, wakes = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[6]
-local floor, permits = ARGV[7], tonumber(ARGV[8])
+local min_token, permits = ARGV[7], tonumber(ARGV[8])
 local entry = owner .. ARGV[5]
 local now = now_ms()
 -- Expired permits free themselves here (by the server's clock), dead waiters leave the queue.
@@ -55,7 +55,7 @@ local free = live < permits
 
 -- A permit for `owner`: the semaphore's next token, and a member that runs out at now + ttl.
 local function grant_permit()
-  return (grant_member(holders, fence, floor, owner, now + ttl))
+  return (grant_member(holders, fence, min_token, owner, now + ttl))
 end
 
 -- Until the earliest live permit runs out, when none is free (a head waiter looks again then:
@@ -99,7 +99,7 @@ if free and (rank == 0 or (not rank and queued == 0)) then
   return {1, token, owner}
 end
 if not rank then
-  redis.call('HSET', terms, entry, ARGV[4] .. ' ' .. ARGV[2] .. ' ' .. floor .. ' ' .. ARGV[10])
+  redis.call('HSET', terms, entry, ARGV[4] .. ' ' .. ARGV[2] .. ' ' .. min_token .. ' ' .. ARGV[10])
 end
 rank = queue_up(queue, alive, seq, entry, rank, now + alive_ms)
 if pruned > 0 and free then

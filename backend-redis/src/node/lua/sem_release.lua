@@ -67,7 +67,7 @@ while free > 0 do
   if not t or not alive_until then
     break
   end
-  local alive_ms, ttl, floor, secret = string.match(t, '^(%d+) (%d+) (%d+) ?(%x*)$')
+  local alive_ms, ttl, min_token, secret = string.match(t, '^(%d+) (%d+) (%d+) ?(%x*)$')
   if not alive_ms then
     break
   end
@@ -75,7 +75,7 @@ while free > 0 do
   if (until_ms - now) * 2 < tonumber(ttl) then
     break
   end
-  local _, member = grant_member(holders, fence, floor, string.sub(head, 1, 32), until_ms)
+  local _, member = grant_member(holders, fence, min_token, string.sub(head, 1, 32), until_ms)
   redis.call('ZREM', queue, head)
   redis.call('ZREM', alive, head)
   redis.call('HDEL', terms, head)

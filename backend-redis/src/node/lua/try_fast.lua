@@ -1,5 +1,5 @@
 -- TRY (fast path of an exclusive `try` acquire): KEYS lock, fence; ARGV owner, ttl_ms, [token
--- floor] (absent = none: every argument costs Redis an object and a Lua string per call, so
+-- min_token] (absent = none: every argument costs Redis an object and a Lua string per call, so
 -- the common call sends two)
 -- Returns `<owner>:<token>` when granted (the lock key was absent; one string, the cheapest reply
 -- for Redis to build from Lua, where a table reply is several times dearer), {0, fence} when a
@@ -11,7 +11,7 @@
 -- The lock key exists while anyone waits or reads (see `common.lua`), so a `SET NX` that takes
 -- it jumps no one: a grant is two commands, the `SET NX PX` and the token (INCR in the same
 -- atomic step, so nobody sees the lock without it), and a refusal two, the `SET NX` and one
--- `MGET`. The token is max(fence + 1, floor), and the counter moves to it in the same step.
+-- `MGET`. The token is max(fence + 1, min_token), and the counter moves to it in the same step.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local token = redis.call('INCR', KEYS[2])
   if ARGV[3] and token < tonumber(ARGV[3]) then

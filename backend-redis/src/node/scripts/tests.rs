@@ -64,11 +64,16 @@ fn a_call_is_evalsha_with_keys_then_arguments() {
 }
 
 #[test]
-fn a_token_floor_is_an_argument_only_when_there_is_one() {
+fn a_min_token_is_an_argument_only_when_there_is_one() {
     let keys = Keys::new("p", &LockName::new("n").unwrap());
-    let attempt = |floor| {
+    let attempt = |min_token| {
         let call = keys.call(&TRY_FAST, &[Key::Lock, Key::Fence]);
-        words(&call.owner_arg(OwnerId(1)).arg(5000u64).floor_arg(floor))
+        words(
+            &call
+                .owner_arg(OwnerId(1))
+                .arg(5000u64)
+                .min_token_arg(min_token),
+        )
     };
     let none = attempt(0);
     assert_eq!(none.len(), 7, "{none:?}");

@@ -9,7 +9,7 @@
 --   owner    the holder's owner id
 --   count    the holder's reentrant count
 --   version  the fencing token: bumped by every successful expireLock (and reader entry), or
---            raised to the acquisition's token floor; never reset
+--            raised to the acquisition's token minimum; never reset
 --   busy     '1' whenever the readers or dlock's queue (below) may hold an entry: see `settle`
 -- one ZSET of readers (KEYS[2]), scored by each reader's expiry (server ms), and dlock's FIFO
 -- queue of waiters (KEYS[3] queue, KEYS[4] alive, KEYS[5] seq), laid out as a lock's queue

@@ -1,6 +1,6 @@
 -- EXPIRE_LOCK: KEYS hash, readers, queue, alive, seq
 --              ARGV owner, ttl_ms, reentrant (1|0), waiting_ms (0 = not a waiting writer),
---                   token floor (0 = none), mode ('plain' | 'try' | 'wait'), alive_ms,
+--                   token minimum (0 = none), mode ('plain' | 'try' | 'wait'), alive_ms,
 --                   client id, wakes (channel prefix)
 -- Locks only in the unlocked state (flag clear, or expiry passed) and when no reader holds the
 -- key; an expired lock is taken over in the same step. The new expiry is above the old one even
@@ -13,7 +13,7 @@
 -- A waiting writer (waiting_ms > 0) that is refused marks the hash `writer waiting` until now +
 -- waiting_ms: readers that bypass the queue (Tair's own) stay out meanwhile, so a stream of
 -- them cannot starve it. Its own lock clears the mark.
--- A fresh lock's version is max(version + 1, floor), set in the same step.
+-- A fresh lock's version is max(version + 1, min_token), set in the same step.
 -- Returns {1, proof, version, count} when locked (the proof is the expiry this lock set), else
 -- {0, expiry, holder, rank, ms_blocked}: holder 'readers' when readers hold it, '' when only the
 -- queue is ahead; rank the owner's place in the queue (-1: not queued); ms_blocked how long the
@@ -23,7 +23,7 @@
 -- anew on each call): nobody reads or queues (the hash is not marked `busy`, so the queue and
 -- the readers have nothing to say in any mode), no writer holds, and this owner left no mark
 -- of its own to clear. Then the grant is one write of the hash, the version max(version + 1,
--- floor) computed from the same read, with what the full path below would return.
+-- min_token) computed from the same read, with what the full path below would return.
 do
   local t = redis.call('TIME')
   local at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

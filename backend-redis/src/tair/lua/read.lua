@@ -1,5 +1,5 @@
 -- READ: KEYS hash, readers, queue, alive, seq
---       ARGV reader id, ttl_ms, op ('enter' | 'exit' | 'renew' | 'unwait' | 'leave'), token floor
+--       ARGV reader id, ttl_ms, op ('enter' | 'exit' | 'renew' | 'unwait' | 'leave'), token minimum
 --            (0 = none; used by enter), mode ('plain' | 'try' | 'wait'; for enter), alive_ms,
 --            client id, wakes (channel prefix)
 -- enter: in one step, refuses while a writer holds the lock, else adds the reader with its
@@ -14,7 +14,7 @@
 --        reader's expiry. unwait: clears the `writer waiting` mark of the writer ARGV[1] (it gave
 --        up). leave: takes ARGV[1]'s entries (writer and reader) out of the queue and wakes the
 --        head if it may go now (the undo of a waiting acquire).
--- Returns for enter {1, expiry, version} (the version bumped, to at least the floor: the
+-- Returns for enter {1, expiry, version} (the version bumped, to at least the minimum: the
 -- reader's fencing token) or {0, writer's expiry, writer, rank, ms_blocked} (as expireLock's);
 -- for exit, renew, unwait and leave 1 when there was something to change, else 0.
 --@tair

@@ -1,5 +1,5 @@
 -- TRY_FAST (dlock's single attempt at the write lock, its common case): KEYS hash;
---           ARGV owner, ttl_ms, [token floor] (absent = none)
+--           ARGV owner, ttl_ms, [token minimum] (absent = none)
 -- `lock.lua` in mode 'try' (not reentrant, no waiting mark) for the case that needs no queue:
 -- with the one key and two or three arguments that case reads, where `lock.lua` takes five
 -- and nine, each of which Redis makes into a string on every call. The hash's `busy` mark
@@ -9,7 +9,7 @@
 -- Returns, as `lock.lua` would:
 --   {1, proof, version, 1} when locked: nobody reads or queues (no `busy` mark), no writer
 --     holds, and this owner left no `writer waiting` mark of its own; the grant is one write of
---     the hash, the version max(version + 1, floor) computed from the same read;
+--     the hash, the version max(version + 1, min_token) computed from the same read;
 --   {0, expiry, holder, -1, ms_blocked} when a writer holds it and nobody reads or queues;
 -- and -1 when the hash is marked busy, or this owner's `writer waiting` mark stands: the caller
 -- then runs `lock.lua`, which prunes the queue, drops expired readers and clears both marks

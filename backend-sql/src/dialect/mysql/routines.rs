@@ -229,12 +229,12 @@ pub(super) async fn install(core: &Core<sqlx::MySql>, s: &Sql, sql: &mut Stateme
     let lock = Routine::new(
         s,
         "grant_lock",
-        &format!("{OWNER}, p_ttl BIGINT, p_floor BIGINT, p_ticket BIGINT"),
+        &format!("{OWNER}, p_ttl BIGINT, p_min_token BIGINT, p_ticket BIGINT"),
         &grant_lock_body(s),
     );
     if lock.install(core).await {
         sql.wait_acquire = s.row(&format!(
-            "CALL `{}`($name, $owner, $ttl, $floor, $ticket)",
+            "CALL `{}`($name, $owner, $ttl, $min_token, $ticket)",
             lock.name
         ));
         sql.grant_dequeues = true;
@@ -243,7 +243,7 @@ pub(super) async fn install(core: &Core<sqlx::MySql>, s: &Sql, sql: &mut Stateme
     let grant = Routine::new(
         s,
         "grant_permit",
-        &format!("{OWNER}, p_ttl BIGINT, p_floor BIGINT, p_permits BIGINT, p_ticket BIGINT"),
+        &format!("{OWNER}, p_ttl BIGINT, p_min_token BIGINT, p_permits BIGINT, p_ticket BIGINT"),
         &grant_body(s),
     );
     let join = Routine::new(
@@ -258,13 +258,13 @@ pub(super) async fn install(core: &Core<sqlx::MySql>, s: &Sql, sql: &mut Stateme
         &format!(
             "{OWNER}, p_fence BIGINT, \
              p_next CHAR(32) CHARACTER SET ascii COLLATE ascii_bin, p_ticket BIGINT, \
-             p_ttl BIGINT, p_floor BIGINT, p_permits BIGINT"
+             p_ttl BIGINT, p_min_token BIGINT, p_permits BIGINT"
         ),
         &hand_body(s),
     );
     if grant.install(core).await && join.install(core).await {
         permits.grant_call = Some(s.row(&format!(
-            "CALL `{}`($name, $owner, $ttl, $floor, $permits, $ticket)",
+            "CALL `{}`($name, $owner, $ttl, $min_token, $permits, $ticket)",
             grant.name
         )));
         permits.join_call = Some(s.row(&format!(
@@ -274,7 +274,7 @@ pub(super) async fn install(core: &Core<sqlx::MySql>, s: &Sql, sql: &mut Stateme
     }
     if hand.install(core).await {
         permits.hand = Some(s.row(&format!(
-            "CALL `{}`($name, $owner, $fence, $next, $ticket, $ttl, $floor, $permits)",
+            "CALL `{}`($name, $owner, $fence, $next, $ticket, $ttl, $min_token, $permits)",
             hand.name
         )));
     }

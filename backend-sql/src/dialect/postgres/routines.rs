@@ -173,7 +173,7 @@ pub(super) fn add(s: &Sql, sql: &mut Statements, wake: &str) {
     let join = aux_table(&s.table, "_join_permits");
     sql.create.push(s.done(&create(
         &grant,
-        "p_name text, p_owner text, p_ttl bigint, p_floor bigint, p_permits bigint, \
+        "p_name text, p_owner text, p_ttl bigint, p_min_token bigint, p_permits bigint, \
          p_ticket bigint, OUT o_outcome bigint, OUT o_fence bigint, OUT o_ahead bigint, \
          OUT o_left bigint, OUT o_recorded bigint",
         &grant_body(s, wake),
@@ -194,13 +194,13 @@ pub(super) fn add(s: &Sql, sql: &mut Statements, wake: &str) {
     sql.create.push(s.done(&create(
         &hand,
         "p_name text, p_owner text, p_fence bigint, p_next text, p_ticket bigint, p_ttl bigint, \
-         p_floor bigint, p_permits bigint, OUT o_freed bigint, OUT o_fence bigint, \
+         p_min_token bigint, p_permits bigint, OUT o_freed bigint, OUT o_fence bigint, \
          OUT o_free bigint",
         &hand_body(s, wake),
     )));
     sql.permits.hand = Some(s.row(&format!(
         "SELECT * FROM \"{hand}\"($name, $owner, $fence::bigint, $next, $ticket::bigint, \
-         $ttl::bigint, $floor::bigint, $permits::bigint)"
+         $ttl::bigint, $min_token::bigint, $permits::bigint)"
     )));
     let call = |fence: &str| {
         s.row(&format!(
@@ -210,7 +210,7 @@ pub(super) fn add(s: &Sql, sql: &mut Statements, wake: &str) {
     sql.permits.release = call("$fence");
     sql.permits.release_owner = call("NULL");
     sql.permits.grant_call = Some(s.row(&format!(
-        "SELECT * FROM \"{grant}\"($name, $owner, $ttl::bigint, $floor::bigint, \
+        "SELECT * FROM \"{grant}\"($name, $owner, $ttl::bigint, $min_token::bigint, \
          $permits::bigint, $ticket::bigint)"
     )));
     sql.permits.join_call = Some(s.row(&format!(
