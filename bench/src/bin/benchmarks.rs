@@ -4,8 +4,12 @@
 //! same servers and reports both, so a change is judged against the bench's own noise.
 //!
 //! ```text
-//! scripts/benchmarks [--runs N] [--baseline PATH] [--only sqlite,redis,...]
+//! scripts/benchmarks [--runs N] [--baseline PATH] [--only sqlite,redis,...] [--speedup-runs N]
 //! ```
+//!
+//! Then, for each SQL backend, what each of its speed-ups buys: the same bench with contending
+//! clients as processes, with every speed-up on, with none, and with each one off in turn, all
+//! interleaved on the same servers.
 //! (the script builds the release binaries and calls this with `--dlock target/release/dlock`).
 
 use std::fmt::Write as _;
@@ -43,10 +47,22 @@ const BENCH_ARGS: &[&str] = &[
     "--json",
 ];
 
+/// The SQL backends' speed-ups, as the `speedups` URL option names them.
+const SQL_SPEEDUPS: &[&str] = &[
+    "doorbell",
+    "sqlite-write-queue",
+    "connection-cache",
+    "hand-over",
+    "background-dequeue",
+    "mysql-procedures",
+];
+
 struct Options {
     dlock: PathBuf,
     baseline: Option<PathBuf>,
     runs: usize,
+    /// Runs of each speed-up variant (0: no speed-up section).
+    speedup_runs: usize,
     only: Option<Vec<String>>,
     out: PathBuf,
 }
@@ -54,9 +70,18 @@ struct Options {
 fn usage() -> ! {
     eprintln!(
         "usage: benchmarks --dlock PATH [--baseline PATH] [--runs N (odd, default 5)] \
-         [--only sqlite,postgres,...] [--out docs/benchmarks.md]"
+         [--only sqlite,postgres,...] [--speedup-runs N (odd or 0, default 3)] \
+         [--out docs/benchmarks.md]"
     );
     std::process::exit(2)
+}
+
+impl Options {
+    fn wanted(&self, name: SpawnName) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|n| n == name.as_str()))
+    }
 }
 
 fn options() -> Options {
@@ -64,6 +89,7 @@ fn options() -> Options {
         dlock: PathBuf::new(),
         baseline: None,
         runs: 5,
+        speedup_runs: 3,
         only: None,
         out: PathBuf::from("docs/benchmarks.md"),
     };
@@ -78,6 +104,13 @@ fn options() -> Options {
                     .parse()
                     .ok()
                     .filter(|n| n % 2 == 1)
+                    .unwrap_or_else(|| usage())
+            }
+            "--speedup-runs" => {
+                o.speedup_runs = value
+                    .parse()
+                    .ok()
+                    .filter(|n| n % 2 == 1 || *n == 0)
                     .unwrap_or_else(|| usage())
             }
             "--only" => o.only = Some(value.split(',').map(str::to_owned).collect()),
@@ -243,10 +276,7 @@ async fn main() {
         "| backend | pairs/s | × floor | floor ÷ itself | contended/s | × limit |\n|---|---|---|---|---|---|"
     );
     for &name in BACKENDS {
-        if o.only
-            .as_ref()
-            .is_some_and(|only| !only.iter().any(|n| n == name.as_str()))
-        {
+        if !o.wanted(name) {
             continue;
         }
         eprintln!("benchmarks: {name}: starting its servers");
@@ -292,9 +322,99 @@ async fn main() {
         }
         drop(stack);
     }
+    if o.speedup_runs > 0 {
+        speedups(&o, &mut doc).await;
+    }
     if let Err(e) = std::fs::write(&o.out, doc) {
         eprintln!("benchmarks: cannot write {}: {e}", o.out.display());
         std::process::exit(1);
     }
     eprintln!("benchmarks: wrote {}", o.out.display());
+}
+
+/// What each SQL speed-up buys: per backend, the bench with every speed-up on (`all`), with none,
+/// and with each one off, interleaved in rotating order; each ratio is a variant's figure over
+/// `all`'s in the same round, so drift between rounds cancels.
+async fn speedups(o: &Options, doc: &mut String) {
+    let _ = writeln!(
+        doc,
+        "\n## What each SQL speed-up buys\n\n\
+         The same bench with `--processes` (each contending client a process of its own, as \
+         separate services would be), with the `speedups` URL option set as in the first \
+         column. Each cell is the median of {} rounds and their range; `÷ all` is a variant's \
+         figure over the all-on figure of the same round. A speed-up that does not apply to a \
+         backend reads as `all` within the noise (`floor ÷ itself`).\n",
+        o.speedup_runs,
+    );
+    let mut variants = vec!["all".to_owned(), "none".to_owned()];
+    variants.extend(SQL_SPEEDUPS.iter().map(|s| format!("-{s}")));
+    for name in [SpawnName::Sqlite, SpawnName::Postgres, SpawnName::Mariadb] {
+        if !o.wanted(name) {
+            continue;
+        }
+        eprintln!("benchmarks: {name} speed-ups: starting its servers");
+        let stack = match Stack::start(name, 1).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = writeln!(doc, "{name}: not run: {}\n", e.message());
+                continue;
+            }
+        };
+        let url_of = |variant: &str| {
+            let sep = if stack.direct_url.contains('?') {
+                '&'
+            } else {
+                '?'
+            };
+            format!("{}{sep}speedups={variant}", stack.direct_url)
+        };
+        // runs[v][r]: variant v in round r (None when that run failed).
+        let mut runs: Vec<Vec<Option<Figures>>> = vec![Vec::new(); variants.len()];
+        let mut failed = None;
+        for r in 0..o.speedup_runs {
+            for k in 0..variants.len() {
+                let v = (k + r) % variants.len();
+                eprintln!(
+                    "benchmarks: {name} speedups={}: round {}/{}",
+                    variants[v],
+                    r + 1,
+                    o.speedup_runs
+                );
+                let result = bench(&o.dlock, &url_of(&variants[v]), &["--processes"]);
+                if let Err(e) = &result {
+                    failed = Some(e.clone());
+                }
+                runs[v].push(result.ok());
+            }
+        }
+        let _ = writeln!(
+            doc,
+            "### {name}\n\n| speedups= | pairs/s | ÷ all | contended/s | ÷ all | floor ÷ itself |\n\
+             |---|---|---|---|---|---|"
+        );
+        for (v, variant) in variants.iter().enumerate() {
+            let ok: Vec<Figures> = runs[v].iter().flatten().copied().collect();
+            let paired = |of: fn(&Figures) -> f64| -> Vec<f64> {
+                runs[v]
+                    .iter()
+                    .zip(&runs[0])
+                    .filter_map(|(x, all)| Some(of(x.as_ref()?) / of(all.as_ref()?)))
+                    .collect()
+            };
+            let _ = writeln!(
+                doc,
+                "| {variant} | {} | {} | {} | {} | {} |",
+                cell(column(&ok, |f| Some(f.pairs_per_sec)), 0),
+                cell(paired(|f| f.pairs_per_sec), 3),
+                cell(column(&ok, |f| Some(f.acquisitions_per_sec)), 0),
+                cell(paired(|f| f.acquisitions_per_sec), 3),
+                cell(column(&ok, |f| f.floor_self), 3),
+            );
+        }
+        if let Some(e) = failed {
+            let _ = writeln!(doc, "\nA run failed: {}", e.replace('\n', " "));
+        }
+        doc.push('\n');
+        drop(stack);
+    }
 }
