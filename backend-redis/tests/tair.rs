@@ -150,7 +150,7 @@ async fn the_reentrant_form_counts_per_owner_and_balances() {
 }
 
 /// A token minimum lifts the version in the granting step, for a writer's `expireLock` and for a
-/// reader's entry alike, and the next plain hold continues above it; a floor below the version
+/// reader's entry alike, and the next plain hold continues above it; a minimum below the version
 /// changes nothing. The caller's owner id is the one the hash records.
 /// dlock's single attempt (`try_acquire`) sends the short `try_fast.lua` first. A writer holding
 /// alone refuses it there, and nothing is written. The owner's own `writer waiting` mark (left
@@ -199,11 +199,11 @@ async fn a_single_attempt_falls_back_to_the_full_script_where_it_must() {
 async fn min_tokens_lift_the_version_for_writers_and_readers() {
     let redis = Redis::shared().await.expect("kit redis");
     let t = tair(redis).await;
-    let n = name(&format!("floor/{:08x}", rand::random::<u32>()));
-    let opts = |floor: u64| {
+    let n = name(&format!("min_token/{:08x}", rand::random::<u32>()));
+    let opts = |min_token: u64| {
         AcquireOptions::new()
             .ttl(30 * SEC)
-            .min_token(FencingToken(floor))
+            .min_token(FencingToken(min_token))
     };
     let version = || async {
         let key = format!("{{dlock:{}}}:tair", n.escaped());
@@ -253,7 +253,7 @@ async fn min_tokens_lift_the_version_for_writers_and_readers() {
     assert_eq!(
         low.token(),
         FencingToken(902),
-        "a low floor moved the version"
+        "a low min_token moved the version"
     );
     assert_eq!(t.release(&low).await.expect("release"), Released::Released);
 }

@@ -1,5 +1,5 @@
 //! Redlock's own cases, on private kit masters: the names (the union of the nodes'), the quorum
-//! matrix, a floored grant's write-back, wake-ups from any node and `inspect` of every node,
+//! matrix, a raised grant's write-back, wake-ups from any node and `inspect` of every node,
 //! split votes that keep the waiters' places, a holder that waited, and a late grant that stays
 //! with the lease it belongs to.
 //!
@@ -125,15 +125,15 @@ async fn quorum_matrix_acquire_succeeds_exactly_when_a_majority_is_free() {
     }
 }
 
-/// A floored grant's token is the floor although every granting node's INCR gave a lower
-/// number: the write-back raises those nodes' counters to the floor before the lease is
+/// A raised grant's token is the minimum although every granting node's INCR gave a lower
+/// number: the write-back raises those nodes' counters to the minimum before the lease is
 /// returned, so a plain acquire afterwards gets a higher token, even with a node that refused
-/// the floored grant (and kept its low counter) voting in it.
+/// the raised grant (and kept its low counter) voting in it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_floored_grant_writes_the_floor_back_so_later_tokens_are_higher() {
+async fn a_grant_above_the_counters_writes_its_token_back_so_later_tokens_are_higher() {
     let set = RedisSet::start(3, &[]).await.expect("kit masters");
     let client = connect(&url_of(&addrs(&set), "node_timeout=1s")).await;
-    let name = "floored";
+    let name = "raised";
     let fence_key = lock_key(name).replace(":lock", ":fence");
     assert_eq!(bump(&client, name, 2).await, 2, "two plain grants");
     // A release returns once a majority deleted the key, so the last node may still hold the
@@ -144,18 +144,18 @@ async fn a_floored_grant_writes_the_floor_back_so_later_tokens_are_higher() {
 
     // Node 2 is taken by someone else: nodes 0 and 1 grant, node 2 refuses.
     occupy(&set.nodes()[2], name).await;
-    let floor = 1000u64;
+    let min_token = 1000u64;
     let g = client
-        .try_lock(name, &once(10 * SEC).min_token(FencingToken(floor)))
+        .try_lock(name, &once(10 * SEC).min_token(FencingToken(min_token)))
         .await
         .expect("acquire")
         .expect("a majority is free");
-    assert_eq!(g.fencing_token(), FencingToken(floor));
+    assert_eq!(g.fencing_token(), FencingToken(min_token));
     for node in &set.nodes()[..2] {
         assert_eq!(
             get(node, &fence_key).await,
-            Some(floor.to_string()),
-            "a granting node's counter was not raised to the floor"
+            Some(min_token.to_string()),
+            "a granting node's counter was not raised to the min_token"
         );
     }
     assert_eq!(
@@ -173,8 +173,8 @@ async fn a_floored_grant_writes_the_floor_back_so_later_tokens_are_higher() {
         .expect("free");
     assert_eq!(
         after.fencing_token(),
-        FencingToken(floor + 1),
-        "the plain grant after the floored one did not continue from the floor"
+        FencingToken(min_token + 1),
+        "the plain grant after the raised one did not continue from the min_token"
     );
     after.release().await.expect("release");
 }

@@ -134,7 +134,7 @@ async fn names_lists_this_prefixs_names() {
 
 /// A token minimum is honoured on every path that grants (the `try` fast path, an uncontended
 /// waiting acquire, a queued waiter handed the lock by a release, a reader): the token is the
-/// floor and the fence counter holds it, so the next plain grant is one above. A floor Lua
+/// minimum and the fence counter holds it, so the next plain grant is one above. A minimum Lua
 /// numbers cannot carry exactly is refused before any I/O.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_token_on_every_granting_path() {
@@ -143,21 +143,21 @@ async fn min_token_on_every_granting_path() {
         backend_redis::connect(&redis.url()).await.unwrap(),
         backend_redis::connect(&redis.url()).await.unwrap(),
     );
-    let name = unique("floor-paths");
+    let name = unique("min_token-paths");
     let lock_name = LockName::new(&name).unwrap();
     let fence_key = format!("{{dlock:{}}}:fence", lock_name.escaped());
     let fence = || async { redis.command(&["GET", &fence_key]).await.unwrap().as_text() };
-    let floored = |f: u64| opts(30 * SEC).min_token(FencingToken(f));
+    let raised = |f: u64| opts(30 * SEC).min_token(FencingToken(f));
 
     // An uncontended waiting acquire: the acquire script's first branch.
-    let g = a.lock(&name, &floored(500)).await.expect("acquire");
+    let g = a.lock(&name, &raised(500)).await.expect("acquire");
     assert_eq!(g.fencing_token(), FencingToken(500));
     assert_eq!(fence().await, Some("500".to_owned()));
     g.release().await.expect("release");
 
     // A `try`: the fast script.
     let g = a
-        .try_lock(&name, &floored(1000))
+        .try_lock(&name, &raised(1000))
         .await
         .expect("try")
         .expect("free");
@@ -167,7 +167,7 @@ async fn min_token_on_every_granting_path() {
     // A queued waiter, granted by the full script once the holder releases.
     let waiter = {
         let (b, name) = (b.clone(), name.clone());
-        tokio::spawn(async move { b.lock(&name, &floored(5000)).await })
+        tokio::spawn(async move { b.lock(&name, &raised(5000)).await })
     };
     within(30 * SEC, "the waiter queued", async {
         while a.inspect(&lock_name).await.unwrap().and_then(|i| i.waiters) != Some(1) {
@@ -184,15 +184,15 @@ async fn min_token_on_every_granting_path() {
     assert_eq!(fence().await, Some("5000".to_owned()));
     assert_eq!(gw.release().await.expect("release"), Released::Released);
 
-    // A floor below the counter changes nothing; a plain grant continues from the floor.
-    let g = a.lock(&name, &floored(3)).await.expect("acquire");
+    // A minimum below the counter changes nothing; a plain grant continues from the minimum.
+    let g = a.lock(&name, &raised(3)).await.expect("acquire");
     assert_eq!(g.fencing_token(), FencingToken(5001));
     g.release().await.expect("release");
 
     let err = a
-        .try_lock(&name, &floored((1 << 53) + 1))
+        .try_lock(&name, &raised((1 << 53) + 1))
         .await
-        .expect_err("a floor above 2^53");
+        .expect_err("a min_token above 2^53");
     assert!(
         matches!(
             err,
@@ -206,23 +206,23 @@ async fn min_token_on_every_granting_path() {
     assert_eq!(
         fence().await,
         Some("5001".to_owned()),
-        "the refused floor wrote"
+        "the refused min_token wrote"
     );
     assert_eq!(
         a.inspect(&lock_name).await.unwrap().and_then(|i| i.holder),
         None,
-        "the refused floor took the lock"
+        "the refused min_token took the lock"
     );
 
     // Readers draw from the same counter, and their grants (a `try`, a wait) raise it too.
     use lockcore::ReadWriteExt;
     let r1 = a
-        .try_read_lock(&name, &floored(7000))
+        .try_read_lock(&name, &raised(7000))
         .await
         .expect("try read")
         .expect("free");
     assert_eq!(r1.fencing_token(), FencingToken(7000));
-    let r2 = b.read_lock(&name, &floored(8000)).await.expect("read");
+    let r2 = b.read_lock(&name, &raised(8000)).await.expect("read");
     assert_eq!(r2.fencing_token(), FencingToken(8000));
     assert_eq!(fence().await, Some("8000".to_owned()));
     r1.release().await.expect("release");

@@ -480,7 +480,7 @@ async fn a_cancelled_permit_grant_is_freed() {
 /// is told its token through the hub and holds without another request; an attempt it sends
 /// meanwhile (a message it missed) is answered with the same handed permit; a waiter that
 /// never said it queued is not answered so; the handed permit's lease runs out no later than
-/// the waiter's last queued attempt plus the ttl, and its token respects the waiter's floor.
+/// the waiter's last queued attempt plus the ttl, and its token respects the waiter's minimum.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_release_hands_the_permit_to_the_head_waiter() {
     use backend_redis::node::Mode;
@@ -498,9 +498,9 @@ async fn a_permit_release_hands_the_permit_to_the_head_waiter() {
     node.ensure_subscribed(&name).await.unwrap();
     let queued_at = std::time::Instant::now();
     // The waiter's token minimum (a `dual://` migration's) binds the permit handed to it too.
-    let floor = first + 500;
+    let min_token = first + 500;
     let queued = node
-        .acquire_permit(&name, waiter, &o, Mode::Wait, floor, 1, false)
+        .acquire_permit(&name, waiter, &o, Mode::Wait, min_token, 1, false)
         .await
         .unwrap();
     assert!(
@@ -519,14 +519,14 @@ async fn a_permit_release_hands_the_permit_to_the_head_waiter() {
         .expect("the waiter is told");
     assert_eq!(
         registration.handed(),
-        Some(floor),
+        Some(min_token),
         "the message carries the handed token"
     );
     let state = node.inspect_semaphore(&name).await.unwrap();
     assert_eq!(state.queued, 0, "the waiter left the queue: {state:?}");
     assert_eq!(state.holders.len(), 1, "{state:?}");
     assert_eq!(state.holders[0].owner, waiter.to_string());
-    assert_eq!(state.holders[0].token, floor);
+    assert_eq!(state.holders[0].token, min_token);
     assert!(
         state.holders[0].remaining_ms <= 30_000,
         "no longer than the ttl from the waiter's queued attempt: {state:?}"
@@ -534,10 +534,10 @@ async fn a_permit_release_hands_the_permit_to_the_head_waiter() {
     // A queued owner's next attempt finds the permit handed to it; the same attempt without
     // `queued` would queue again instead.
     let again = node
-        .acquire_permit(&name, waiter, &o, Mode::Wait, floor, 1, true)
+        .acquire_permit(&name, waiter, &o, Mode::Wait, min_token, 1, true)
         .await
         .unwrap();
-    assert_eq!(again, AttemptReply::Handed(floor));
+    assert_eq!(again, AttemptReply::Handed(min_token));
     let third = lockcore::OwnerId::random();
     let other = node
         .acquire_permit(&name, third, &o, Mode::Wait, 0, 1, true)
@@ -635,22 +635,22 @@ async fn locks_and_permits_renew_in_one_batch() {
 }
 
 /// A token minimum lifts a permit's token (on a try and on a queued waiter's grant) and the
-/// semaphore's counter with it, so later permits are above the floor; the lock's counter is
+/// semaphore's counter with it, so later permits are above the minimum; the lock's counter is
 /// not touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn min_token_lifts_permits() {
     let redis = shared().await;
     let c = backend_redis::connect(&redis.url()).await.unwrap();
-    let name = unique("sem-floor");
+    let name = unique("sem-min_token");
     let lock_name = LockName::new(&name).unwrap();
     let [_, _, _, fence, _] = sem_keys(&name);
     let sem = c.semaphore(&name, 1).unwrap();
-    let floored = |f: u64| permit_opts(30 * SEC).min_token(FencingToken(f));
-    let p = sem.try_acquire(&floored(700)).await.unwrap().expect("free");
+    let raised = |f: u64| permit_opts(30 * SEC).min_token(FencingToken(f));
+    let p = sem.try_acquire(&raised(700)).await.unwrap().expect("free");
     assert_eq!(p.fencing_token(), FencingToken(700));
     let waiter = {
         let sem = sem.clone();
-        tokio::spawn(async move { sem.acquire(&floored(900)).await })
+        tokio::spawn(async move { sem.acquire(&raised(900)).await })
     };
     until("the waiter queued", || async {
         c.inspect_semaphore(&lock_name)
@@ -662,7 +662,7 @@ async fn min_token_lifts_permits() {
     })
     .await;
     p.release().await.unwrap();
-    let q = within(30 * SEC, "the floored waiter", waiter)
+    let q = within(30 * SEC, "the raised waiter", waiter)
         .await
         .unwrap()
         .expect("granted");

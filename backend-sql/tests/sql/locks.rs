@@ -194,22 +194,22 @@ async fn a_grant_from_the_queue_names_the_next_head(kind: Kind) {
 
 /// A token minimum and a chosen owner reach every statement that grants: the insert of a new row
 /// and the take-over of the plain acquire, and a queued waiter's attempt. The fence column
-/// holds the floor afterwards, so plain grants continue above it; a floor below the fence
+/// holds the minimum afterwards, so plain grants continue above it; a minimum below the fence
 /// changes nothing, and one that does not fit the column is refused before any I/O.
 async fn min_token_and_chosen_owner_on_every_granting_statement(kind: Kind) {
     let url = fresh_url(kind).await;
     let (a, b) = (client(&url).await, client(&url).await);
     let raw = Raw::connect(&url).await;
-    let n = name("floored");
+    let n = name("raised");
     let fence = || async { raw.row(TABLE, n.as_str()).await.map(|r| r.1) };
-    let floored = |o: AcquireOptions, f: u64| o.min_token(FencingToken(f));
+    let raised = |o: AcquireOptions, f: u64| o.min_token(FencingToken(f));
 
     // A name never used: the insert.
     let owner = OwnerId::random();
     let g = a
         .try_lock(
             n.as_str(),
-            &floored(opts(Duration::from_secs(30)), 100).owner(owner),
+            &raised(opts(Duration::from_secs(30)), 100).owner(owner),
         )
         .await
         .expect("try")
@@ -221,7 +221,7 @@ async fn min_token_and_chosen_owner_on_every_granting_statement(kind: Kind) {
 
     // The take-over of a free row, then a queued waiter granted when the holder releases.
     let holder = a
-        .try_lock(n.as_str(), &floored(opts(Duration::from_secs(30)), 200))
+        .try_lock(n.as_str(), &raised(opts(Duration::from_secs(30)), 200))
         .await
         .expect("try")
         .expect("free");
@@ -232,7 +232,7 @@ async fn min_token_and_chosen_owner_on_every_granting_statement(kind: Kind) {
         tokio::spawn(async move {
             b.lock(
                 n.as_str(),
-                &floored(waiting(Duration::from_secs(30)), 500).owner(waiter_owner),
+                &raised(waiting(Duration::from_secs(30)), 500).owner(waiter_owner),
             )
             .await
         })
@@ -249,7 +249,7 @@ async fn min_token_and_chosen_owner_on_every_granting_statement(kind: Kind) {
     assert_eq!(
         (row.0, row.1),
         (Some(waiter_owner.to_string()), 500),
-        "the row records the waiter's owner and the floor"
+        "the row records the waiter's owner and the min_token"
     );
     assert_eq!(
         raw.waiter_rows(n.as_str()).await,
@@ -258,9 +258,9 @@ async fn min_token_and_chosen_owner_on_every_granting_statement(kind: Kind) {
     );
     got.release().await.expect("release");
 
-    // A low floor changes nothing; plain grants continue above the floor.
+    // A low minimum changes nothing; plain grants continue above the minimum.
     let low = a
-        .try_lock(n.as_str(), &floored(opts(Duration::from_secs(30)), 1))
+        .try_lock(n.as_str(), &raised(opts(Duration::from_secs(30)), 1))
         .await
         .expect("try")
         .expect("free");
@@ -270,10 +270,10 @@ async fn min_token_and_chosen_owner_on_every_granting_statement(kind: Kind) {
     let err = a
         .try_lock(
             n.as_str(),
-            &floored(opts(Duration::from_secs(30)), i64::MAX as u64 + 1),
+            &raised(opts(Duration::from_secs(30)), i64::MAX as u64 + 1),
         )
         .await
-        .expect_err("a floor beyond the fence column");
+        .expect_err("a min_token beyond the fence column");
     assert!(
         matches!(
             err,
@@ -287,7 +287,7 @@ async fn min_token_and_chosen_owner_on_every_granting_statement(kind: Kind) {
     assert_eq!(
         raw.row(TABLE, n.as_str()).await.map(|r| (r.0, r.1)),
         Some((None, 501)),
-        "the refused floor touched the row"
+        "the refused min_token touched the row"
     );
 }
 

@@ -391,8 +391,8 @@ async fn permit_tokens_increase_across_release_and_expiry(kind: Kind) {
     assert_eq!(b.release(&p2).await.unwrap(), Released::NotHeld);
     assert_eq!(a.release(&p3).await.unwrap(), Released::Released);
     // A token minimum lifts the fence; later grants continue above it.
-    let floored = opts(Duration::from_secs(30)).min_token(FencingToken(1000));
-    let p4 = permit(&a, &n, 1, floored).await.unwrap().expect("floored");
+    let raised = opts(Duration::from_secs(30)).min_token(FencingToken(1000));
+    let p4 = permit(&a, &n, 1, raised).await.unwrap().expect("raised");
     assert_eq!(p4.token(), FencingToken(1000));
     a.release(&p4).await.unwrap();
     let c = client(&url).await;
