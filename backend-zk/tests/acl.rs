@@ -4,27 +4,22 @@
 //! layout. Without credentials everything is world-open. Each test uses chroots of its own on
 //! the shared server.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use backend_zk::zookeeper_client as zk;
 use backend_zk::{ZkConfig, ZkLock};
 use conformance_tests::kit::ZooKeeper;
-use lockcore::{AcquireOptions, DistributedLock, Error, KeepAlive, LockExt, LockName, Released};
+use lockcore::{AcquireOptions, Error, KeepAlive, LockExt, LockName, Released};
 
-const SEC: Duration = Duration::from_secs(1);
+mod common;
+
+use common::{SEC, client, dyn_lock, unique};
 
 /// The three layouts, as the URL's query and a label.
 const LAYOUTS: [&str; 3] = ["layout=dlock", "layout=curator", "layout=kazoo"];
 
 /// The digest credentials the tests' application uses, as `user:password`.
 const ALICE: &str = "alice:s3cret";
-
-async fn client(url: &str) -> ZkLock {
-    ZkLock::connect(&ZkConfig::parse(url).expect("url"))
-        .await
-        .expect("connect")
-}
 
 async fn refused_connect(url: &str) -> Error {
     match ZkLock::connect(&ZkConfig::parse(url).expect("url")).await {
@@ -33,18 +28,10 @@ async fn refused_connect(url: &str) -> Error {
     }
 }
 
-fn dyn_lock(lock: &ZkLock) -> Arc<dyn DistributedLock> {
-    Arc::new(lock.clone())
-}
-
 fn try_opts() -> AcquireOptions {
     AcquireOptions::new()
         .ttl(30 * SEC)
         .keep_alive(KeepAlive::Off)
-}
-
-fn unique(label: &str) -> String {
-    format!("{label}-{:08x}", lockcore::OwnerId::random().0 as u32)
 }
 
 /// A plain session, anonymous or authenticated as `user:password`.

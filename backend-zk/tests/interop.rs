@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backend_zk::ZkLock;
 use backend_zk::zookeeper_client as zk;
-use backend_zk::{ZkConfig, ZkLock};
 use conformance_tests::kit::{Fault, LockPeer, PeerHold, PeerLibrary, PeerLock, Proxy, ZooKeeper};
 use conformance_tests::{FencedResource, History, Hold, within};
 use lockcore::{
@@ -19,7 +19,9 @@ use lockcore::{
 };
 use tokio::sync::{mpsc, oneshot};
 
-const SEC: Duration = Duration::from_secs(1);
+mod common;
+
+use common::{SEC, client, rand_u32};
 
 fn plain(wait: Wait) -> AcquireOptions {
     AcquireOptions::new()
@@ -47,13 +49,8 @@ struct Setup {
 impl Setup {
     async fn new(library: PeerLibrary, test: &str) -> Setup {
         let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
-        let chroot = format!(
-            "/interop-{test}-{}-{:08x}",
-            layout(library),
-            lockcore::OwnerId::random().0 as u32
-        );
-        let observer =
-            Self::zk_lock(&format!("{}{chroot}?layout={}", zk.url(), layout(library))).await;
+        let chroot = format!("/interop-{test}-{}-{:08x}", layout(library), rand_u32());
+        let observer = client(&format!("{}{chroot}?layout={}", zk.url(), layout(library))).await;
         Setup {
             zk,
             library,
@@ -62,15 +59,9 @@ impl Setup {
         }
     }
 
-    async fn zk_lock(url: &str) -> ZkLock {
-        ZkLock::connect(&ZkConfig::parse(url).expect("url"))
-            .await
-            .expect("connect")
-    }
-
     /// A dlock client in this test's layout, with a session of its own.
     async fn dlock(&self) -> Arc<dyn DistributedLock> {
-        Arc::new(Self::zk_lock(&self.url(self.library)).await)
+        Arc::new(client(&self.url(self.library)).await)
     }
 
     fn url(&self, library: PeerLibrary) -> String {
@@ -582,7 +573,7 @@ async fn frozen_holder_hands_over(library: PeerLibrary) {
 async fn dlock_session_closed_hands_over(library: PeerLibrary) {
     let s = Setup::new(library, "session").await;
     let proxy = Proxy::start(s.zk.addr()).await.expect("proxy");
-    let holder = Setup::zk_lock(&format!(
+    let holder = client(&format!(
         "zk://{}{}?layout={}&session_timeout=40s&ttl=40s",
         proxy.addr(),
         s.chroot,
@@ -814,7 +805,7 @@ async fn dlock_counts_both_libraries_nodes() {
         let hold = peer_take(&peer, PeerLock::Mutex, &s.path(&name), Duration::ZERO)
             .await
             .expect("a free lock");
-        let dlock: Arc<dyn DistributedLock> = Arc::new(Setup::zk_lock(&s.url(dlock_layout)).await);
+        let dlock: Arc<dyn DistributedLock> = Arc::new(client(&s.url(dlock_layout)).await);
         assert!(
             dlock
                 .try_lock(&name, &plain(Wait::No))
@@ -849,10 +840,8 @@ async fn path_names_are_znode_paths() {
             proxy.addr(),
             layout(library)
         );
-        let (a, b): (Arc<dyn DistributedLock>, Arc<dyn DistributedLock>) = (
-            Arc::new(Setup::zk_lock(&url).await),
-            Arc::new(Setup::zk_lock(&url).await),
-        );
+        let (a, b): (Arc<dyn DistributedLock>, Arc<dyn DistributedLock>) =
+            (Arc::new(client(&url).await), Arc::new(client(&url).await));
         let long = "x".repeat(1000);
         let good = [
             "a b",
@@ -915,8 +904,4 @@ async fn path_names_are_znode_paths() {
         }
         proxy.set(Fault::PassThrough);
     }
-}
-
-fn rand_u32() -> u32 {
-    lockcore::OwnerId::random().0 as u32
 }

@@ -109,7 +109,9 @@ fn zookeeper() -> Vec<(&'static str, Expect)> {
         ),
         (
             "holder_requests_blackholed_past_ttl",
-            zk_session!("backend-zk/tests/faults.rs holder_blackholed_past_session_timeout"),
+            zk_session!(
+                "backend-zk/tests/faults/sessions.rs holder_blackholed_past_session_timeout"
+            ),
         ),
         ("store_connections_killed", ZK_NO_SERVER_KILL),
         (
@@ -127,7 +129,7 @@ fn zookeeper() -> Vec<(&'static str, Expect)> {
         (
             "sem_holder_blackholed_past_ttl",
             zk_session!(
-                "backend-zk/tests/faults.rs \
+                "backend-zk/tests/faults/semaphores.rs \
                  silent_permit_holder_returns_its_permit_with_its_session"
             ),
         ),
@@ -238,7 +240,7 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
             (
                 "holder_requests_blackholed_past_ttl",
                 dual_session!(
-                    "backend-zk/tests/faults.rs holder_blackholed_past_session_timeout \
+                    "backend-zk/tests/faults/sessions.rs holder_blackholed_past_session_timeout \
                      (ZooKeeper alone)"
                 ),
             ),
@@ -263,7 +265,7 @@ fn declarations(name: SpawnName) -> Vec<(&'static str, Expect)> {
             (
                 "sem_holder_blackholed_past_ttl",
                 dual_session!(
-                    "backend-zk/tests/faults.rs \
+                    "backend-zk/tests/faults/semaphores.rs \
                      silent_permit_holder_returns_its_permit_with_its_session (ZooKeeper alone)"
                 ),
             ),
@@ -359,7 +361,7 @@ pub fn declare_with_options(name: SpawnName, target: Target, options: &'static s
             })
         }),
         // A scenario breaks every member at once (the kit's `ZkEnsemble` control); the kill of
-        // one member is ZooKeeper's own scenario, in backend-zk/tests/faults.rs.
+        // one member is ZooKeeper's own scenario, in backend-zk/tests/faults/fencing.rs.
         SpawnName::ZkEnsemble => target.spawn_with(move |persistence| async move {
             durable_only(persistence, "ZooKeeper always persists acknowledged writes")?;
             let ensemble = ZkEnsemble::start(3).await?;
@@ -424,7 +426,7 @@ mod tests {
     use crate::registry::{Kind, registry};
 
     /// A reason that sends the reader to another test file names the tests too
-    /// (`backend-zk/tests/faults.rs holder_blackholed_past_session_timeout`), and each of
+    /// (`backend-zk/tests/faults/sessions.rs holder_blackholed_past_session_timeout`), and each of
     /// them exists: every snake_case word of the reason is a `fn` of a file it names.
     #[test]
     fn reasons_name_tests_that_exist() {

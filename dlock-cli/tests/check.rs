@@ -3,7 +3,7 @@
 //! aimed at their defect.
 
 use std::collections::BTreeSet;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,10 +15,6 @@ use dlock_cli::check::{CheckOptions, run};
 mod common;
 
 use common::dlock;
-
-fn output(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("dlock runs")
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -77,7 +73,7 @@ fn assert_complete_json(o: &Output, caps: &lockcore::Capabilities) {
 
 #[test]
 fn check_memory_passes_every_applicable_case() {
-    let o = output(dlock().args(["check", "--url", "memory://check", "--json"]));
+    let o = common::run(dlock().args(["check", "--url", "memory://check", "--json"]));
     assert_complete_json(&o, &capabilities_of("memory://check"));
 }
 
@@ -85,9 +81,9 @@ fn check_memory_passes_every_applicable_case() {
 fn check_sqlite_file_passes_every_applicable_case_and_prints_a_table() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}/check.db", dir.path().display());
-    let o = output(dlock().args(["check", "--url", &url, "--json"]));
+    let o = common::run(dlock().args(["check", "--url", &url, "--json"]));
     assert_complete_json(&o, &capabilities_of(&url));
-    let o = output(dlock().args(["check", "--url", &url, "--cases", "^fencing_tokens"]));
+    let o = common::run(dlock().args(["check", "--url", &url, "--cases", "^fencing_tokens"]));
     assert_eq!(o.status.code(), Some(0), "stderr: {}", text(&o.stderr));
     let table = text(&o.stdout);
     let rows: Vec<&str> = table.lines().collect();
@@ -116,7 +112,7 @@ fn check_sqlite_file_passes_every_applicable_case_and_prints_a_table() {
 #[test]
 fn check_prints_the_pinned_reason_beside_each_not_applicable_row() {
     let cases = "^(rw_unsupported_says_so|client_paused_past_ttl|holder_process_killed)$";
-    let o = output(dlock().args(["check", "--url", "memory://pins", "--cases", cases]));
+    let o = common::run(dlock().args(["check", "--url", "memory://pins", "--cases", cases]));
     assert_eq!(o.status.code(), Some(0), "stderr: {}", text(&o.stderr));
     let table = text(&o.stdout);
     let row = |case: &str| {
@@ -147,7 +143,7 @@ fn check_prints_the_pinned_reason_beside_each_not_applicable_row() {
         row("client_paused_past_ttl").ends_with("(not pinned: the suite runs it on memory)"),
         "{table}"
     );
-    let o = output(dlock().args([
+    let o = common::run(dlock().args([
         "check",
         "--url",
         "memory://pins",
@@ -166,9 +162,9 @@ fn check_prints_the_pinned_reason_beside_each_not_applicable_row() {
 
 #[test]
 fn check_refuses_bad_input_before_connecting() {
-    let o = output(dlock().args(["check", "--url", "memory://x", "--cases", "("]));
+    let o = common::run(dlock().args(["check", "--url", "memory://x", "--cases", "("]));
     assert_eq!(o.status.code(), Some(64), "{}", text(&o.stderr));
-    let o = output(dlock().args([
+    let o = common::run(dlock().args([
         "check",
         "--url",
         "memory://x",
@@ -176,15 +172,15 @@ fn check_refuses_bad_input_before_connecting() {
         "^nothing_like_this$",
     ]));
     assert_eq!(o.status.code(), Some(64), "{}", text(&o.stderr));
-    let o = output(dlock().args(["check", "--url", ""]));
+    let o = common::run(dlock().args(["check", "--url", ""]));
     assert_eq!(o.status.code(), Some(64), "{}", text(&o.stderr));
-    let o = output(dlock().args(["check", "--url", "nosuch://x"]));
+    let o = common::run(dlock().args(["check", "--url", "nosuch://x"]));
     assert_eq!(o.status.code(), Some(78), "{}", text(&o.stderr));
 }
 
 #[test]
 fn check_list_names_every_entry() {
-    let o = output(dlock().args(["check", "--list"]));
+    let o = common::run(dlock().args(["check", "--list"]));
     assert_eq!(o.status.code(), Some(0));
     let listed = text(&o.stdout);
     for entry in registry() {

@@ -2,13 +2,9 @@
 
 mod common;
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-use common::{dlock, run, wait_for_file};
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{dlock, run, stderr, wait_for_file};
 
 #[test]
 fn run_passes_token_and_name_and_returns_the_exit_code() {

@@ -10,7 +10,7 @@ use conformance_tests::kit::{MariaDb, Postgres, Redis, RedisSet, ZooKeeper};
 
 mod common;
 
-use common::{HANG, dlock, eventually, run, text};
+use common::{HANG, dlock, eventually, rt, run, text};
 
 fn spawn(cmd: &mut Command) -> Child {
     cmd.stdin(Stdio::null())
@@ -157,10 +157,6 @@ fn interrupted_waiter_leaves_nothing(url: &str, sig: i32) {
 
 const SIGINT: i32 = 2;
 const SIGTERM: i32 = 15;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("runtime")
-}
 
 #[test]
 fn sqlite_waiter_interrupted() {

@@ -2,27 +2,12 @@
 //! are per process).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 mod common;
 
-use common::wait_for_file;
-
-/// [`common::dlock`] without an inherited state dir (the default file's place) or stdin.
-fn dlock() -> Command {
-    let mut c = common::dlock();
-    c.env_remove("XDG_STATE_HOME").stdin(Stdio::null());
-    c
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use common::{dlock, stderr, stdout, wait_for_file};
 
 fn url(dir: &Path) -> String {
     format!("sqlite://{}", dir.join("locks.db").display())

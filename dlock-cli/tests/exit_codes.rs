@@ -13,7 +13,7 @@ use conformance_tests::kit::{MariaDb, Postgres, Redis, RedisSet, RedisTls, ZooKe
 
 mod common;
 
-use common::{dlock, enc, run, text, wait_for_file};
+use common::{dlock, enc, rt, run, text, wait_for_file};
 
 /// A password with every character that used to break URL parsing, unencoded.
 const PASSWORD: &str = "ab/?s3cr#t@x";
@@ -40,10 +40,6 @@ fn assert_no_password(out: &str) {
             "part of the password ({piece:?}) printed:\n{out}"
         );
     }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Runtime::new().expect("runtime")
 }
 
 fn sqlite_url(dir: &tempfile::TempDir) -> String {

@@ -3,24 +3,11 @@
 //! timeout, colour escapes in redirected logs. Each is pinned down here through the binary
 //! and the library, against closed local ports (no server needed).
 
-use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 mod common;
 
-use common::dlock;
-
-fn output(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("dlock runs")
-}
-
-fn all_text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::{dlock, run, text};
 
 const SCHEMES: &[&str] = &[
     "sqlite",
@@ -96,8 +83,8 @@ fn no_password_reaches_any_output_of_any_command_for_any_scheme() {
                     ],
                 ];
                 for args in commands {
-                    let o = output(dlock().args(args).current_dir(cwd.path()));
-                    let text = all_text(&o);
+                    let o = run(dlock().args(args).current_dir(cwd.path()));
+                    let text = text(&o);
                     for form in forms(password) {
                         assert!(
                             !text.contains(&form),
@@ -148,7 +135,7 @@ fn no_password_reaches_library_errors_or_debug_output() {
 fn ttl_out_of_bounds_is_a_usage_error_before_connecting() {
     // A closed PostgreSQL port: connecting would fail with "refused" and exit 69.
     for ttl in ["0", "5ms", "8d"] {
-        let o = output(dlock().args([
+        let o = run(dlock().args([
             "run",
             "--url",
             "postgres://u@127.0.0.1:1/db",
@@ -159,7 +146,7 @@ fn ttl_out_of_bounds_is_a_usage_error_before_connecting() {
             "--",
             "true",
         ]));
-        let text = all_text(&o);
+        let text = text(&o);
         assert_eq!(o.status.code(), Some(64), "--ttl {ttl}: {text}");
         assert!(text.contains("outside the allowed range"), "{text}");
         assert!(
@@ -183,9 +170,9 @@ fn an_empty_url_is_a_configuration_error_not_the_default_store() {
             cmd.env("DLOCK_URL", url);
         }
         cmd.args(["--name", "x", "--", "true"]);
-        let o = output(&mut cmd);
-        assert_eq!(o.status.code(), Some(78), "{}", all_text(&o));
-        assert!(all_text(&o).contains("URL is empty"), "{}", all_text(&o));
+        let o = run(&mut cmd);
+        assert_eq!(o.status.code(), Some(78), "{}", text(&o));
+        assert!(text(&o).contains("URL is empty"), "{}", text(&o));
     }
     assert!(
         !home.path().join(".local/state/dlock/locks.db").exists(),
@@ -217,7 +204,7 @@ fn a_closed_sql_port_says_connection_refused_at_once() {
 
 #[test]
 fn logs_written_to_a_pipe_have_no_colour_escapes() {
-    let o = output(dlock().args([
+    let o = run(dlock().args([
         "-vv",
         "run",
         "--url",

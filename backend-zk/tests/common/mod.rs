@@ -1,6 +1,7 @@
-//! What backend-zk's fault test binaries share: short durations, a guard against hangs, a
+//! What backend-zk's test binaries share: short durations, a guard against hangs, a
 //! client of a `zk://` URL, plain acquire options and unique lock names.
-#![allow(dead_code)]
+// Each test binary uses part of this module.
+#![allow(dead_code, unused_imports)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

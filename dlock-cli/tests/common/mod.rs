@@ -33,12 +33,15 @@ pub fn wait_for_file(path: &Path) {
     });
 }
 
-/// `dlock` with no store, log level or colour setting inherited from the environment.
+/// `dlock` with no store (`DLOCK_URL`, or the default file's place `XDG_STATE_HOME`), log level,
+/// colour setting or stdin inherited from the environment.
 pub fn dlock() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_dlock"));
     c.env_remove("DLOCK_URL")
+        .env_remove("XDG_STATE_HOME")
         .env_remove("RUST_LOG")
-        .env_remove("NO_COLOR");
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null());
     c
 }
 
@@ -54,6 +57,21 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
+}
+
+/// Stdout as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Stderr as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A runtime to start kit servers and call the library on.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().expect("runtime")
 }
 
 /// `url` percent-encoded as a query value (for `dual://?first=...&second=...`).
