@@ -301,7 +301,11 @@ impl Sql {
 fn next_param<'t>(rest: &'t str, template: &str) -> Option<(&'t str, Option<Param>, &'t str)> {
     let at = rest.find('$')?;
     let tail = &rest[at + 1..];
-    let len = tail.find(|c: char| !c.is_ascii_lowercase());
+    // A parameter's name is lower case, `_` inside (`$min_token`).
+    let len = match tail.starts_with(|c: char| c.is_ascii_lowercase()) {
+        true => tail.find(|c: char| !(c.is_ascii_lowercase() || c == '_')),
+        false => Some(0),
+    };
     let (word, after) = tail.split_at(len.unwrap_or(tail.len()));
     if word.is_empty() {
         let tag = tail.find(|c: char| !(c.is_ascii_uppercase() || c == '_'));
