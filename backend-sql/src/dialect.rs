@@ -10,9 +10,9 @@ use lockcore::{Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 use sqlx::error::DatabaseError;
 use sqlx::{Connection, Database};
 
-use crate::common::{Class, Core};
+use crate::common::{Class, StatementRunner};
 use crate::config::{SqlConfig, WithTls};
-use crate::kept::Kept;
+use crate::speedup::connection_cache::ConnectionCache;
 use crate::statement::{Args, Sql, SqlDb, Stmt, Style};
 use crate::wake::{Join, Wake};
 
@@ -79,7 +79,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     fn connect(
         config: &SqlConfig,
         sql: &mut Statements,
-    ) -> impl Future<Output = Result<(Core<Self::Db>, Self)>> + Send;
+    ) -> impl Future<Output = Result<(StatementRunner<Self::Db>, Self)>> + Send;
 
     /// One attempt (`try_acquire`, a waiting acquire's first): takes the row if it is free,
     /// expired or already ours and no live waiter is queued, setting the fence to
@@ -143,7 +143,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// `DistributedLock::wait_for_release`: by default a sleep until `until` (polling).
     fn wait_for_release(
         &self,
-        _core: &Core<Self::Db>,
+        _core: &StatementRunner<Self::Db>,
         _sql: &Statements,
         _name: &LockName,
         until: Instant,
@@ -159,13 +159,13 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// log flush) for the whole batch.
     fn extend_batch(
         &self,
-        core: &Core<Self::Db>,
+        runner: &StatementRunner<Self::Db>,
         sql: &Statements,
         batch: &[(&Lease, Duration)],
     ) -> impl Future<Output = Result<Vec<bool>>> + Send {
         let args: Vec<Args<'_>> = batch.iter().map(|(l, ttl)| held(l).ttl(*ttl)).collect();
         async move {
-            let done = core
+            let done = runner
                 .each_in_transaction("extend", &sql.extend, &args)
                 .await?;
             Ok(done.into_iter().map(|n| n == 1).collect())
@@ -192,7 +192,7 @@ pub fn held(lease: &Lease) -> Args<'_> {
 
 /// The ticket of the live waiter other than `$owner` at the head of `$name`'s queue in the
 /// waiters table `queue` (the lock's or the semaphore's), a query that also serves as a
-/// subquery: the doorbell a release rings (see `crate::bell`).
+/// subquery: the doorbell a release rings (see `crate::speedup::doorbell`).
 pub fn head_of<D: Dialect>(queue: &str) -> String {
     format!(
         "SELECT ticket FROM {queue} WHERE name = $name AND waiter <> $owner \
@@ -267,7 +267,7 @@ pub struct Statements {
     pub acquire: Stmt,
     /// A queued waiter's attempt: the fence if granted, the holder's time left in µs where the
     /// dialect reports it, and, where it says, the ticket of the live waiter left at the head
-    /// of the queue after this grant (the doorbell its release rings: see `crate::bell`); where
+    /// of the queue after this grant (the doorbell its release rings: see `crate::speedup::doorbell`); where
     /// it looks for itself (no [`probe`](Self::probe)), the fence and time left in µs of a live
     /// row already the waiter's, which it reports rather than takes again (a hand-over).
     pub wait_acquire: Stmt,
@@ -299,7 +299,7 @@ pub struct Statements {
     /// out rather than hold the queue (see `queue::acquire`). Never revives an expired waiter
     /// (it rejoins at the tail).
     pub refresh: Stmt,
-    /// The ticket of the queue's live head (see `crate::bell`), if any.
+    /// The ticket of the queue's live head (see `crate::speedup::doorbell`), if any.
     pub head: Stmt,
     /// `$owner`'s live ticket in the queue, if any (see [`own_ticket`]).
     pub own_ticket: Stmt,
@@ -445,15 +445,15 @@ type Options<D> = <<<D as Dialect>::Db as Database>::Connection as Connection>::
 
 /// The connect of a server dialect (PostgreSQL, MySQL) with `opts` from the URL: the TLS files
 /// read, a pool of up to 8 connections (idle ones closed after 60 s; two kept out of it between
-/// statements, see [`Kept`]), one connection opened
-/// straight away to say at once why the server cannot be used (see [`Core::probe`]), the tables
+/// statements, see [`ConnectionCache`]), one connection opened
+/// straight away to say at once why the server cannot be used (see [`StatementRunner::probe`]), the tables
 /// created, and expired waiter rows left by crashed processes dropped (best effort). Returns the
 /// options used, TLS files included.
 pub async fn connect_server<D: Dialect>(
     config: &SqlConfig,
     opts: &Options<D>,
     sql: &Statements,
-) -> Result<(Core<D::Db>, Options<D>)>
+) -> Result<(StatementRunner<D::Db>, Options<D>)>
 where
     Options<D>: WithTls,
 {
@@ -466,20 +466,20 @@ where
         .idle_timeout(Duration::from_secs(60))
         .test_before_acquire(false)
         .connect_lazy_with(opts.clone());
-    let core = Core {
+    let runner = StatementRunner {
         backend: D::BACKEND,
         pool,
         timeout,
         classify: D::classify,
-        turn: None,
-        kept: Kept::new(POOL_SIZE),
+        write_queue: None,
+        cache: ConnectionCache::new(POOL_SIZE),
     };
-    core.probe(&opts).await?;
-    create_tables::<D>(&core, sql).await?;
-    Ok((core, opts))
+    runner.probe(&opts).await?;
+    create_tables::<D>(&runner, sql).await?;
+    Ok((runner, opts))
 }
 
-/// Creates the tables through `core`, running again a `CREATE` that raced another client's (see
+/// Creates the tables through `runner`, running again a `CREATE` that raced another client's (see
 /// [`Dialect::CREATE_RACES`]), then drops expired waiter rows left by crashed processes (best
 /// effort).
 ///
@@ -489,11 +489,17 @@ where
 /// over when every table then answers a `SELECT`, and its refusal returned when one does not.
 /// (PostgreSQL's functions are only created where the database lacks their text, so such an
 /// account needs no right for them either, as long as its version's functions are there.)
-pub async fn create_tables<D: Dialect>(core: &Core<D::Db>, sql: &Statements) -> Result<()> {
+pub async fn create_tables<D: Dialect>(
+    runner: &StatementRunner<D::Db>,
+    sql: &Statements,
+) -> Result<()> {
     let mut refused = None;
     for statement in &sql.create {
         let mut tries = 0;
-        while let Err(e) = core.reply("create table", statement, Args::default()).await {
+        while let Err(e) = runner
+            .reply("create table", statement, Args::default())
+            .await
+        {
             let sql = statement.sql.as_str();
             let table = sql.starts_with("CREATE TABLE") || sql.starts_with("CREATE UNLOGGED TABLE");
             if table && matches!(e, Error::AccessDenied { .. }) {
@@ -513,7 +519,7 @@ pub async fn create_tables<D: Dialect>(core: &Core<D::Db>, sql: &Statements) -> 
     }
     if let Some(refused) = refused {
         for probe in &sql.probe_tables {
-            if core
+            if runner
                 .reply("create table", probe, Args::default())
                 .await
                 .is_err()
@@ -527,7 +533,7 @@ pub async fn create_tables<D: Dialect>(core: &Core<D::Db>, sql: &Statements) -> 
         );
     }
     for gc in std::iter::once(&sql.gc_queue).chain(&sql.permits.gc_all) {
-        let gc = core.reply("drop expired waiters", gc, Args::default());
+        let gc = runner.reply("drop expired waiters", gc, Args::default());
         if let Err(e) = gc.await {
             tracing::debug!(backend = D::BACKEND, error = %e, "dropping expired rows failed");
         }

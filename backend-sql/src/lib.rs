@@ -1,18 +1,16 @@
 #![doc = include_str!("../README.md")]
 
-mod bell;
 mod client;
 mod common;
 pub mod config;
 mod connection;
 mod dialect;
-mod kept;
 mod lock;
 mod queue;
 mod read;
 mod semaphore;
+mod speedup;
 mod statement;
-mod turn;
 mod wake;
 
 use std::sync::Arc;

@@ -11,7 +11,7 @@
 //! sleep until a release notification (PostgreSQL) or the next poll (MySQL, SQLite; a release
 //! made in the same process wakes the waiter there nearest the head at once, see
 //! `crate::wake::local`, and one made in another process of the host rings the head's doorbell,
-//! see `crate::bell`).
+//! see `crate::speedup::doorbell`).
 //!
 //! A waiter that crashes stops refreshing its row; once its liveness deadline passes (by the
 //! database's clock) it no longer counts for anyone, and the next dequeue or enqueue on the name
@@ -23,11 +23,11 @@
 //! waiter's with the fence bumped and the releaser's ttl, so the next holder needs no write of
 //! its own, and the hand-over waits for one commit rather than two. On MySQL and SQLite the
 //! release rings that waiter's doorbell, and the waiter's look finds the row its own
-//! (`Attempt::Handed`); a waiter in another process or host finds the grant at its next look.
+//! (`Attempt::HandedOver`); a waiter in another process or host finds the grant at its next look.
 //! On PostgreSQL the release's notification, delivered once the hand-over has committed (and
 //! been flushed), carries the grant itself (`wake::Handed`), so the new holder sends no
 //! statement at all; where it cannot use it (see `wake::Waiters::wake`), its next attempt
-//! reports the row as its own (`Attempt::Handed` again).
+//! reports the row as its own (`Attempt::HandedOver` again).
 //! It is handed over only to a writer (a reader's turn is its own grant) whose liveness was
 //! refreshed within `dialect::HAND_FRESH`; a waiter that died in that window holds the lock
 //! until the handed lease runs out, as a holder that dies does. A waiter whose ttl differs
@@ -53,12 +53,11 @@ use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, queued};
 use crate::common::{Pending, detached, from_micros, min_token_of};
 use crate::dialect::{Dialect, held};
 use crate::statement::{Args, SqlDb};
-use crate::wake::{Handed, Join, Secret, Terms};
+use crate::wake::{DeliveredGrant, Join, Secret, Terms};
 
-mod handed;
-mod pace;
+mod poll_interval;
 
-use pace::{Pace, RUNG_STEP, RUNG_STEP_MIN};
+use poll_interval::{Pace, RUNG_STEP, RUNG_STEP_MIN};
 
 /// How long a waiter row stays live after its last refresh (by the database's clock). A crashed
 /// waiter holds up the queue for at most this long.
@@ -96,7 +95,7 @@ pub(crate) enum Attempt {
     /// A release handed the lease row to us (see "Hand-over" in the module docs): it is ours
     /// with this fence, for at least `left` by the database's clock from `seen` (a look sent
     /// then, or on PostgreSQL the join that the notification names).
-    Handed {
+    HandedOver {
         fence: i64,
         left: Duration,
         seen: Instant,
@@ -117,13 +116,13 @@ impl Attempt {
     /// notification names) reported it: its fence, its time left, the ticket of the waiter
     /// first in line behind it. Handed over, unless there is no such row or its fence is below
     /// the caller's token `min_token` (the next grant then takes the row again with a greater one).
-    fn handed(
+    fn handed_over(
         (fence, left, head): (Option<i64>, Option<Duration>, Option<i64>),
         seen: Instant,
         min_token: i64,
     ) -> Option<Attempt> {
         let (fence, left) = (fence.filter(|f| *f >= min_token)?, left?);
-        Some(Attempt::Handed {
+        Some(Attempt::HandedOver {
             fence,
             left,
             seen,
@@ -132,7 +131,7 @@ impl Attempt {
     }
 }
 
-/// The queue's statements. Each may retry internally (see `Core::run`), so each must be
+/// The queue's statements. Each may retry internally (see `StatementRunner::run`), so each must be
 /// idempotent for the same inputs.
 impl<D: Dialect> Client<D> {
     /// Joins the queue for `name`, storing `secret` in the waiter's row where the dialect hands
@@ -156,7 +155,7 @@ impl<D: Dialect> Client<D> {
         let a = Args::of(name).owner(waiter).ttl(LIVENESS).secret(secret);
         let sql = &self.sql;
         let ticket = self
-            .core
+            .runner
             .join(&sql.own_ticket, a, Some, |mut c| async move {
                 let r = D::Db::reply(c.conn(), &sql.enqueue, &a).await;
                 (c, r.map(|r| r.value()))
@@ -181,7 +180,7 @@ impl<D: Dialect> Client<D> {
             Kind::Permits(_) => &self.sql.permits.refresh,
         };
         // MySQL sets CLIENT_FOUND_ROWS: a matched row counts even if unchanged.
-        let reply = self.core.reply("refresh waiter", stmt, args);
+        let reply = self.runner.reply("refresh waiter", stmt, args);
         Ok(reply.await?.count() > 0)
     }
 
@@ -222,22 +221,22 @@ impl<D: Dialect> Client<D> {
             if let Some(claim) = self.sql.claim.as_ref().filter(|_| woken) {
                 let sent = Instant::now();
                 let mine = self
-                    .core
+                    .runner
                     .reply("acquire", claim, Args::of(name).owner(waiter));
                 let mine = mine.await?;
                 let row = (mine.value(), from_micros(mine.second()), mine.col(2));
-                if let Some(handed) = Attempt::handed(row, sent, min_token) {
-                    return Ok(handed);
+                if let Some(handed_over) = Attempt::handed_over(row, sent, min_token) {
+                    return Ok(handed_over);
                 }
             }
             // Look first (read-only): only the head of the queue, with the row free, takes the
             // database's write lock.
             let sent = Instant::now();
             let args = Args::of(name).owner(waiter).ticket(ticket);
-            let seen = self.core.reply("acquire", probe, args).await?;
+            let seen = self.runner.reply("acquire", probe, args).await?;
             let row = (seen.col(2), from_micros(seen.col(3)), seen.col(4));
-            if let Some(handed) = Attempt::handed(row, sent, min_token) {
-                return Ok(handed);
+            if let Some(handed_over) = Attempt::handed_over(row, sent, min_token) {
+                return Ok(handed_over);
             }
             let holder_left = from_micros(seen.second());
             let waiting = u64::try_from(seen.count()).unwrap_or(0);
@@ -253,7 +252,7 @@ impl<D: Dialect> Client<D> {
             let args = Args::of(&name2).owner(waiter).ttl(ttl);
             let args = args.ticket(ticket).min_token(min_token);
             client
-                .core
+                .runner
                 .reply("acquire", &client.sql.wait_acquire, args)
                 .await
         };
@@ -262,7 +261,7 @@ impl<D: Dialect> Client<D> {
         let holder_left = from_micros(reply.second());
         // Where the statement reports a live row already ours (PostgreSQL: a release handed
         // it over), columns 3 and 4 hold its fence and time left.
-        let mine = Attempt::handed(
+        let mine = Attempt::handed_over(
             (reply.col(3), from_micros(reply.col(4)), None),
             sent,
             min_token,
@@ -272,7 +271,7 @@ impl<D: Dialect> Client<D> {
                 fence,
                 head: reply.col(2),
             },
-            (None, Some(handed)) => handed,
+            (None, Some(handed_over)) => handed_over,
             (None, None) => Attempt::Blocked { ahead, holder_left },
         })
     }
@@ -281,7 +280,7 @@ impl<D: Dialect> Client<D> {
     /// docs): the row is ours with `fence` for `left` as of the look sent at `seen`. Where the
     /// releaser's ttl (which the handed row runs for) differs from ours by more than a tenth,
     /// the row is extended to ours first; `None` if it is no longer ours by then.
-    async fn take_handed(
+    async fn take_handed_over(
         &self,
         name: &LockName,
         waiter: OwnerId,
@@ -299,7 +298,7 @@ impl<D: Dialect> Client<D> {
         }
         let started = Instant::now();
         let extend = self
-            .core
+            .runner
             .reply("acquire", &self.sql.extend, held(&lease).ttl(ttl));
         Ok((extend.await?.count() == 1).then(|| lease.renewed(started, ttl)))
     }
@@ -307,13 +306,13 @@ impl<D: Dialect> Client<D> {
     /// After a grant: deletes the waiter's rows where `attempt` did not (the lock on MySQL; a
     /// permit's and a reader's grant always have, and so has the lock's on PostgreSQL and
     /// SQLite: see `Statements::grant_dequeues`).
-    async fn dequeue(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<()> {
+    pub(crate) async fn dequeue(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<()> {
         if kind != Kind::Lock {
             return Ok(());
         }
         if let Some(dequeue) = &self.sql.dequeue {
             let args = Args::of(name).owner(waiter);
-            self.core.reply("leave queue", dequeue, args).await?;
+            self.runner.reply("leave queue", dequeue, args).await?;
         }
         Ok(())
     }
@@ -340,7 +339,7 @@ impl<D: Dialect> Client<D> {
             return self.release_owner(name, waiter).await;
         };
         let args = Args::of(name).owner(waiter);
-        Ok(self.core.reply("leave queue", leave, args).await?.count() > 0)
+        Ok(self.runner.reply("leave queue", leave, args).await?.count() > 0)
     }
 
     /// Joins the queue, detached (see `common::detached`): a join whose caller is gone by the
@@ -442,9 +441,9 @@ pub(crate) async fn acquire<D: Dialect>(
     };
     let mut ticket = join().await?;
     // Where the dialect polls, a release in another process of this host rings it (see
-    // `crate::bell`); a permit waiter's doorbell is the permit queue's.
-    let bell_for = |ticket| q.bell(ticket, permits);
-    let mut bell = bell_for(ticket);
+    // `crate::speedup::doorbell`); a permit waiter's doorbell is the permit queue's.
+    let doorbell_for = |ticket| q.doorbell(ticket, permits);
+    let mut doorbell = doorbell_for(ticket);
     let mut refreshed = Instant::now();
     let mut pace = Pace::new(Instant::now());
     // Whether a wake-up (not a timer) started this round: a release or a grant named this
@@ -474,10 +473,10 @@ pub(crate) async fn acquire<D: Dialect>(
         // of the secret it stored in its row): the row is ours with
         // that fence for at least `ttl` from `sent`. Below the caller's token minimum, the next
         // attempt takes the row again with a greater fence.
-        let handed = wake.take_handed();
-        let found = match handed {
+        let delivered = wake.take_delivered();
+        let found = match delivered {
             Some(h) if h.ttl.is_some() => {
-                Attempt::handed((Some(h.fence), h.ttl, None), h.sent, min_token)
+                Attempt::handed_over((Some(h.fence), h.ttl, None), h.sent, min_token)
             }
             Some(h) => Some(Attempt::Granted {
                 fence: h.fence,
@@ -485,14 +484,14 @@ pub(crate) async fn acquire<D: Dialect>(
             }),
             None => None,
         };
-        let (started, attempt) = match (handed, found) {
-            (Some(Handed { sent, .. }), Some(attempt)) => (sent, attempt),
+        let (started, attempt) = match (delivered, found) {
+            (Some(DeliveredGrant { sent, .. }), Some(attempt)) => (sent, attempt),
             _ => {
                 if refreshed.elapsed() >= REFRESH {
                     if !q.refresh(name, waiter, ticket, kind).await? {
                         tracing::debug!(backend = D::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
                         ticket = join().await?;
-                        bell = bell_for(ticket);
+                        doorbell = doorbell_for(ticket);
                         pace = Pace::new(Instant::now());
                         expects_ring = None;
                     }
@@ -528,7 +527,7 @@ pub(crate) async fn acquire<D: Dialect>(
                 // release left one free: otherwise the next's attempt, under the semaphore
                 // row's lock, could only be refused.
                 drop(wake);
-                if kind != Kind::Lock && handed.is_none_or(|h| h.more) {
+                if kind != Kind::Lock && delivered.is_none_or(|h| h.more) {
                     q.freed(name, permits);
                 }
                 return Ok(Some(match kind {
@@ -543,13 +542,16 @@ pub(crate) async fn acquire<D: Dialect>(
                     }
                 }));
             }
-            Attempt::Handed {
+            Attempt::HandedOver {
                 fence,
                 left,
                 seen,
                 head,
             } => {
-                if let Some(lease) = q.take_handed(name, waiter, fence, left, seen, opts).await? {
+                if let Some(lease) = q
+                    .take_handed_over(name, waiter, fence, left, seen, opts)
+                    .await?
+                {
                     let _left = cleanup.disarm();
                     drop(wake);
                     if !q.sql.hand_dequeues {
@@ -564,7 +566,7 @@ pub(crate) async fn acquire<D: Dialect>(
         // The lock's only: a semaphore's holders may be plain grants from before anyone
         // queued, whose releases ring nobody.
         let rung_soon = *expects_ring
-            .get_or_insert_with(|| kind == Kind::Lock && bell.is_some() && ahead > Some(0));
+            .get_or_insert_with(|| kind == Kind::Lock && doorbell.is_some() && ahead > Some(0));
 
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
@@ -578,8 +580,8 @@ pub(crate) async fn acquire<D: Dialect>(
             }
             // A release here may have handed this waiter a permit after its last look. (A lock
             // row handed to it is freed by the leaving above.)
-            if let Some(handed) = wake.end().filter(|h| h.ttl.is_none()) {
-                q.give_back(name, waiter, handed.fence).await?;
+            if let Some(delivered) = wake.end().filter(|h| h.ttl.is_none()) {
+                q.give_back(name, waiter, delivered.fence).await?;
             }
             return Ok(None);
         }
@@ -591,9 +593,9 @@ pub(crate) async fn acquire<D: Dialect>(
             RECHECK
         } else if rung_soon {
             pace.step(now, ahead).max(RUNG_STEP)
-        } else if bell.is_some() {
+        } else if doorbell.is_some() {
             // Rung when the lock is released from the queue: the looks are for the releases
-            // that do not ring (see `crate::bell`), and need not load the store as often.
+            // that do not ring (see `crate::speedup::doorbell`), and need not load the store as often.
             pace.step(now, ahead).max(RUNG_STEP_MIN)
         } else {
             pace.step(now, ahead)
@@ -603,8 +605,8 @@ pub(crate) async fn acquire<D: Dialect>(
         let sooner = [holder_gone, Some(refreshed + REFRESH), deadline];
         let until = sooner.into_iter().flatten().fold(now + step, Instant::min);
         let rung = async {
-            match &bell {
-                Some(bell) => bell.rung().await,
+            match &doorbell {
+                Some(doorbell) => doorbell.rung().await,
                 None => std::future::pending().await,
             }
         };

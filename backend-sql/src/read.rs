@@ -23,7 +23,7 @@
 //! writer's lease. A reader's `try` is refused while any writer is queued, so a stream of
 //! readers cannot starve a writer.
 //!
-//! **Retries.** A grant retried after a lost reply (see `Core::run`) finds the first try's hold
+//! **Retries.** A grant retried after a lost reply (see `StatementRunner::run`) finds the first try's hold
 //! of the same owner id and takes it over with a new fence, as the semaphore's grant does.
 
 use std::sync::Arc;
@@ -206,7 +206,7 @@ impl<D: Dialect> Client<D> {
         let a = a.ticket(ticket.unwrap_or(i64::MAX));
         let mut tries = 0;
         let grant = self
-            .core
+            .runner
             .run("acquire read", Some(name), |mut c| {
                 tries += 1;
                 async move {
@@ -252,7 +252,7 @@ impl<D: Dialect> Client<D> {
         let (sql, enqueue) = (&self.sql.reads, &self.sql.enqueue);
         let a = Args::of(name).owner(waiter).ttl(liveness);
         // The mark commits with the row, so a live row found on a retry means both are there.
-        self.core
+        self.runner
             .join(
                 &self.sql.own_ticket,
                 a,
@@ -278,7 +278,7 @@ impl<D: Dialect> Client<D> {
     ) -> Result<Attempt> {
         let args = Args::of(name).owner(waiter).ticket(ticket);
         let seen = self
-            .core
+            .runner
             .reply("acquire read", &self.sql.reads.state, args)
             .await?;
         if let Judged::Blocked { ahead, holder_left } = judge(&seen) {
@@ -310,7 +310,7 @@ impl<D: Dialect> Client<D> {
     pub(crate) async fn leave_read(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
         let sql = &self.sql.reads;
         let a = Args::of(name).owner(owner);
-        self.core
+        self.runner
             .run("leave queue", Some(name), |mut c| async move {
                 let r = end_tx::<D::Db>(c.conn(), sql, a, false).await;
                 (c, r)
@@ -333,7 +333,7 @@ impl<D: Dialect> Client<D> {
         let sql = &self.sql.reads;
         let a = held(lease);
         let gone = self
-            .core
+            .runner
             .run("release", Some(lease.name()), |mut c| async move {
                 let r = end_tx::<D::Db>(c.conn(), sql, a, true).await;
                 (c, r)
@@ -351,9 +351,9 @@ impl<D: Dialect> Client<D> {
     pub(crate) async fn extend_read(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
         let sql = &self.sql.reads;
         let a = held(lease).ttl(ttl);
-        self.core
+        self.runner
             .run_as(
-                sql.extend.line(),
+                sql.extend.priority(),
                 "extend",
                 Some(lease.name()),
                 |mut c| async move {

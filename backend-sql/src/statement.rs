@@ -8,7 +8,7 @@ use std::time::Duration;
 use lockcore::{LockName, OwnerId};
 use sqlx::{SqlSafeStr, SqlStr};
 
-use crate::turn::Line;
+use crate::speedup::sqlite_write_queue::WritePriority;
 use crate::wake::Secret;
 
 mod run;
@@ -85,7 +85,7 @@ pub struct Stmt {
     style: Style,
     /// Whether it answers with a row (`SELECT`, `RETURNING`) rather than with what it changed.
     row: bool,
-    /// Whether it only reads (so it need not wait for SQLite's write turn: see [`Stmt::line`]),
+    /// Whether it only reads (so it need not wait for SQLite's write turn: see [`Stmt::priority`]),
     /// decided once when it is built.
     reads: bool,
     /// Whether it keeps a lease or a waiter's place alive (see [`Stmt::keeping`]).
@@ -335,18 +335,18 @@ fn reads_only(text: &str) -> bool {
 
 impl Stmt {
     /// Marks a statement that keeps a lease or a waiter's place alive (an extend, a refresh),
-    /// so that it waits in SQLite's keep line (see [`Line::Keep`]).
+    /// so that it waits in SQLite's keep line (see [`WritePriority::KeepAlive`]).
     pub fn keeping(mut self) -> Self {
         self.keeps = true;
         self
     }
 
     /// The line it waits in for SQLite's write turn; `None` when it only reads.
-    pub fn line(&self) -> Option<Line> {
+    pub fn priority(&self) -> Option<WritePriority> {
         match (self.reads, self.keeps) {
             (true, _) => None,
-            (false, true) => Some(Line::Keep),
-            (false, false) => Some(Line::Other),
+            (false, true) => Some(WritePriority::KeepAlive),
+            (false, false) => Some(WritePriority::Normal),
         }
     }
 }

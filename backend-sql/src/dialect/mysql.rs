@@ -11,7 +11,7 @@ use sqlx::mysql::MySqlDatabaseError;
 mod routines;
 
 use super::{Dialect, Statements, connect_server};
-use crate::common::{Class, Core};
+use crate::common::{Class, StatementRunner};
 use crate::config::{SqlConfig, Target};
 use crate::statement::{Sql, Stmt, Style};
 
@@ -120,14 +120,17 @@ impl Dialect for MySql {
         }
     }
 
-    async fn connect(config: &SqlConfig, sql: &mut Statements) -> Result<(Core<Self::Db>, Self)> {
+    async fn connect(
+        config: &SqlConfig,
+        sql: &mut Statements,
+    ) -> Result<(StatementRunner<Self::Db>, Self)> {
         let Target::MySql(opts) = &config.target else {
             return Err(Error::invalid_config(BACKEND, "not a mysql:// URL"));
         };
-        let core = connect_server::<Self>(config, opts, sql).await?.0;
+        let runner = connect_server::<Self>(config, opts, sql).await?.0;
         let s = Sql::new(Self::STYLE, &config.table);
-        routines::install(&core, &s, sql).await;
-        Ok((core, MySql))
+        routines::install(&runner, &s, sql).await;
+        Ok((runner, MySql))
     }
 
     const CREATE: &[&str] = &[

@@ -74,7 +74,7 @@ pub struct PermitStatements {
     pub forget: Vec<Stmt>,
     /// Expired holder and waiter rows of every name, dropped when a client connects.
     pub gc_all: Vec<Stmt>,
-    /// The ticket of the permit queue's live head (see `crate::bell`), if any.
+    /// The ticket of the permit queue's live head (see `crate::speedup::doorbell`), if any.
     pub head: Stmt,
     /// `$owner`'s live ticket in the permit queue, if any (see `dialect::own_ticket`).
     pub own_ticket: Stmt,

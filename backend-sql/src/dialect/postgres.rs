@@ -14,7 +14,7 @@ use sqlx::error::DatabaseError;
 use sqlx::{SqlSafeStr, SqlStr};
 
 use super::{Dialect, Statements, connect_server, fence_of};
-use crate::common::{Class, Core, from_micros, whole};
+use crate::common::{Class, StatementRunner, from_micros, whole};
 use crate::config::{SqlConfig, Target};
 use crate::statement::{Sql, Stmt, Style};
 use crate::wake::{Join, Wake};
@@ -145,11 +145,14 @@ impl Dialect for Postgres {
         }
     }
 
-    async fn connect(config: &SqlConfig, sql: &mut Statements) -> Result<(Core<Self::Db>, Self)> {
+    async fn connect(
+        config: &SqlConfig,
+        sql: &mut Statements,
+    ) -> Result<(StatementRunner<Self::Db>, Self)> {
         let Target::Postgres(opts) = &config.target else {
             return Err(Error::invalid_config(BACKEND, "not a postgres:// URL"));
         };
-        let (core, opts) = connect_server::<Self>(config, opts, sql).await?;
+        let (runner, opts) = connect_server::<Self>(config, opts, sql).await?;
         let extend_many = format!(
             "UPDATE \"{}\" AS l \
              SET expires_at = {NOW} + v.ttl_us * interval '1 microsecond' \
@@ -160,10 +163,10 @@ impl Dialect for Postgres {
              RETURNING l.owner",
             config.table
         );
-        let listener = Listener::new(opts, core.clone(), &config.table);
+        let listener = Listener::new(opts, runner.clone(), &config.table);
         let extend_many = sqlx::AssertSqlSafe(extend_many).into_sql_str();
         Ok((
-            core,
+            runner,
             Postgres {
                 listener,
                 extend_many,
@@ -406,7 +409,7 @@ impl Dialect for Postgres {
 
     async fn wait_for_release(
         &self,
-        core: &Core<Self::Db>,
+        runner: &StatementRunner<Self::Db>,
         sql: &Statements,
         name: &LockName,
         until: Instant,
@@ -423,7 +426,7 @@ impl Dialect for Postgres {
             let _ = tokio::time::timeout_at(until.into(), ready.wait_for(|r| *r)).await;
             return Ok(());
         }
-        let row = tokio::time::timeout_at(until.into(), core.lock_row(&sql.inspect, name)).await;
+        let row = tokio::time::timeout_at(until.into(), runner.lock_row(&sql.inspect, name)).await;
         let wake_at = match row {
             // Free, expired or never used: try again now.
             Ok(Ok(None)) | Ok(Ok(Some((_, _, None, _)))) => return Ok(()),
@@ -443,7 +446,7 @@ impl Dialect for Postgres {
 
     async fn extend_batch(
         &self,
-        core: &Core<Self::Db>,
+        runner: &StatementRunner<Self::Db>,
         _sql: &Statements,
         batch: &[(&Lease, Duration)],
     ) -> Result<Vec<bool>> {
@@ -454,7 +457,7 @@ impl Dialect for Postgres {
             .iter()
             .map(|(_, ttl)| whole(*ttl, Self::STYLE.ttl_unit))
             .collect();
-        let done: Vec<String> = core
+        let done: Vec<String> = runner
             .run("extend", None, |mut c| {
                 let q = sqlx::query_scalar(self.extend_many.clone())
                     .bind(names.as_slice())

@@ -2,7 +2,7 @@
 //! host, `INSERT .. SELECT .. ON CONFLICT DO UPDATE .. WHERE expired RETURNING fence`, a FIFO
 //! queue of waiter rows (see [`crate::queue`]), polling waiters.
 //! "database is locked" is retried inside, within the `timeout` budget. Writers take turns on
-//! the file before they reach SQLite, in this process and between processes ([`write_turn`]).
+//! the file before they reach SQLite, in this process and between processes ([`write_queue`]).
 //! A waiter's grant leaves the queue in the same statement (two triggers on the lease table).
 
 use std::str::FromStr;
@@ -16,11 +16,11 @@ use sqlx::error::DatabaseError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePoolOptions};
 
 use super::{Dialect, Statements, create_tables, head_of};
-use crate::common::{Class, Core};
+use crate::common::{Class, StatementRunner};
 use crate::config::{SqlConfig, SqlitePath, Target};
-use crate::kept::Kept;
+use crate::speedup::connection_cache::ConnectionCache;
+use crate::speedup::sqlite_write_queue::write_queue;
 use crate::statement::{Sql, Stmt, Style};
-use crate::turn::write_turn;
 
 const BACKEND: &str = "sqlite";
 
@@ -126,7 +126,10 @@ impl Dialect for Sqlite {
     }
 
     // What it does besides creating the tables: see `SqlLock::connect`.
-    async fn connect(config: &SqlConfig, sql: &mut Statements) -> Result<(Core<Self::Db>, Self)> {
+    async fn connect(
+        config: &SqlConfig,
+        sql: &mut Statements,
+    ) -> Result<(StatementRunner<Self::Db>, Self)> {
         let Target::Sqlite { path, synchronous } = &config.target else {
             return Err(Error::invalid_config(BACKEND, "not a sqlite:// URL"));
         };
@@ -179,21 +182,21 @@ impl Dialect for Sqlite {
             .max_lifetime((!memory).then_some(Duration::from_secs(30 * 60)))
             .test_before_acquire(false)
             .connect_lazy_with(opts);
-        let turn = match path {
+        let write_queue = match path {
             SqlitePath::Memory => Arc::default(),
-            SqlitePath::File(file) => write_turn(file),
+            SqlitePath::File(file) => write_queue(file),
         };
-        let core = Core {
+        let runner = StatementRunner {
             backend: BACKEND,
             pool,
             timeout,
             classify: Self::classify,
-            turn: Some(turn),
-            kept: Kept::new(pool_size),
+            write_queue: Some(write_queue),
+            cache: ConnectionCache::new(pool_size),
         };
-        create_tables::<Self>(&core, sql).await?;
+        create_tables::<Self>(&runner, sql).await?;
         let _anchor = Mutex::new(anchor);
-        Ok((core, Sqlite { memory, _anchor }))
+        Ok((runner, Sqlite { memory, _anchor }))
     }
 
     const CREATE: &[&str] = &[

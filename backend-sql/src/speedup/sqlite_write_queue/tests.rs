@@ -24,14 +24,14 @@ async fn two_openers_of_one_sidecar_take_turns() {
     let sidecar = dir.path().join("locks.db-turn");
     let db = dir.path().join("locks.db");
     let (one, other) = (
-        WriteTurn::beside(&db, &sidecar),
-        WriteTurn::beside(&db, &sidecar),
+        SqliteWriteQueue::beside(&db, &sidecar),
+        SqliteWriteQueue::beside(&db, &sidecar),
     );
     assert!(one.between.is_some() && other.between.is_some());
 
-    let held = one.take(Line::Other).await;
+    let held = one.take(WritePriority::Normal).await;
     assert!(held.locked.is_some(), "nobody else held it: locked at once");
-    let mut waiting = pin!(other.take(Line::Other));
+    let mut waiting = pin!(other.take(WritePriority::Normal));
     // The other opener waits while the first holds its turn...
     assert!(
         waits(waiting.as_mut()).await,
@@ -45,11 +45,11 @@ async fn two_openers_of_one_sidecar_take_turns() {
     assert!(next.locked.is_some());
 
     // A writer dropped while it waits gives the turn on when its thread gets it.
-    let mut abandoned = Box::pin(one.take(Line::Other));
+    let mut abandoned = Box::pin(one.take(WritePriority::Normal));
     assert!(waits(abandoned.as_mut()).await);
     drop(abandoned);
     drop(next);
-    let again = tokio::time::timeout(LIMIT, other.take(Line::Other))
+    let again = tokio::time::timeout(LIMIT, other.take(WritePriority::Normal))
         .await
         .expect("the turn");
     assert!(again.locked.is_some());
@@ -59,30 +59,30 @@ async fn two_openers_of_one_sidecar_take_turns() {
 async fn without_a_sidecar_the_turn_is_this_process_only() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let missing = dir.path().join("missing");
-    let turn = WriteTurn::beside(&missing.join("locks.db"), &missing.join("locks.db-turn"));
+    let turn = SqliteWriteQueue::beside(&missing.join("locks.db"), &missing.join("locks.db-turn"));
     assert!(turn.between.is_none());
-    let held = turn.take(Line::Other).await;
+    let held = turn.take(WritePriority::Normal).await;
     assert!(held.locked.is_none());
     assert!(
-        waits(pin!(turn.take(Line::Other))).await,
+        waits(pin!(turn.take(WritePriority::Normal))).await,
         "the turn in this process still orders its writers"
     );
 }
 
 /// A turn in this process only (its sidecar's directory does not exist).
-fn local_only(dir: &tempfile::TempDir) -> WriteTurn {
+fn local_only(dir: &tempfile::TempDir) -> SqliteWriteQueue {
     let missing = dir.path().join("missing");
-    WriteTurn::beside(&missing.join("locks.db"), &missing.join("locks.db-turn"))
+    SqliteWriteQueue::beside(&missing.join("locks.db"), &missing.join("locks.db-turn"))
 }
 
 #[tokio::test]
 async fn a_keeping_write_goes_before_the_writers_that_wait() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let turn = local_only(&dir);
-    let held = turn.take(Line::Other).await;
-    let mut first = pin!(turn.take(Line::Other));
-    let mut second = pin!(turn.take(Line::Other));
-    let mut keep = pin!(turn.take(Line::Keep));
+    let held = turn.take(WritePriority::Normal).await;
+    let mut first = pin!(turn.take(WritePriority::Normal));
+    let mut second = pin!(turn.take(WritePriority::Normal));
+    let mut keep = pin!(turn.take(WritePriority::KeepAlive));
     // Each waits (and so stands in its line) in this order.
     assert!(
         waits(first.as_mut()).await,
@@ -122,9 +122,9 @@ async fn a_keeping_write_goes_before_the_writers_that_wait() {
 async fn a_writer_dropped_after_it_was_handed_the_turn_hands_it_on() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let turn = local_only(&dir);
-    let held = turn.take(Line::Other).await;
-    let mut handed = Box::pin(turn.take(Line::Other));
-    let mut next = pin!(turn.take(Line::Other));
+    let held = turn.take(WritePriority::Normal).await;
+    let mut handed = Box::pin(turn.take(WritePriority::Normal));
+    let mut next = pin!(turn.take(WritePriority::Normal));
     assert!(waits(handed.as_mut()).await && waits(next.as_mut()).await);
     // The turn goes to `handed`, which is dropped before it is polled again.
     drop(held);
@@ -134,7 +134,7 @@ async fn a_writer_dropped_after_it_was_handed_the_turn_hands_it_on() {
         .expect("the turn, handed on");
     drop(got);
     // And nobody keeps it afterwards.
-    tokio::time::timeout(LIMIT, turn.take(Line::Keep))
+    tokio::time::timeout(LIMIT, turn.take(WritePriority::KeepAlive))
         .await
         .expect("a free turn");
 }
@@ -149,7 +149,7 @@ fn a_new_sidecar_is_open_only_to_the_databases_writers() {
     std::fs::write(&db, b"").unwrap();
     std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
     let sidecar = dir.path().join("locks.db-turn");
-    let _turn = WriteTurn::beside(&db, &sidecar);
+    let _turn = SqliteWriteQueue::beside(&db, &sidecar);
     let mode = std::fs::metadata(&sidecar).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "a database only its owner writes: {mode:o}");
 }

@@ -4,7 +4,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use sqlx::{Pool, Sqlite};
 
-use super::Kept;
+use super::ConnectionCache;
 
 /// Generous: only to fail instead of hanging.
 const LIMIT: Duration = Duration::from_secs(10);
@@ -56,7 +56,7 @@ async fn pool_idle(pool: &Pool<Sqlite>, n: usize) {
 async fn the_last_connection_used_is_taken_first_and_two_are_kept() {
     let dir = tempfile::tempdir().unwrap();
     let pool = pool(&dir, 8);
-    let kept = Kept::new(8);
+    let kept = ConnectionCache::new(8);
     let mut a = pool.acquire().await.unwrap();
     let mut b = pool.acquire().await.unwrap();
     let c = pool.acquire().await.unwrap();
@@ -81,7 +81,7 @@ async fn the_last_connection_used_is_taken_first_and_two_are_kept() {
 async fn none_is_kept_from_a_pool_of_one() {
     let dir = tempfile::tempdir().unwrap();
     let pool = pool(&dir, 1);
-    let kept = Kept::new(1);
+    let kept = ConnectionCache::new(1);
     kept.put(pool.acquire().await.unwrap(), Instant::now());
     assert!(kept.take().is_none());
     let again = tokio::time::timeout(LIMIT, pool.acquire()).await;
@@ -96,7 +96,7 @@ async fn none_is_kept_from_a_pool_of_one() {
 async fn an_unused_connection_goes_back_to_the_pool() {
     let dir = tempfile::tempdir().unwrap();
     let pool = pool(&dir, 8);
-    let kept = Kept::unused_for(8, Duration::from_millis(50));
+    let kept = ConnectionCache::unused_for(8, Duration::from_millis(50));
     kept.put(pool.acquire().await.unwrap(), Instant::now());
     assert_eq!(pool.num_idle(), 0);
     pool_idle(&pool, 1).await;
@@ -113,7 +113,7 @@ async fn an_unused_connection_goes_back_to_the_pool() {
 async fn a_connection_out_of_the_pool_for_a_minute_goes_back() {
     let dir = tempfile::tempdir().unwrap();
     let pool = pool(&dir, 8);
-    let kept = Kept::new(8);
+    let kept = ConnectionCache::new(8);
     let long_ago = Instant::now()
         .checked_sub(super::KEPT_FOR)
         .expect("a monotonic clock older than a minute");
@@ -135,19 +135,19 @@ async fn a_connection_out_of_the_pool_for_a_minute_goes_back() {
 #[tokio::test]
 async fn a_statement_waiting_for_a_connection_gets_the_one_kept_next() {
     let dir = tempfile::tempdir().unwrap();
-    let core = crate::common::Core {
+    let runner = crate::common::StatementRunner {
         backend: "test",
         pool: pool(&dir, 2),
         timeout: LIMIT,
         classify: |_| crate::common::Class::Fail { retryable: false },
-        turn: None,
-        kept: Kept::new(2),
+        write_queue: None,
+        cache: ConnectionCache::new(2),
     };
-    let running = core.checked().await.expect("a first connection");
-    let mut done = core.checked().await.expect("a second connection");
+    let running = runner.connection().await.expect("a first connection");
+    let mut done = runner.connection().await.expect("a second connection");
     let waiting = {
-        let core = core.clone();
-        tokio::spawn(async move { core.checked().await.map(drop) })
+        let runner = runner.clone();
+        tokio::spawn(async move { runner.connection().await.map(drop) })
     };
     // Give it time to start waiting; it must not be granted before a connection comes back.
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -160,7 +160,7 @@ async fn a_statement_waiting_for_a_connection_gets_the_one_kept_next() {
     let got = tokio::time::timeout(LIMIT, waiting).await;
     assert!(
         matches!(got, Ok(Ok(Ok(())))),
-        "the waiting statement did not get the connection kept: {got:?}"
+        "the waiting statement did not get the connection cache: {got:?}"
     );
     drop(running);
 }
@@ -177,7 +177,7 @@ fn kept_connections_dropped_outside_a_runtime_are_closed() {
         .unwrap();
     let (pool, kept) = runtime.block_on(async {
         let pool = pool(&dir, 8);
-        let kept = Kept::new(8);
+        let kept = ConnectionCache::new(8);
         kept.put(pool.acquire().await.unwrap(), Instant::now());
         (pool, kept)
     });
@@ -196,7 +196,7 @@ fn kept_connections_dropped_outside_a_runtime_are_closed() {
 async fn nothing_is_kept_once_cleared() {
     let dir = tempfile::tempdir().unwrap();
     let pool = pool(&dir, 8);
-    let kept = Kept::new(8);
+    let kept = ConnectionCache::new(8);
     let (a, b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
     kept.put(a, Instant::now());
     kept.clear();

@@ -1,4 +1,4 @@
-//! The connections a client keeps between statements, out of sqlx's pool (see [`Kept`]).
+//! The connections a client keeps between statements, out of sqlx's pool (see [`ConnectionCache`]).
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -8,7 +8,7 @@ use sqlx::pool::PoolConnection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How many connections a client keeps out of sqlx's pool between statements, at most (see
-/// [`Kept`]).
+/// [`ConnectionCache`]).
 const KEPT: usize = 2;
 
 /// How long a kept connection may sit unused before it goes back to the pool, whose idle
@@ -22,7 +22,7 @@ const KEPT_FOR: Duration = Duration::from_secs(60);
 /// The connections a client keeps between statements, most recently used last.
 ///
 /// sqlx's pool pings every connection it gets back (one more round trip, and a wake-up of the
-/// server's session) to find those that a dropped future left mid-statement. `Checked`
+/// server's session) to find those that a dropped future left mid-statement. `StatementConn`
 /// (`crate::common`) already closes those, so a connection whose statement completed is kept
 /// here for the next statement instead, and the ping is spared: on a contended lock that is
 /// one round trip per statement fewer beside each hand-over (`docs/design/backend-sql.md`,
@@ -39,7 +39,7 @@ const KEPT_FOR: Duration = Duration::from_secs(60);
 /// task checks while any is kept, and every statement checks too. One that has gone from
 /// statement to statement for [`KEPT_FOR`] goes back too, so that the pool's own limits still
 /// apply to it.
-pub(crate) struct Kept<DB: Database> {
+pub(crate) struct ConnectionCache<DB: Database> {
     idle: Mutex<Idle<DB>>,
     room: usize,
     /// One per connection of the pool (see [`slot`](Self::slot)).
@@ -57,17 +57,17 @@ struct Conn<DB: Database> {
     at: Instant,
 }
 
-/// [`Kept`]'s state.
+/// [`ConnectionCache`]'s state.
 struct Idle<DB: Database> {
-    /// Kept connections, most recently put back last.
+    /// ConnectionCache connections, most recently put back last.
     conns: Vec<Conn<DB>>,
     /// Whether a task that gives back the unused ones is running.
     reaping: bool,
-    /// Set by [`Kept::clear`]: the pool is closing, and nothing is kept any more.
+    /// Set by [`ConnectionCache::clear`]: the pool is closing, and nothing is kept any more.
     closed: bool,
 }
 
-impl<DB: Database> Kept<DB> {
+impl<DB: Database> ConnectionCache<DB> {
     /// Room for [`KEPT`] connections, and fewer than `pool_size`.
     pub(crate) fn new(pool_size: u32) -> Arc<Self> {
         Self::unused_for(pool_size, KEPT_IDLE)
@@ -76,7 +76,7 @@ impl<DB: Database> Kept<DB> {
     /// [`new`](Self::new), giving back connections unused for `limit`.
     fn unused_for(pool_size: u32, limit: Duration) -> Arc<Self> {
         let below_pool = usize::try_from(pool_size.saturating_sub(1)).unwrap_or(0);
-        Arc::new(Kept {
+        Arc::new(ConnectionCache {
             idle: Mutex::new(Idle {
                 conns: Vec::new(),
                 reaping: false,
@@ -153,7 +153,7 @@ impl<DB: Database> Kept<DB> {
     }
 }
 
-impl<DB: Database> Drop for Kept<DB> {
+impl<DB: Database> Drop for ConnectionCache<DB> {
     fn drop(&mut self) {
         let idle = self.idle.get_mut().unwrap_or_else(PoisonError::into_inner);
         let conns = std::mem::take(&mut idle.conns);
@@ -185,7 +185,7 @@ impl<DB: Database> Idle<DB> {
 
 /// Gives back kept connections once unused for their limit, while any is kept and the client
 /// lives.
-async fn reap<DB: Database>(kept: Weak<Kept<DB>>, limit: Duration) {
+async fn reap<DB: Database>(kept: Weak<ConnectionCache<DB>>, limit: Duration) {
     loop {
         tokio::time::sleep(limit / 2).await;
         let Some(kept) = kept.upgrade() else {
