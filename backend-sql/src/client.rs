@@ -11,7 +11,7 @@ use lockcore::{
 
 use crate::common::{Pending, StatementRunner, detached, min_token_of, token};
 use crate::config::SqlConfig;
-use crate::dialect::{Dialect, Statements, held};
+use crate::dialect::{SqlDialect, Statements, lease_row_args};
 use crate::statement::{Args, Reply, Stmt};
 use crate::wake::{Join, Terms, Waiters, Wake, key, local};
 
@@ -148,7 +148,7 @@ fn undo_needed<T: Outcome>(outcome: &T) -> bool {
 }
 
 /// What a [`SqlLock`](crate::SqlLock) holds, shared by its clones.
-pub(crate) struct Client<D: Dialect> {
+pub(crate) struct Client<D: SqlDialect> {
     pub(crate) runner: StatementRunner<D::Db>,
     pub(crate) sql: Statements,
     pub(crate) table: String,
@@ -181,7 +181,7 @@ pub(crate) struct Leaving {
     pub(crate) deleted: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl<D: Dialect> Client<D> {
+impl<D: SqlDialect> Client<D> {
     /// Connects (see [`SqlLock::connect`](crate::SqlLock::connect)).
     pub(crate) async fn connect(config: &SqlConfig) -> Result<Self> {
         let mut sql = Statements::new::<D>(&config.table);
@@ -229,7 +229,7 @@ impl<D: Dialect> Client<D> {
     /// Records where `waiter` (registered with [`wake`](Self::wake)) joined the queue, when
     /// that join was sent and the secret it stored, and a permit waiter's `terms`, so that this process's releases
     /// wake (where the dialect polls) or hand a permit to the nearest to the head, and the
-    /// dialect can tell a hand-over's notification for this join (see [`Dialect::joined`]).
+    /// dialect can tell a hand-over's notification for this join (see [`SqlDialect::joined`]).
     pub(crate) fn joined(
         &self,
         name: &LockName,
@@ -279,7 +279,7 @@ impl<D: Dialect> Client<D> {
         lease: &Lease,
         permits: bool,
     ) -> Result<Released> {
-        let args = held(lease).ttl(lease.ttl());
+        let args = lease_row_args(lease).ttl(lease.ttl());
         let freed = self.runner.reply("release", stmt, args).await?;
         // `StatementRunner::run` sends the statement again when the session died before the reply came;
         // if the lost try freed the row, the retry finds nothing, and the lock's row says
@@ -313,7 +313,7 @@ impl<D: Dialect> Client<D> {
     pub(crate) async fn freed_at_fence(&self, lease: &Lease) -> Result<bool> {
         let reply = self
             .runner
-            .reply("release", &self.sql.freed_at_fence, held(lease));
+            .reply("release", &self.sql.freed_at_fence, lease_row_args(lease));
         Ok(reply.await?.count() > 0)
     }
 

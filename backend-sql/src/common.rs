@@ -117,7 +117,7 @@ impl<DB: Database> StatementRunner<DB> {
     pub(crate) async fn connection(&self) -> std::result::Result<StatementConn<DB>, sqlx::Error> {
         let slot = self.cache.slot().await;
         let (conn, since) = match self.cache.take() {
-            Some(kept) => kept,
+            Some(cached) => cached,
             None => (self.pool.acquire().await?, Instant::now()),
         };
         Ok(StatementConn {
@@ -219,7 +219,7 @@ impl<DB: Database> StatementRunner<DB> {
     /// a client that cannot use the server says why at once (connection refused, a bad password,
     /// a TLS failure). Through the pool the same failure only shows after `timeout`, as "pool
     /// timed out while waiting for an open connection".
-    pub(crate) async fn probe<O>(&self, opts: &O) -> Result<()>
+    pub(crate) async fn connect_once<O>(&self, opts: &O) -> Result<()>
     where
         O: sqlx::ConnectOptions<Connection = DB::Connection>,
     {

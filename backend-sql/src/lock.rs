@@ -12,7 +12,7 @@ use lockcore::{
 use crate::client::{Client, is_permit, is_read};
 use crate::common::{from_micros, token};
 use crate::config::SqlConfig;
-use crate::dialect::{Dialect, READERS_OWNER, held};
+use crate::dialect::{READERS_OWNER, SqlDialect, lease_row_args};
 use crate::queue::Kind;
 use crate::statement::Args;
 
@@ -22,12 +22,12 @@ use crate::statement::Args;
 /// [`PostgresLock`]: crate::PostgresLock
 /// [`MySqlLock`]: crate::MySqlLock
 /// [`SqliteLock`]: crate::SqliteLock
-pub struct SqlLock<D: Dialect> {
+pub struct SqlLock<D: SqlDialect> {
     client: Arc<Client<D>>,
 }
 
 // By hand: a derive would require `D: Clone`.
-impl<D: Dialect> Clone for SqlLock<D> {
+impl<D: SqlDialect> Clone for SqlLock<D> {
     fn clone(&self) -> Self {
         SqlLock {
             client: self.client.clone(),
@@ -35,7 +35,7 @@ impl<D: Dialect> Clone for SqlLock<D> {
     }
 }
 
-impl<D: Dialect> fmt::Debug for SqlLock<D> {
+impl<D: SqlDialect> fmt::Debug for SqlLock<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(D::CLIENT)
             .field("url", &self.client.redacted)
@@ -44,7 +44,7 @@ impl<D: Dialect> fmt::Debug for SqlLock<D> {
     }
 }
 
-impl<D: Dialect> SqlLock<D> {
+impl<D: SqlDialect> SqlLock<D> {
     /// Connects and creates the lease table if it does not exist. SQLite opens the database
     /// (creating it and its parent directory if needed) and switches a file database to WAL.
     ///
@@ -83,7 +83,7 @@ impl<D: Dialect> SqlLock<D> {
 }
 
 #[async_trait]
-impl<D: Dialect> DistributedLock for SqlLock<D> {
+impl<D: SqlDialect> DistributedLock for SqlLock<D> {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(
             D::BACKEND,
@@ -188,7 +188,9 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         } else {
             &c.sql.extend
         };
-        let extend = c.runner.reply("extend", stmt, held(lease).ttl(ttl));
+        let extend = c
+            .runner
+            .reply("extend", stmt, lease_row_args(lease).ttl(ttl));
         // MySQL sets CLIENT_FOUND_ROWS, so a matched row counts even if unchanged.
         if extend.await?.count() == 1 {
             Ok(lease.renewed(started, ttl))
@@ -227,7 +229,10 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         let mut permits_done = if permits.is_empty() {
             Ok(Vec::new())
         } else {
-            let args: Vec<_> = permits.iter().map(|(l, t)| held(l).ttl(*t)).collect();
+            let args: Vec<_> = permits
+                .iter()
+                .map(|(l, t)| lease_row_args(l).ttl(*t))
+                .collect();
             let extend = &c.sql.permits.extend;
             let done = c.runner.each_in_transaction("extend", extend, &args).await;
             done.map(|d| d.into_iter().map(|n| n == 1).collect())

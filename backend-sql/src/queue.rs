@@ -25,7 +25,7 @@
 //! release rings that waiter's doorbell, and the waiter's look finds the row its own
 //! (`Attempt::HandedOver`); a waiter in another process or host finds the grant at its next look.
 //! On PostgreSQL the release's notification, delivered once the hand-over has committed (and
-//! been flushed), carries the grant itself (`wake::Handed`), so the new holder sends no
+//! been flushed), carries the grant itself (`wake::DeliveredGrant`), so the new holder sends no
 //! statement at all; where it cannot use it (see `wake::Waiters::wake`), its next attempt
 //! reports the row as its own (`Attempt::HandedOver` again).
 //! It is handed over only to a writer (a reader's turn is its own grant) whose liveness was
@@ -51,13 +51,13 @@ use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result};
 
 use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, queued};
 use crate::common::{Pending, detached, from_micros, min_token_of};
-use crate::dialect::{Dialect, held};
+use crate::dialect::{SqlDialect, lease_row_args};
 use crate::statement::{Args, SqlDb};
 use crate::wake::{DeliveredGrant, Join, Secret, Terms};
 
 mod poll_interval;
 
-use poll_interval::{Pace, RUNG_STEP, RUNG_STEP_MIN};
+use poll_interval::{PollInterval, RUNG_STEP, RUNG_STEP_MIN};
 
 /// How long a waiter row stays live after its last refresh (by the database's clock). A crashed
 /// waiter holds up the queue for at most this long.
@@ -133,7 +133,7 @@ impl Attempt {
 
 /// The queue's statements. Each may retry internally (see `StatementRunner::run`), so each must be
 /// idempotent for the same inputs.
-impl<D: Dialect> Client<D> {
+impl<D: SqlDialect> Client<D> {
     /// Joins the queue for `name`, storing `secret` in the waiter's row where the dialect hands
     /// the lock over by notification (see [`Secret`]); returns the ticket. (PostgreSQL also
     /// deletes expired waiter rows of the name.) A permit waiter joins in a transaction that
@@ -216,13 +216,13 @@ impl<D: Dialect> Client<D> {
         }
         let mut ahead = None;
         // Woken or not, a waiter looks: a release may have handed it the row.
-        if let Some(probe) = &self.sql.probe {
+        if let Some(waiter_look) = &self.sql.waiter_look {
             // Woken (rung), it was most likely handed the row: its own row is all it reads.
-            if let Some(claim) = self.sql.claim.as_ref().filter(|_| woken) {
+            if let Some(own_row_look) = self.sql.own_row_look.as_ref().filter(|_| woken) {
                 let sent = Instant::now();
                 let mine = self
                     .runner
-                    .reply("acquire", claim, Args::of(name).owner(waiter));
+                    .reply("acquire", own_row_look, Args::of(name).owner(waiter));
                 let mine = mine.await?;
                 let row = (mine.value(), from_micros(mine.second()), mine.col(2));
                 if let Some(handed_over) = Attempt::handed_over(row, sent, min_token) {
@@ -233,7 +233,7 @@ impl<D: Dialect> Client<D> {
             // database's write lock.
             let sent = Instant::now();
             let args = Args::of(name).owner(waiter).ticket(ticket);
-            let seen = self.runner.reply("acquire", probe, args).await?;
+            let seen = self.runner.reply("acquire", waiter_look, args).await?;
             let row = (seen.col(2), from_micros(seen.col(3)), seen.col(4));
             if let Some(handed_over) = Attempt::handed_over(row, sent, min_token) {
                 return Ok(handed_over);
@@ -297,9 +297,9 @@ impl<D: Dialect> Client<D> {
             ));
         }
         let started = Instant::now();
-        let extend = self
-            .runner
-            .reply("acquire", &self.sql.extend, held(&lease).ttl(ttl));
+        let extend =
+            self.runner
+                .reply("acquire", &self.sql.extend, lease_row_args(&lease).ttl(ttl));
         Ok((extend.await?.count() == 1).then(|| lease.renewed(started, ttl)))
     }
 
@@ -382,7 +382,7 @@ impl<D: Dialect> Client<D> {
 /// # Errors
 /// The first store error, or a permit count that differs from the one recorded for the
 /// semaphore in use; the waiter has then left the queue (best effort).
-pub(crate) async fn acquire<D: Dialect>(
+pub(crate) async fn acquire<D: SqlDialect>(
     q: &Arc<Client<D>>,
     name: &LockName,
     kind: Kind,
@@ -432,7 +432,7 @@ pub(crate) async fn acquire<D: Dialect>(
     // them ahead of itself, and the queue would stand still as long as the row lived. Only the
     // row with `ticket` is refreshed, so the other runs out within `LIVENESS`.
     // Where the waiter is recorded with when it joined: a release may hand it the lock and
-    // say so before the join's reply is here (see `wake::Handed`).
+    // say so before the join's reply is here (see `wake::DeliveredGrant`).
     let join = async || -> Result<i64> {
         let (at, secret) = (Instant::now(), Secret::random());
         let ticket = q.join(name, waiter, kind, secret).await?;
@@ -445,7 +445,7 @@ pub(crate) async fn acquire<D: Dialect>(
     let doorbell_for = |ticket| q.doorbell(ticket, permits);
     let mut doorbell = doorbell_for(ticket);
     let mut refreshed = Instant::now();
-    let mut pace = Pace::new(Instant::now());
+    let mut poll_interval = PollInterval::new(Instant::now());
     // Whether a wake-up (not a timer) started this round: a release or a grant named this
     // waiter, or it is this process's nearest to the head, so the read-only look that spares
     // the row's lock to waiters who cannot be granted is skipped (a permit's; never the lock's,
@@ -492,7 +492,7 @@ pub(crate) async fn acquire<D: Dialect>(
                         tracing::debug!(backend = D::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
                         ticket = join().await?;
                         doorbell = doorbell_for(ticket);
-                        pace = Pace::new(Instant::now());
+                        poll_interval = PollInterval::new(Instant::now());
                         expects_ring = None;
                     }
                     refreshed = Instant::now();
@@ -586,19 +586,19 @@ pub(crate) async fn acquire<D: Dialect>(
             return Ok(None);
         }
 
-        // Polling: see `Pace`. A waiter is also woken by this process's releases and grants
+        // Polling: see `PollInterval`. A waiter is also woken by this process's releases and grants
         // (see `Client::freed`).
         let behind = kind != Kind::Lock && q.behind_another_here(name, waiter, permits);
         let step = if listening || behind {
             RECHECK
         } else if rung_soon {
-            pace.step(now, ahead).max(RUNG_STEP)
+            poll_interval.step(now, ahead).max(RUNG_STEP)
         } else if doorbell.is_some() {
             // Rung when the lock is released from the queue: the looks are for the releases
             // that do not ring (see `crate::speedup::doorbell`), and need not load the store as often.
-            pace.step(now, ahead).max(RUNG_STEP_MIN)
+            poll_interval.step(now, ahead).max(RUNG_STEP_MIN)
         } else {
-            pace.step(now, ahead)
+            poll_interval.step(now, ahead)
         };
         // The step, cut short by the holder's expiry, the next refresh and the deadline.
         let holder_gone = holder_left.map(|left| now + left + Duration::from_millis(1));

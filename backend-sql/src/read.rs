@@ -9,7 +9,7 @@
 //! row follows: the last reader to go frees it, and a reader's extension raises its expiry.
 //!
 //! **Every reader state change is one short transaction** that first writes the lease row
-//! ([`Dialect::lease_bump`] for a grant, which also bumps the fence: a reader's token comes from
+//! ([`SqlDialect::lease_bump`] for a grant, which also bumps the fence: a reader's token comes from
 //! the name's one fence, above the writer's before it; a no-op update for release, extend and
 //! leave), which takes that row's lock (PostgreSQL, MySQL) or the database's write lock (SQLite)
 //! until it ends, so the mutex's statement and the reader transactions take turns on that row.
@@ -33,7 +33,7 @@ use lockcore::{AcquireOptions, Lease, LockName, OwnerId, Released, Result};
 
 use crate::client::{Client, reader};
 use crate::common::{Pending, detached, from_micros, min_token_of};
-use crate::dialect::{Dialect, ReadStatements, held};
+use crate::dialect::{ReadStatements, SqlDialect, lease_row_args};
 use crate::queue::Attempt;
 use crate::statement::{Args, Reply, SqlDb, begin};
 
@@ -190,7 +190,7 @@ async fn join_tx<DB: SqlDb>(
 }
 
 /// The reader operations of a client.
-impl<D: Dialect> Client<D> {
+impl<D: SqlDialect> Client<D> {
     /// Runs the grant transaction for `owner` (queued with `ticket`, if any); also how many
     /// tries it took (a retry may have followed a lost reply).
     async fn grant_read(
@@ -331,7 +331,7 @@ impl<D: Dialect> Client<D> {
     /// Releases a reader's lease (owner and fence checked; an expired hold is not released).
     pub(crate) async fn release_read(&self, lease: &Lease) -> Result<Released> {
         let sql = &self.sql.reads;
-        let a = held(lease);
+        let a = lease_row_args(lease);
         let gone = self
             .runner
             .run("release", Some(lease.name()), |mut c| async move {
@@ -350,7 +350,7 @@ impl<D: Dialect> Client<D> {
     /// Extends a reader's lease to `ttl` from now; whether it was still live.
     pub(crate) async fn extend_read(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
         let sql = &self.sql.reads;
-        let a = held(lease).ttl(ttl);
+        let a = lease_row_args(lease).ttl(ttl);
         self.runner
             .run_as(
                 sql.extend.priority(),

@@ -62,8 +62,8 @@ use lockcore::{
 
 use crate::client::{Client, permit};
 use crate::common::{Pending, detached, from_micros, min_token_of};
-use crate::dialect::Dialect;
-use crate::dialect::held;
+use crate::dialect::SqlDialect;
+use crate::dialect::lease_row_args;
 use crate::queue::{Attempt, Kind};
 use crate::statement::{Args, SqlDb};
 use crate::wake::{DeliveredGrant, Terms, key};
@@ -72,7 +72,7 @@ mod tx;
 use tx::{Grant, Handover, Judged, grant_tx, granted_by_call, hand_tx, join_tx, judge};
 
 /// The semaphore operations of a client.
-impl<D: Dialect> Client<D> {
+impl<D: SqlDialect> Client<D> {
     /// Runs the grant transaction for `owner` (queued with `ticket`, if any); also how many
     /// tries it took (a retry may have followed a lost reply).
     async fn grant(
@@ -204,7 +204,7 @@ impl<D: Dialect> Client<D> {
             min_token,
             permits,
         } = next.terms;
-        let args = held(lease).next(next.owner).ticket(next.ticket);
+        let args = lease_row_args(lease).next(next.owner).ticket(next.ticket);
         let args = args.ttl(ttl).min_token(min_token).permits(permits);
         let sent = Instant::now();
         let handover = self

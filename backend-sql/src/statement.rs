@@ -189,17 +189,17 @@ pub struct Sql {
     /// The lease table, as given (PostgreSQL's NOTIFY channel).
     pub table: String,
     /// The lease table, quoted.
-    pub t: String,
+    pub leases: String,
     /// The waiters table (see `common::queue_table`), quoted.
-    pub w: String,
+    pub waiters: String,
     /// The semaphores table (`<table>_semaphores`: name, fence), quoted.
-    pub s: String,
+    pub semaphores: String,
     /// The permit holders table (`<table>_permits`), quoted.
-    pub p: String,
+    pub permits: String,
     /// The permit waiters table (`<table>_permit_queue`), quoted.
-    pub v: String,
+    pub permit_waiters: String,
     /// The readers table (`<table>_readers`), quoted.
-    pub r: String,
+    pub readers: String,
     style: Style,
 }
 
@@ -208,12 +208,12 @@ impl Sql {
     pub fn new(style: Style, table: &str) -> Self {
         let quoted = |ident: &str| format!("{q}{ident}{q}", q = style.quote);
         Sql {
-            t: quoted(table),
-            w: quoted(&crate::common::queue_table(table)),
-            s: quoted(&crate::common::aux_table(table, SEMAPHORES)),
-            p: quoted(&crate::common::aux_table(table, PERMITS)),
-            v: quoted(&crate::common::aux_table(table, PERMIT_QUEUE)),
-            r: quoted(&crate::common::aux_table(table, READERS)),
+            leases: quoted(table),
+            waiters: quoted(&crate::common::queue_table(table)),
+            semaphores: quoted(&crate::common::aux_table(table, SEMAPHORES)),
+            permits: quoted(&crate::common::aux_table(table, PERMITS)),
+            permit_waiters: quoted(&crate::common::aux_table(table, PERMIT_QUEUE)),
+            readers: quoted(&crate::common::aux_table(table, READERS)),
             table: table.to_owned(),
             style,
         }

@@ -15,7 +15,7 @@ use sqlx::Connection;
 use sqlx::error::DatabaseError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePoolOptions};
 
-use super::{Dialect, Statements, create_tables, head_of};
+use super::{SqlDialect, Statements, create_tables, head_of};
 use crate::common::{Class, StatementRunner};
 use crate::config::{SqlConfig, SqlitePath, Target};
 use crate::speedup::connection_cache::ConnectionCache;
@@ -60,8 +60,8 @@ fn gated(s: &Sql, ahead: &str, returning: &str) -> Stmt {
          SELECT $name, $owner, MAX(1, $min_token), {NOW_MS} + $ttl \
          WHERE NOT EXISTS (SELECT 1 FROM {} AS w \
          WHERE w.name = $name{ahead} AND w.expires_at > {NOW_MS}) {}{returning}",
-        s.t,
-        s.w,
+        s.leases,
+        s.waiters,
         upsert("MAX(fence + 1, $min_token)")
     ))
 }
@@ -99,7 +99,7 @@ async fn switch_to_wal(conn: &mut SqliteConnection, deadline: Instant) -> Result
     }
 }
 
-impl Dialect for Sqlite {
+impl SqlDialect for Sqlite {
     type Db = sqlx::Sqlite;
     const BACKEND: &'static str = BACKEND;
     const CLIENT: &'static str = "SqliteLock";
@@ -235,7 +235,7 @@ impl Dialect for Sqlite {
 
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt {
         // Unqualified columns in DO UPDATE are the existing row's.
-        let sem = &s.s;
+        let sem = &s.semaphores;
         if bump {
             s.row(&format!(
                 "INSERT INTO {sem} (name, fence) VALUES ($name, MAX(1, $min_token)) \
@@ -255,7 +255,7 @@ impl Dialect for Sqlite {
             "INSERT INTO {} (name, owner, fence, expires_at) \
              VALUES ($name, NULL, MAX(1, $min_token), {NOW_MS}) \
              ON CONFLICT (name) DO UPDATE SET fence = MAX(fence + 1, $min_token) RETURNING fence",
-            s.t
+            s.leases
         ))
     }
 
@@ -267,7 +267,7 @@ impl Dialect for Sqlite {
         // A queued waiter's attempt: only when no live waiter with a smaller ticket is queued.
         // A grant also names the waiter then at the head (the triggers above have dequeued
         // this one, which the subquery leaves out either way).
-        let head = format!(", NULL, ({})", head_of::<Self>(&s.w));
+        let head = format!(", NULL, ({})", head_of::<Self>(&s.waiters));
         gated(s, " AND w.ticket < $ticket AND w.waiter <> $owner", &head)
     }
 

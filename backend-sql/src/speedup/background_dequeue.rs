@@ -7,10 +7,10 @@ use std::sync::{Arc, PoisonError};
 use lockcore::{LockName, OwnerId};
 
 use crate::client::{Client, Leaving};
-use crate::dialect::Dialect;
+use crate::dialect::SqlDialect;
 use crate::queue::Kind;
 
-impl<D: Dialect> Client<D> {
+impl<D: SqlDialect> Client<D> {
     /// After a hand-over, deletes `waiter`'s rows off the new holder's path, in the
     /// background. Until they are gone they keep plain attempts out, as the held lock does
     /// anyway, and the release of this lease skips them (their waiter is the releaser); but

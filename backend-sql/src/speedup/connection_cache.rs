@@ -9,15 +9,15 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How many connections a client keeps out of sqlx's pool between statements, at most (see
 /// [`ConnectionCache`]).
-const KEPT: usize = 2;
+const CACHED_MAX: usize = 2;
 
 /// How long a kept connection may sit unused before it goes back to the pool, whose idle
 /// timeout then closes it.
-const KEPT_IDLE: Duration = Duration::from_secs(10);
+const CACHED_IDLE: Duration = Duration::from_secs(10);
 
 /// How long a connection may go from statement to statement without passing through the pool,
 /// so that the pool's own rules (SQLite's lifetime limit) still reach it.
-const KEPT_FOR: Duration = Duration::from_secs(60);
+const CACHED_FOR: Duration = Duration::from_secs(60);
 
 /// The connections a client keeps between statements, most recently used last.
 ///
@@ -29,22 +29,22 @@ const KEPT_FOR: Duration = Duration::from_secs(60);
 /// "Tried, and why kept or not"). A connection with something left to send (the rollback of a transaction
 /// dropped unfinished) goes back to the pool, which sends it at once.
 ///
-/// At most [`KEPT`] are kept, and always fewer than the pool's size, so that what takes a
+/// At most [`CACHED_MAX`] are kept, and always fewer than the pool's size, so that what takes a
 /// connection from the pool directly (the MySQL routines' install at connect) finds one there.
 /// Every statement first takes one of as many [`slot`](Self::slot)s as
 /// the pool has connections, in arrival order, and holds it until its connection is kept or
 /// given back: so a statement never waits in the pool while a connection sits here, and with a
-/// slot it finds one here or room in the pool. One unused for [`KEPT_IDLE`] goes back to the
+/// slot it finds one here or room in the pool. One unused for [`CACHED_IDLE`] goes back to the
 /// pool, which closes it once it has been idle there for its own idle timeout: a background
 /// task checks while any is kept, and every statement checks too. One that has gone from
-/// statement to statement for [`KEPT_FOR`] goes back too, so that the pool's own limits still
+/// statement to statement for [`CACHED_FOR`] goes back too, so that the pool's own limits still
 /// apply to it.
 pub(crate) struct ConnectionCache<DB: Database> {
     idle: Mutex<Idle<DB>>,
     room: usize,
     /// One per connection of the pool (see [`slot`](Self::slot)).
     slots: Arc<Semaphore>,
-    /// How long a connection may sit here unused ([`KEPT_IDLE`]).
+    /// How long a connection may sit here unused ([`CACHED_IDLE`]).
     limit: Duration,
 }
 
@@ -68,9 +68,9 @@ struct Idle<DB: Database> {
 }
 
 impl<DB: Database> ConnectionCache<DB> {
-    /// Room for [`KEPT`] connections, and fewer than `pool_size`.
+    /// Room for [`CACHED_MAX`] connections, and fewer than `pool_size`.
     pub(crate) fn new(pool_size: u32) -> Arc<Self> {
-        Self::unused_for(pool_size, KEPT_IDLE)
+        Self::unused_for(pool_size, CACHED_IDLE)
     }
 
     /// [`new`](Self::new), giving back connections unused for `limit`.
@@ -82,7 +82,7 @@ impl<DB: Database> ConnectionCache<DB> {
                 reaping: false,
                 closed: false,
             }),
-            room: KEPT.min(below_pool),
+            room: CACHED_MAX.min(below_pool),
             slots: Arc::new(Semaphore::new(
                 usize::try_from(pool_size).unwrap_or(Semaphore::MAX_PERMITS),
             )),
@@ -121,11 +121,11 @@ impl<DB: Database> ConnectionCache<DB> {
     }
 
     /// Keeps `conn`, out of the pool since `since`, for the next statement; or gives it back
-    /// to the pool when there is no room or it has been out for [`KEPT_FOR`].
+    /// to the pool when there is no room or it has been out for [`CACHED_FOR`].
     pub(crate) fn put(self: &Arc<Self>, conn: PoolConnection<DB>, since: Instant) {
         let at = Instant::now();
         let mut idle = self.lock();
-        if idle.closed || idle.conns.len() >= self.room || at.duration_since(since) >= KEPT_FOR {
+        if idle.closed || idle.conns.len() >= self.room || at.duration_since(since) >= CACHED_FOR {
             drop(idle);
             drop(conn);
             return;
@@ -164,8 +164,8 @@ impl<DB: Database> Drop for ConnectionCache<DB> {
         }
         // Outside a runtime (a client dropped after its runtime ended) the pool cannot take
         // a connection back, as that spawns a task (which would panic): each is closed here.
-        for kept in conns {
-            drop(kept.conn.detach());
+        for cache in conns {
+            drop(cache.conn.detach());
         }
     }
 }
@@ -185,14 +185,14 @@ impl<DB: Database> Idle<DB> {
 
 /// Gives back kept connections once unused for their limit, while any is kept and the client
 /// lives.
-async fn reap<DB: Database>(kept: Weak<ConnectionCache<DB>>, limit: Duration) {
+async fn reap<DB: Database>(cache: Weak<ConnectionCache<DB>>, limit: Duration) {
     loop {
         tokio::time::sleep(limit / 2).await;
-        let Some(kept) = kept.upgrade() else {
+        let Some(cache) = cache.upgrade() else {
             return;
         };
         let (unused, reaping) = {
-            let mut idle = kept.lock();
+            let mut idle = cache.lock();
             let unused = idle.unused(limit);
             if idle.conns.is_empty() {
                 // Under the lock: a `put` from now on starts another task.

@@ -2,7 +2,7 @@
 //! where the dialect has no notifications (MySQL, SQLite).
 //!
 //! Without them a waiter in another process finds a release only on its next look (see
-//! `queue::Pace`), a step that is at best a millisecond and grows with the wait. With them:
+//! `queue::PollInterval`), a step that is at best a millisecond and grows with the wait. With them:
 //! * a queued waiter binds a datagram socket at an address made of the store (the client's
 //!   registry key, [`crate::wake::local`]'s: the URL without options, and the table) and its
 //!   ticket, and wakes when a datagram arrives there;

@@ -227,16 +227,16 @@ impl SqliteWriteQueue {
 
 /// The write turn of the database `file` in this process, shared by every client of the file.
 pub fn write_queue(file: &Path) -> Arc<SqliteWriteQueue> {
-    static TURNS: LazyLock<Mutex<HashMap<PathBuf, Arc<SqliteWriteQueue>>>> =
+    static QUEUES: LazyLock<Mutex<HashMap<PathBuf, Arc<SqliteWriteQueue>>>> =
         LazyLock::new(Mutex::default);
     let key = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
-    let mut turns = TURNS.lock().unwrap_or_else(PoisonError::into_inner);
-    let turn = turns.entry(key.clone()).or_insert_with(|| {
+    let mut queues = QUEUES.lock().unwrap_or_else(PoisonError::into_inner);
+    let queue = queues.entry(key.clone()).or_insert_with(|| {
         let mut sidecar = key.into_os_string();
         sidecar.push("-turn");
         Arc::new(SqliteWriteQueue::beside(file, Path::new(&sidecar)))
     });
-    turn.clone()
+    queue.clone()
 }
 
 #[cfg(test)]

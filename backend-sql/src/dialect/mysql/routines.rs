@@ -76,8 +76,8 @@ fn grant_body(s: &Sql) -> String {
          END body; \
          END",
         max = i64::MAX,
-        lock = semaphore_lock(&s.s, false),
-        bump = semaphore_lock(&s.s, true),
+        lock = semaphore_lock(&s.semaphores, false),
+        bump = semaphore_lock(&s.semaphores, true),
         writes = t.writes("v_fence"),
         dequeue = t.dequeue,
     )
@@ -98,7 +98,7 @@ fn join_body(s: &Sql) -> String {
          SELECT NULL, v_recorded; \
          ELSE {enqueue}; COMMIT; SELECT CAST(LAST_INSERT_ID() AS SIGNED), NULL; END IF; \
          END",
-        lock = semaphore_lock(&s.s, false),
+        lock = semaphore_lock(&s.semaphores, false),
         recorded = recorded::<MySql>(s),
         enqueue = t.enqueue,
     )
@@ -135,9 +135,9 @@ fn hand_body(s: &Sql) -> String {
          SELECT v_freed, v_fence, p_permits - v_holders - 1; \
          END body; \
          END",
-        lock = semaphore_lock(&s.s, false),
+        lock = semaphore_lock(&s.semaphores, false),
         release = t.release,
-        bump = semaphore_lock(&s.s, true),
+        bump = semaphore_lock(&s.semaphores, true),
         writes = next.writes(&t.gc),
         dequeue = next.dequeue,
     )
@@ -164,8 +164,8 @@ fn grant_lock_body(s: &Sql) -> String {
          ELSE SELECT NULL, NULL, NULL; END IF; \
          END",
         attempt = gated_text(s, WAITER_GATE),
-        w = s.w,
-        head = head_of::<MySql>(&s.w),
+        w = s.waiters,
+        head = head_of::<MySql>(&s.waiters),
     )
 }
 

@@ -51,7 +51,7 @@ async fn a_ring_wakes_the_bound_waiter_and_only_it() {
 }
 
 async fn sqlite_client(dir: &tempfile::TempDir) -> Arc<Client<Sqlite>> {
-    let url = format!("sqlite://{}/bell.db", dir.path().display());
+    let url = format!("sqlite://{}/doorbell.db", dir.path().display());
     let config = crate::config::SqlConfig::parse(&url).expect("a SQLite URL");
     Arc::new(Client::<Sqlite>::connect(&config).await.expect("connect"))
 }
