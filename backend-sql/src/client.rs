@@ -10,7 +10,7 @@ use lockcore::{
 };
 
 use crate::common::{Pending, StatementRunner, detached, min_token_of, token};
-use crate::config::SqlConfig;
+use crate::config::{Speedup, Speedups, SqlConfig};
 use crate::dialect::{SqlDialect, Statements, lease_row_args};
 use crate::statement::{Args, Reply, Stmt};
 use crate::wake::{Join, Terms, Waiters, Wake, key, local};
@@ -168,6 +168,10 @@ pub(crate) struct Client<D: SqlDialect> {
     /// The names whose lock this client last released from a grant out of the queue, and when
     /// (see [`joins_first`](Self::joins_first)).
     contended: std::sync::Mutex<std::collections::HashMap<LockName, Instant>>,
+    /// The speed-ups in use (see `crate::speedup`; the doorbells are [`doorbells`]).
+    ///
+    /// [`doorbells`]: Self::doorbells
+    pub(crate) speedups: Speedups,
     /// The background deletes of the waiter rows of holders that a release handed the lock
     /// to, by owner id, while they run (see `Client::dequeue_later`).
     pub(crate) leaving: std::sync::Mutex<std::collections::HashMap<OwnerId, Leaving>>,
@@ -191,7 +195,8 @@ impl<D: SqlDialect> Client<D> {
         let polls = D::WAIT == WaitMechanism::Poll;
         let store = format!("{store}#{}", config.table);
         let local = local(&store);
-        let doorbells = (polls && dialect.shared_across_processes()).then(|| Doorbells {
+        let ring = config.speedups.contains(Speedup::Doorbell);
+        let doorbells = (ring && polls && dialect.shared_across_processes()).then(|| Doorbells {
             permits: format!("{store}#permits").into(),
             lock: store.into(),
         });
@@ -206,6 +211,7 @@ impl<D: SqlDialect> Client<D> {
             polls,
             doorbells,
             contended: Default::default(),
+            speedups: config.speedups,
             leaving: Default::default(),
         })
     }
@@ -296,11 +302,11 @@ impl<D: SqlDialect> Client<D> {
 
     /// The statement that releases the lock's `lease`: for a lease granted from the queue,
     /// the release that hands the row to the queue's head (`Statements::hand`), since others
-    /// were likely queued behind it.
+    /// were likely queued behind it; without the hand-over speed-up, the plain release.
     pub(crate) fn lock_release(&self, lease: &Lease) -> &Stmt {
         match queued_head(lease.handle()) {
-            Some(_) => &self.sql.hand,
-            None => &self.sql.release,
+            Some(_) if self.speedups.contains(Speedup::HandOver) => &self.sql.hand,
+            _ => &self.sql.release,
         }
     }
 

@@ -482,7 +482,7 @@ where
         timeout,
         classify: D::classify,
         write_queue: None,
-        cache: ConnectionCache::new(POOL_SIZE),
+        cache: ConnectionCache::for_speedups(POOL_SIZE, config.speedups),
     };
     runner.connect_once(&opts).await?;
     create_tables::<D>(&runner, sql).await?;

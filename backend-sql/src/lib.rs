@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use lockcore::{DistributedLock, Result};
 
-pub use config::{DEFAULT_TABLE, Dialect, SqlConfig, SqlitePath, redact_url};
+pub use config::{DEFAULT_TABLE, Dialect, Speedup, Speedups, SqlConfig, SqlitePath, redact_url};
 pub use connection::SqlConnection;
 pub use lock::SqlLock;
 

@@ -51,6 +51,7 @@ use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result};
 
 use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, queued};
 use crate::common::{Pending, detached, from_micros, min_token_of};
+use crate::config::Speedup;
 use crate::dialect::{SqlDialect, lease_row_args};
 use crate::statement::{Args, SqlDb};
 use crate::wake::{DeliveredGrant, Join, Secret, Terms};
@@ -552,9 +553,16 @@ pub(crate) async fn acquire<D: SqlDialect>(
                     .take_handed_over(name, waiter, fence, left, seen, opts)
                     .await?
                 {
+                    // Where the hand-over left the waiter's row (MySQL), it goes in the
+                    // background, or, without that speed-up, before the acquire returns (an
+                    // error then leaves the armed cleanup to free the row).
+                    let later = q.speedups.contains(Speedup::BackgroundDequeue);
+                    if !q.sql.hand_dequeues && !later {
+                        q.dequeue(name, waiter, kind).await?;
+                    }
                     let _left = cleanup.disarm();
                     drop(wake);
-                    if !q.sql.hand_dequeues {
+                    if !q.sql.hand_dequeues && later {
                         q.dequeue_later(name, waiter, kind);
                     }
                     return Ok(Some(lease.with_handle(queued(head))));

@@ -62,6 +62,7 @@ use lockcore::{
 
 use crate::client::{Client, permit};
 use crate::common::{Pending, detached, from_micros, min_token_of};
+use crate::config::Speedup;
 use crate::dialect::SqlDialect;
 use crate::dialect::lease_row_args;
 use crate::queue::{Attempt, Kind};
@@ -196,7 +197,8 @@ impl<D: SqlDialect> Client<D> {
         let name = lease.name();
         let key = key(name.as_str(), true);
         let sql = &self.sql.permits;
-        let Some(next) = self.local.next(&key) else {
+        let hand_over = self.speedups.contains(Speedup::HandOver);
+        let Some(next) = self.local.next(&key).filter(|_| hand_over) else {
             return self.release_row(&sql.release, lease, true).await;
         };
         let Terms {

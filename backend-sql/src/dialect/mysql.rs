@@ -12,7 +12,7 @@ mod routines;
 
 use super::{SqlDialect, Statements, connect_server};
 use crate::common::{Class, StatementRunner};
-use crate::config::{SqlConfig, Target};
+use crate::config::{Speedup, SqlConfig, Target};
 use crate::statement::{Sql, Stmt, Style};
 
 const BACKEND: &str = "mysql";
@@ -129,7 +129,9 @@ impl SqlDialect for MySql {
         };
         let runner = connect_server::<Self>(config, opts, sql).await?.0;
         let s = Sql::new(Self::STYLE, &config.table);
-        routines::install(&runner, &s, sql).await;
+        if config.speedups.contains(Speedup::MysqlProcedures) {
+            routines::install(&runner, &s, sql).await;
+        }
         Ok((runner, MySql))
     }
 

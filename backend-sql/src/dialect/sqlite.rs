@@ -17,7 +17,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePoolOptions};
 
 use super::{SqlDialect, Statements, create_tables, head_of};
 use crate::common::{Class, StatementRunner};
-use crate::config::{SqlConfig, SqlitePath, Target};
+use crate::config::{Speedup, SqlConfig, SqlitePath, Target};
 use crate::speedup::connection_cache::ConnectionCache;
 use crate::speedup::sqlite_write_queue::write_queue;
 use crate::statement::{Sql, Stmt, Style};
@@ -182,17 +182,20 @@ impl SqlDialect for Sqlite {
             .max_lifetime((!memory).then_some(Duration::from_secs(30 * 60)))
             .test_before_acquire(false)
             .connect_lazy_with(opts);
+        // Without the write queue, writers meet in SQLite's busy handler (and no sidecar file
+        // is made).
         let write_queue = match path {
-            SqlitePath::Memory => Arc::default(),
-            SqlitePath::File(file) => write_queue(file),
+            _ if !config.speedups.contains(Speedup::SqliteWriteQueue) => None,
+            SqlitePath::Memory => Some(Arc::default()),
+            SqlitePath::File(file) => Some(write_queue(file)),
         };
         let runner = StatementRunner {
             backend: BACKEND,
             pool,
             timeout,
             classify: Self::classify,
-            write_queue: Some(write_queue),
-            cache: ConnectionCache::new(pool_size),
+            write_queue,
+            cache: ConnectionCache::for_speedups(pool_size, config.speedups),
         };
         create_tables::<Self>(&runner, sql).await?;
         let _anchor = Mutex::new(anchor);

@@ -7,6 +7,8 @@ use sqlx::Database;
 use sqlx::pool::PoolConnection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::config::{Speedup, Speedups};
+
 /// How many connections a client keeps out of sqlx's pool between statements, at most (see
 /// [`ConnectionCache`]).
 const CACHED_MAX: usize = 2;
@@ -71,6 +73,16 @@ impl<DB: Database> ConnectionCache<DB> {
     /// Room for [`CACHED_MAX`] connections, and fewer than `pool_size`.
     pub(crate) fn new(pool_size: u32) -> Arc<Self> {
         Self::unused_for(pool_size, CACHED_IDLE)
+    }
+
+    /// [`new`](Self::new) where `speedups` has the connection cache, else one that keeps
+    /// nothing: every statement then takes its connection from the pool and gives it back.
+    pub(crate) fn for_speedups(pool_size: u32, speedups: Speedups) -> Arc<Self> {
+        let cache = Self::new(pool_size);
+        if !speedups.contains(Speedup::ConnectionCache) {
+            cache.lock().closed = true;
+        }
+        cache
     }
 
     /// [`new`](Self::new), giving back connections unused for `limit`.
