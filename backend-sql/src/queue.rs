@@ -43,18 +43,21 @@
 //! this waiter had already happened. A wait that reaches its deadline leaves the queue before it
 //! returns, so a timed-out waiter is gone by the time the caller sees the timeout.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::cleanup::{CleanupGuard, Undo};
 use lockcore::{AcquireOptions, Error, Lease, LockName, OwnerId, Result};
+use tokio::sync::futures::Notified;
 
 use crate::client::{Client, PERMIT_QUEUED, READ_QUEUED, granted, queued};
 use crate::common::{Pending, detached, from_micros, min_token_of};
 use crate::config::Speedup;
 use crate::dialect::{SqlDialect, lease_row_args};
+use crate::speedup::doorbell::Doorbell;
 use crate::statement::{Args, SqlDb};
-use crate::wake::{DeliveredGrant, Join, Secret, Terms};
+use crate::wake::{DeliveredGrant, Join, Secret, Terms, Wake};
 
 mod poll_interval;
 
@@ -374,7 +377,8 @@ impl<D: SqlDialect> Client<D> {
 
 /// The fair waiting acquire (`DistributedLock::acquire_wait`; with [`Kind::Read`]
 /// `acquire_shared_wait`, with [`Kind::Permits`] `acquire_permit_wait`) on top of a dialect's
-/// queue statements.
+/// queue statements: one plain attempt, then, as a [`Waiter`] in the queue, a look per round
+/// and a sleep until a wake-up or the next poll, until a grant or the deadline.
 ///
 /// # Cancel safety
 /// Dropping the future leaves no waiter row and no lease behind beyond a cleanup spawned at once
@@ -406,142 +410,20 @@ pub(crate) async fn acquire<D: SqlDialect>(
     if deadline.is_some_and(|d| Instant::now() >= d) {
         return Ok(None);
     }
-    let ttl = opts.ttl_value();
-    // The plain attempt above used the same id if the caller chose one; it left nothing behind
-    // under it (see `try_acquire`).
-    let waiter = opts.owner_or_random();
-    // Subscribe before joining, so a release after our first look still wakes us.
-    let permits = matches!(kind, Kind::Permits(_));
-    let wake = q.wake(name, waiter, permits);
-    let notify = wake.notify.clone();
-    // Makes `waiter` leave the queue (and give back a grant it never returned) if the acquire
-    // ends without the lease; the guard's state is that undo, not yet started.
-    let undo = q.leave_later(name, waiter, kind);
-    let cleanup = CleanupGuard::arm(D::BACKEND, name, undo, Undo::Spawn);
-    let terms = match kind {
-        Kind::Permits(permits) => Some(Terms {
-            ttl,
-            min_token,
-            permits,
-        }),
-        Kind::Lock | Kind::Read => None,
-    };
-    // A join whose reply was lost (the session killed after the commit) is sent again; the
-    // retry hands back the row that try committed (`statement::rejoin`). Should a second,
-    // earlier row of `waiter` stand all the same (the lost try still running when the retry
-    // looked), every look would count it ahead of the waiters behind it while `waiter` counts
-    // them ahead of itself, and the queue would stand still as long as the row lived. Only the
-    // row with `ticket` is refreshed, so the other runs out within `LIVENESS`.
-    // Where the waiter is recorded with when it joined: a release may hand it the lock and
-    // say so before the join's reply is here (see `wake::DeliveredGrant`).
-    let join = async || -> Result<i64> {
-        let (at, secret) = (Instant::now(), Secret::random());
-        let ticket = q.join(name, waiter, kind, secret).await?;
-        q.joined(name, waiter, permits, Join { ticket, at, secret }, terms);
-        Ok(ticket)
-    };
-    let mut ticket = join().await?;
-    // Where the dialect polls, a release in another process of this host rings it (see
-    // `crate::speedup::doorbell`); a permit waiter's doorbell is the permit queue's.
-    let doorbell_for = |ticket| q.doorbell(ticket, permits);
-    let mut doorbell = doorbell_for(ticket);
-    let mut refreshed = Instant::now();
-    let mut poll_interval = PollInterval::new(Instant::now());
-    // Whether a wake-up (not a timer) started this round: a release or a grant named this
-    // waiter, or it is this process's nearest to the head, so the read-only look that spares
-    // the row's lock to waiters who cannot be granted is skipped (a permit's; never the lock's,
-    // since its look is what finds a hand-over).
-    let mut woken = false;
-    // Whether this is the first round after joining (see `behind` below).
-    let mut joined = true;
-    // Whether this waiter can count on a ring when the lock is released (see `RUNG_STEP`),
-    // told by its first look after joining (`None` until then).
-    let mut expects_ring: Option<bool> = None;
+    let mut waiter = Waiter::join(q, name, kind, opts, deadline, min_token).await?;
+    let notify = waiter.wake.notify.clone();
     loop {
         // Enabled before the look: a release committed after it wakes the sleep below.
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let listening = wake.listening();
+        let listening = waiter.wake.listening();
 
-        // A release in this process may have handed this waiter a permit, granted in its own
-        // transaction from when it was sent (see `crate::semaphore`). An attempt of ours that
-        // was under way meanwhile either saw it (and took it over with a newer fence, which
-        // it returned) or ran before it and wrote nothing.
-        //
-        // Or a release elsewhere handed this waiter the lock's row and said so (PostgreSQL's
-        // `H` notification, taken only for this waiter's current join and only with the tag
-        // of the secret it stored in its row): the row is ours with
-        // that fence for at least `ttl` from `sent`. Below the caller's token minimum, the next
-        // attempt takes the row again with a greater fence.
-        let delivered = wake.take_delivered();
-        let found = match delivered {
-            Some(h) if h.ttl.is_some() => {
-                Attempt::handed_over((Some(h.fence), h.ttl, None), h.sent, min_token)
-            }
-            Some(h) => Some(Attempt::Granted {
-                fence: h.fence,
-                head: None,
-            }),
-            None => None,
-        };
-        let (started, attempt) = match (delivered, found) {
-            (Some(DeliveredGrant { sent, .. }), Some(attempt)) => (sent, attempt),
-            _ => {
-                if refreshed.elapsed() >= REFRESH {
-                    if !q.refresh(name, waiter, ticket, kind).await? {
-                        tracing::debug!(backend = D::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
-                        ticket = join().await?;
-                        doorbell = doorbell_for(ticket);
-                        poll_interval = PollInterval::new(Instant::now());
-                        expects_ring = None;
-                    }
-                    refreshed = Instant::now();
-                }
-                let started = Instant::now();
-                // Just joined behind a waiter of this process: no attempt can be granted
-                // before that one's, whose grant or leaving wakes this one (polling dialects).
-                let behind =
-                    joined && kind != Kind::Lock && q.behind_another_here(name, waiter, permits);
-                let attempt = match behind {
-                    true => Attempt::Blocked {
-                        ahead: None,
-                        holder_left: None,
-                    },
-                    false => {
-                        q.attempt(name, waiter, ticket, ttl, min_token, kind, woken)
-                            .await?
-                    }
-                };
-                (started, attempt)
-            }
-        };
-        joined = false;
+        let (started, attempt, delivered) = waiter.look().await?;
         let (ahead, holder_left) = match attempt {
             Attempt::Granted { fence, head } => {
-                if !q.sql.grant_dequeues {
-                    q.dequeue(name, waiter, kind).await?;
-                }
-                let _left = cleanup.disarm();
-                // Readers right behind may share now, a permit may be left for the next (this
-                // waiter no longer counts as queued here). After a hand-over, only if the
-                // release left one free: otherwise the next's attempt, under the semaphore
-                // row's lock, could only be refused.
-                drop(wake);
-                if kind != Kind::Lock && delivered.is_none_or(|h| h.more) {
-                    q.freed(name, permits);
-                }
-                return Ok(Some(match kind {
-                    Kind::Lock => {
-                        granted(name, waiter, fence, started, opts).with_handle(queued(head))
-                    }
-                    Kind::Read => {
-                        granted(name, waiter, fence, started, opts).with_handle(READ_QUEUED)
-                    }
-                    Kind::Permits(_) => {
-                        granted(name, waiter, fence, started, opts).with_handle(PERMIT_QUEUED)
-                    }
-                }));
+                let lease = waiter.take_grant(fence, head, started, delivered).await?;
+                return Ok(Some(lease));
             }
             Attempt::HandedOver {
                 fence,
@@ -549,79 +431,326 @@ pub(crate) async fn acquire<D: SqlDialect>(
                 seen,
                 head,
             } => {
-                if let Some(lease) = q
-                    .take_handed_over(name, waiter, fence, left, seen, opts)
-                    .await?
-                {
-                    // Where the hand-over left the waiter's row (MySQL), it goes in the
-                    // background, or, without that speed-up, before the acquire returns (an
-                    // error then leaves the armed cleanup to free the row).
-                    let later = q.speedups.contains(Speedup::BackgroundDequeue);
-                    if !q.sql.hand_dequeues && !later {
-                        q.dequeue(name, waiter, kind).await?;
-                    }
-                    let _left = cleanup.disarm();
-                    drop(wake);
-                    if !q.sql.hand_dequeues && later {
-                        q.dequeue_later(name, waiter, kind);
-                    }
-                    return Ok(Some(lease.with_handle(queued(head))));
+                let (id, opts) = (waiter.id, waiter.opts);
+                let handed = q
+                    .take_handed_over(name, id, fence, left, seen, opts)
+                    .await?;
+                if let Some(lease) = handed {
+                    return Ok(Some(waiter.keep_hand_over(lease, head).await?));
                 }
                 (None, None)
             }
             Attempt::Blocked { ahead, holder_left } => (ahead, holder_left),
         };
-        // The lock's only: a semaphore's holders may be plain grants from before anyone
-        // queued, whose releases ring nobody.
-        let rung_soon = *expects_ring
-            .get_or_insert_with(|| kind == Kind::Lock && doorbell.is_some() && ahead > Some(0));
-
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
-            // Leave the queue before reporting the timeout; if that fails the armed cleanup
-            // tries again in the background (and the row's liveness bounds it anyway).
-            match q.leave(name, waiter, kind).await {
-                Ok(_) => drop(cleanup.disarm()),
-                Err(e) => {
-                    tracing::debug!(backend = D::BACKEND, lock = %name, error = %e, "leaving the queue after a timeout failed; retrying in the background")
-                }
-            }
-            // A release here may have handed this waiter a permit after its last look. (A lock
-            // row handed to it is freed by the leaving above.)
-            if let Some(delivered) = wake.end().filter(|h| h.ttl.is_none()) {
-                q.give_back(name, waiter, delivered.fence).await?;
-            }
+            waiter.time_out().await?;
             return Ok(None);
         }
+        let until = waiter.next_look(now, ahead, holder_left, listening);
+        waiter.woken = waiter.sleep(notified, until).await;
+    }
+}
 
-        // Polling: see `PollInterval`. A waiter is also woken by this process's releases and grants
-        // (see `Client::freed`).
-        let behind = kind != Kind::Lock && q.behind_another_here(name, waiter, permits);
+/// A waiting acquire once it has joined the queue: what it waits for, its place in the queue,
+/// and what decides when it looks again.
+struct Waiter<'a, D: SqlDialect> {
+    q: &'a Arc<Client<D>>,
+    name: &'a LockName,
+    kind: Kind,
+    opts: &'a AcquireOptions,
+    deadline: Option<Instant>,
+    /// The caller's token minimum, 0 for none.
+    min_token: i64,
+    /// The owner id it waits as (and holds as once granted).
+    id: OwnerId,
+    /// Whether it waits for a permit (the permit queue's wake-ups and doorbells).
+    permits: bool,
+    /// A permit waiter's terms, on which a release of this process may hand it a permit.
+    terms: Option<Terms>,
+    wake: Wake,
+    /// Makes the waiter leave the queue (and give back a grant it never returned) if the
+    /// acquire ends without the lease; the guard's state is that undo, not yet started.
+    cleanup: CleanupGuard<Pending<bool>>,
+    /// Its row's ticket in the queue.
+    ticket: i64,
+    /// Where the dialect polls, a release in another process of this host rings it (see
+    /// `crate::speedup::doorbell`); a permit waiter's doorbell is the permit queue's.
+    doorbell: Option<Doorbell>,
+    /// When its row's liveness was last refreshed.
+    refreshed: Instant,
+    poll_interval: PollInterval,
+    /// Whether a wake-up (not a timer) started this round: a release or a grant named this
+    /// waiter, or it is this process's nearest to the head, so the read-only look that spares
+    /// the row's lock to waiters who cannot be granted is skipped (a permit's; never the
+    /// lock's, since its look is what finds a hand-over).
+    woken: bool,
+    /// Whether this is the first round after joining (see [`look`](Self::look)).
+    joined: bool,
+    /// Whether this waiter can count on a ring when the lock is released (see `RUNG_STEP`),
+    /// told by its first look after joining (`None` until then).
+    expects_ring: Option<bool>,
+}
+
+impl<'a, D: SqlDialect> Waiter<'a, D> {
+    /// Subscribes to the wake-ups of `name` (before joining, so a release after the first look
+    /// still wakes it), arms the clean-up and joins the queue.
+    async fn join(
+        q: &'a Arc<Client<D>>,
+        name: &'a LockName,
+        kind: Kind,
+        opts: &'a AcquireOptions,
+        deadline: Option<Instant>,
+        min_token: i64,
+    ) -> Result<Self> {
+        // The plain attempt used the same id if the caller chose one; it left nothing behind
+        // under it (see `try_acquire`).
+        let id = opts.owner_or_random();
+        let permits = matches!(kind, Kind::Permits(_));
+        let wake = q.wake(name, id, permits);
+        let undo = q.leave_later(name, id, kind);
+        let cleanup = CleanupGuard::arm(D::BACKEND, name, undo, Undo::Spawn);
+        let terms = match kind {
+            Kind::Permits(permits) => Some(Terms {
+                ttl: opts.ttl_value(),
+                min_token,
+                permits,
+            }),
+            Kind::Lock | Kind::Read => None,
+        };
+        let now = Instant::now();
+        let mut waiter = Waiter {
+            q,
+            name,
+            kind,
+            opts,
+            deadline,
+            min_token,
+            id,
+            permits,
+            terms,
+            wake,
+            cleanup,
+            ticket: 0,
+            doorbell: None,
+            refreshed: now,
+            poll_interval: PollInterval::new(now),
+            woken: false,
+            joined: true,
+            expects_ring: None,
+        };
+        waiter.enter().await?;
+        Ok(waiter)
+    }
+
+    /// Joins the queue's tail (again, once its row's liveness lapsed), recorded with when the
+    /// join was sent: a release may hand it the lock and say so before the join's reply is here
+    /// (see `wake::DeliveredGrant`). A new place: a new doorbell and poll interval.
+    ///
+    /// A join whose reply was lost (the session killed after the commit) is sent again; the
+    /// retry hands back the row that try committed (`statement::rejoin`). Should a second,
+    /// earlier row of the waiter stand all the same (the lost try still running when the retry
+    /// looked), every look would count it ahead of the waiters behind it while this waiter
+    /// counts them ahead of itself, and the queue would stand still as long as the row lived.
+    /// Only the row with `ticket` is refreshed, so the other runs out within `LIVENESS`.
+    async fn enter(&mut self) -> Result<()> {
+        let (q, name, id) = (self.q, self.name, self.id);
+        let (at, secret) = (Instant::now(), Secret::random());
+        let ticket = q.join(name, id, self.kind, secret).await?;
+        q.joined(
+            name,
+            id,
+            self.permits,
+            Join { ticket, at, secret },
+            self.terms,
+        );
+        self.ticket = ticket;
+        self.doorbell = q.doorbell(ticket, self.permits);
+        self.refreshed = Instant::now();
+        self.poll_interval = PollInterval::new(Instant::now());
+        self.expects_ring = None;
+        Ok(())
+    }
+
+    /// Refreshes the row's liveness once [`REFRESH`] has passed; joins again at the tail if it
+    /// had lapsed.
+    async fn keep_place(&mut self) -> Result<()> {
+        if self.refreshed.elapsed() < REFRESH {
+            return Ok(());
+        }
+        let (q, name) = (self.q, self.name);
+        if !q.refresh(name, self.id, self.ticket, self.kind).await? {
+            tracing::debug!(backend = D::BACKEND, lock = %name, "waiter liveness lapsed; rejoining the queue");
+            self.enter().await?;
+        }
+        self.refreshed = Instant::now();
+        Ok(())
+    }
+
+    /// One round's look: a grant delivered to this waiter if there is one, else (its row kept
+    /// live) an attempt. When the grant it finds counts from, what it found, and the delivered
+    /// grant.
+    ///
+    /// A release in this process may have handed this waiter a permit, granted in its own
+    /// transaction from when it was sent (see `crate::semaphore`). An attempt of ours that was
+    /// under way meanwhile either saw it (and took it over with a newer fence, which it
+    /// returned) or ran before it and wrote nothing. Or a release elsewhere handed this waiter
+    /// the lock's row and said so (PostgreSQL's `H` notification, taken only for this waiter's
+    /// current join and only with the tag of the secret it stored in its row): the row is ours
+    /// with that fence for at least `ttl` from `sent`. Below the caller's token minimum, the
+    /// next attempt takes the row again with a greater fence.
+    async fn look(&mut self) -> Result<(Instant, Attempt, Option<DeliveredGrant>)> {
+        let delivered = self.wake.take_delivered();
+        let found = match delivered {
+            Some(h) if h.ttl.is_some() => {
+                Attempt::handed_over((Some(h.fence), h.ttl, None), h.sent, self.min_token)
+            }
+            Some(h) => Some(Attempt::Granted {
+                fence: h.fence,
+                head: None,
+            }),
+            None => None,
+        };
+        let joined = std::mem::replace(&mut self.joined, false);
+        if let (Some(DeliveredGrant { sent, .. }), Some(attempt)) = (delivered, found) {
+            return Ok((sent, attempt, delivered));
+        }
+        self.keep_place().await?;
+        let started = Instant::now();
+        let (q, name, id, kind) = (self.q, self.name, self.id, self.kind);
+        // Just joined behind a waiter of this process: no attempt can be granted before that
+        // one's, whose grant or leaving wakes this one (polling dialects).
+        let attempt =
+            if joined && kind != Kind::Lock && q.behind_another_here(name, id, self.permits) {
+                Attempt::Blocked {
+                    ahead: None,
+                    holder_left: None,
+                }
+            } else {
+                let ttl = self.opts.ttl_value();
+                let (ticket, min_token) = (self.ticket, self.min_token);
+                q.attempt(name, id, ticket, ttl, min_token, kind, self.woken)
+                    .await?
+            };
+        Ok((started, attempt, delivered))
+    }
+
+    /// The lease of a grant (its statement's, from `started`, or `delivered`), once the waiter
+    /// has left the queue where the grant did not delete its row.
+    async fn take_grant(
+        self,
+        fence: i64,
+        head: Option<i64>,
+        started: Instant,
+        delivered: Option<DeliveredGrant>,
+    ) -> Result<Lease> {
+        let (q, name, id, kind) = (self.q, self.name, self.id, self.kind);
+        if !q.sql.grant_dequeues {
+            q.dequeue(name, id, kind).await?;
+        }
+        let _left = self.cleanup.disarm();
+        // Readers right behind may share now, a permit may be left for the next (this waiter
+        // no longer counts as queued here). After a hand-over, only if the release left one
+        // free: otherwise the next's attempt, under the semaphore row's lock, could only be
+        // refused.
+        drop(self.wake);
+        if kind != Kind::Lock && delivered.is_none_or(|h| h.more) {
+            q.freed(name, self.permits);
+        }
+        let lease = granted(name, id, fence, started, self.opts);
+        Ok(match kind {
+            Kind::Lock => lease.with_handle(queued(head)),
+            Kind::Read => lease.with_handle(READ_QUEUED),
+            Kind::Permits(_) => lease.with_handle(PERMIT_QUEUED),
+        })
+    }
+
+    /// `lease`, the lock's row that a release handed to this waiter, with `head` the waiter
+    /// first in line behind it. Where the hand-over left the waiter's row (MySQL), it goes in
+    /// the background, or, without that speed-up, before the acquire returns (an error then
+    /// leaves the armed cleanup to free the row).
+    async fn keep_hand_over(self, lease: Lease, head: Option<i64>) -> Result<Lease> {
+        let (q, name, id, kind) = (self.q, self.name, self.id, self.kind);
+        let later = q.speedups.contains(Speedup::BackgroundDequeue);
+        if !q.sql.hand_dequeues && !later {
+            q.dequeue(name, id, kind).await?;
+        }
+        let _left = self.cleanup.disarm();
+        drop(self.wake);
+        if !q.sql.hand_dequeues && later {
+            q.dequeue_later(name, id, kind);
+        }
+        Ok(lease.with_handle(queued(head)))
+    }
+
+    /// At the deadline: leaves the queue before the timeout is reported; if that fails the
+    /// armed cleanup tries again in the background (and the row's liveness bounds it anyway).
+    async fn time_out(self) -> Result<()> {
+        let (q, name, id, kind) = (self.q, self.name, self.id, self.kind);
+        match q.leave(name, id, kind).await {
+            Ok(_) => drop(self.cleanup.disarm()),
+            Err(e) => {
+                tracing::debug!(backend = D::BACKEND, lock = %name, error = %e, "leaving the queue after a timeout failed; retrying in the background")
+            }
+        }
+        // A release here may have handed this waiter a permit after its last look. (A lock row
+        // handed to it is freed by the leaving above.)
+        if let Some(delivered) = self.wake.end().filter(|h| h.ttl.is_none()) {
+            q.give_back(name, id, delivered.fence).await?;
+        }
+        Ok(())
+    }
+
+    /// When to look again after a look at `now` that found `ahead` waiters ahead and the
+    /// holder's lease with `holder_left`: the step (see [`PollInterval`]; a waiter is also
+    /// woken by this process's releases and grants, see `Client::freed`), cut short by the
+    /// holder's expiry, the next refresh and the deadline.
+    fn next_look(
+        &mut self,
+        now: Instant,
+        ahead: Option<u64>,
+        holder_left: Option<Duration>,
+        listening: bool,
+    ) -> Instant {
+        let (kind, rings) = (self.kind, self.doorbell.is_some());
+        // The lock's only: a semaphore's holders may be plain grants from before anyone
+        // queued, whose releases ring nobody.
+        let rung_soon = *self
+            .expects_ring
+            .get_or_insert_with(|| kind == Kind::Lock && rings && ahead > Some(0));
+        let behind =
+            kind != Kind::Lock && self.q.behind_another_here(self.name, self.id, self.permits);
         let step = if listening || behind {
             RECHECK
         } else if rung_soon {
-            poll_interval.step(now, ahead).max(RUNG_STEP)
-        } else if doorbell.is_some() {
+            self.poll_interval.step(now, ahead).max(RUNG_STEP)
+        } else if rings {
             // Rung when the lock is released from the queue: the looks are for the releases
-            // that do not ring (see `crate::speedup::doorbell`), and need not load the store as often.
-            poll_interval.step(now, ahead).max(RUNG_STEP_MIN)
+            // that do not ring (see `crate::speedup::doorbell`), and need not load the store
+            // as often.
+            self.poll_interval.step(now, ahead).max(RUNG_STEP_MIN)
         } else {
-            poll_interval.step(now, ahead)
+            self.poll_interval.step(now, ahead)
         };
-        // The step, cut short by the holder's expiry, the next refresh and the deadline.
         let holder_gone = holder_left.map(|left| now + left + Duration::from_millis(1));
-        let sooner = [holder_gone, Some(refreshed + REFRESH), deadline];
-        let until = sooner.into_iter().flatten().fold(now + step, Instant::min);
+        let sooner = [holder_gone, Some(self.refreshed + REFRESH), self.deadline];
+        sooner.into_iter().flatten().fold(now + step, Instant::min)
+    }
+
+    /// Sleeps until `until`, a notification (`notified`) or a ring of the doorbell; whether a
+    /// wake-up, not the timer, ended it. (`&mut`: a shared borrow held across the wait would
+    /// need the waiter to be `Sync`, which its clean-up is not.)
+    async fn sleep(&mut self, notified: Pin<&mut Notified<'_>>, until: Instant) -> bool {
         let rung = async {
-            match &doorbell {
+            match &self.doorbell {
                 Some(doorbell) => doorbell.rung().await,
                 None => std::future::pending().await,
             }
         };
-        woken = tokio::select! {
-            _ = &mut notified => true,
+        tokio::select! {
+            _ = notified => true,
             _ = rung => true,
             _ = tokio::time::sleep_until(until.into()) => false,
-        };
+        }
     }
 }
