@@ -9,9 +9,9 @@ use lockcore::{
     AcquireOptions, ClientDefaults, Lease, LockName, OwnerId, Released, Result, WaitMechanism,
 };
 
-use crate::common::{Core, Pending, detached, min_token_of, token};
-use crate::config::SqlConfig;
-use crate::dialect::{Dialect, Statements, held};
+use crate::common::{Pending, StatementRunner, detached, min_token_of, token};
+use crate::config::{Speedup, Speedups, SqlConfig};
+use crate::dialect::{SqlDialect, Statements, lease_row_args};
 use crate::statement::{Args, Reply, Stmt};
 use crate::wake::{Join, Terms, Waiters, Wake, key, local};
 
@@ -31,7 +31,7 @@ pub(crate) fn granted(
 pub(crate) const PERMIT: &str = "permit";
 
 /// The handle of a permit's lease granted from the queue (others were queued then): its
-/// release rings the doorbell of the permit queue's head (see `crate::bell`).
+/// release rings the doorbell of the permit queue's head (see `crate::speedup::doorbell`).
 pub(crate) const PERMIT_QUEUED: &str = "permit queued";
 
 /// Whether `lease` is a permit's.
@@ -39,13 +39,13 @@ pub(crate) fn is_permit(lease: &Lease) -> bool {
     matches!(lease.handle(), Some(PERMIT | PERMIT_QUEUED))
 }
 
-/// The doorbell keys of a store (see `Client::bells`).
-struct Bells {
+/// The doorbell keys of a store (see `Client::doorbells`).
+struct Doorbells {
     lock: Arc<str>,
     permits: Arc<str>,
 }
 
-impl Bells {
+impl Doorbells {
     /// The lock queue's key, or with `permits` the permit queue's.
     fn of(&self, permits: bool) -> &Arc<str> {
         match permits {
@@ -72,7 +72,7 @@ pub(crate) const READ: &str = "read";
 
 /// The handle of a read hold granted from the queue (a writer held or was queued then): its
 /// release rings the doorbell of the lock queue's head, a writer waiting for the readers to
-/// leave (see `crate::bell`).
+/// leave (see `crate::speedup::doorbell`).
 pub(crate) const READ_QUEUED: &str = "read queued";
 
 /// Whether `lease` is a reader's.
@@ -93,7 +93,7 @@ pub(crate) fn reader(
 
 /// The handle that marks a lock's lease granted from the queue (`granted(..).with_handle`):
 /// others were queued when it was granted, so its release rings the doorbell of the queue's
-/// head (see `crate::bell`). See [`queued`] for the handle that also names that head.
+/// head (see `crate::speedup::doorbell`). See [`queued`] for the handle that also names that head.
 pub(crate) const QUEUED: &str = "queued";
 
 /// The handle of a lock's lease granted from the queue: [`QUEUED`], followed by the ticket of
@@ -148,8 +148,8 @@ fn undo_needed<T: Outcome>(outcome: &T) -> bool {
 }
 
 /// What a [`SqlLock`](crate::SqlLock) holds, shared by its clones.
-pub(crate) struct Client<D: Dialect> {
-    pub(crate) core: Core<D::Db>,
+pub(crate) struct Client<D: SqlDialect> {
+    pub(crate) runner: StatementRunner<D::Db>,
     pub(crate) sql: Statements,
     pub(crate) table: String,
     pub(crate) redacted: String,
@@ -162,12 +162,16 @@ pub(crate) struct Client<D: Dialect> {
     /// Whether waiters poll (no notifications: MySQL, SQLite).
     polls: bool,
     /// Where waiters poll and other processes may share the store: the keys of the store's
-    /// doorbells (see `crate::bell`), the lock queue's ([`local`]'s key) and the permit
+    /// doorbells (see `crate::speedup::doorbell`), the lock queue's ([`local`]'s key) and the permit
     /// queue's (its tickets are another table's, so its addresses must differ).
-    bells: Option<Bells>,
+    doorbells: Option<Doorbells>,
     /// The names whose lock this client last released from a grant out of the queue, and when
     /// (see [`joins_first`](Self::joins_first)).
     contended: std::sync::Mutex<std::collections::HashMap<LockName, Instant>>,
+    /// The speed-ups in use (see `crate::speedup`; the doorbells are [`doorbells`]).
+    ///
+    /// [`doorbells`]: Self::doorbells
+    pub(crate) speedups: Speedups,
     /// The background deletes of the waiter rows of holders that a release handed the lock
     /// to, by owner id, while they run (see `Client::dequeue_later`).
     pub(crate) leaving: std::sync::Mutex<std::collections::HashMap<OwnerId, Leaving>>,
@@ -181,22 +185,23 @@ pub(crate) struct Leaving {
     pub(crate) deleted: Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl<D: Dialect> Client<D> {
+impl<D: SqlDialect> Client<D> {
     /// Connects (see [`SqlLock::connect`](crate::SqlLock::connect)).
     pub(crate) async fn connect(config: &SqlConfig) -> Result<Self> {
         let mut sql = Statements::new::<D>(&config.table);
-        let (core, dialect) = D::connect(config, &mut sql).await?;
+        let (runner, dialect) = D::connect(config, &mut sql).await?;
         // The URL without its options (credentials are redacted already) and the table.
         let store = config.redacted.split('?').next().unwrap_or_default();
         let polls = D::WAIT == WaitMechanism::Poll;
         let store = format!("{store}#{}", config.table);
         let local = local(&store);
-        let bells = (polls && dialect.shared_across_processes()).then(|| Bells {
+        let ring = config.speedups.contains(Speedup::Doorbell);
+        let doorbells = (ring && polls && dialect.shared_across_processes()).then(|| Doorbells {
             permits: format!("{store}#permits").into(),
             lock: store.into(),
         });
         Ok(Client {
-            core,
+            runner,
             sql,
             table: config.table.clone(),
             redacted: config.redacted.clone(),
@@ -204,8 +209,9 @@ impl<D: Dialect> Client<D> {
             dialect,
             local,
             polls,
-            bells,
+            doorbells,
             contended: Default::default(),
+            speedups: config.speedups,
             leaving: Default::default(),
         })
     }
@@ -229,7 +235,7 @@ impl<D: Dialect> Client<D> {
     /// Records where `waiter` (registered with [`wake`](Self::wake)) joined the queue, when
     /// that join was sent and the secret it stored, and a permit waiter's `terms`, so that this process's releases
     /// wake (where the dialect polls) or hand a permit to the nearest to the head, and the
-    /// dialect can tell a hand-over's notification for this join (see [`Dialect::joined`]).
+    /// dialect can tell a hand-over's notification for this join (see [`SqlDialect::joined`]).
     pub(crate) fn joined(
         &self,
         name: &LockName,
@@ -279,9 +285,9 @@ impl<D: Dialect> Client<D> {
         lease: &Lease,
         permits: bool,
     ) -> Result<Released> {
-        let args = held(lease).ttl(lease.ttl());
-        let freed = self.core.reply("release", stmt, args).await?;
-        // `Core::run` sends the statement again when the session died before the reply came;
+        let args = lease_row_args(lease).ttl(lease.ttl());
+        let freed = self.runner.reply("release", stmt, args).await?;
+        // `StatementRunner::run` sends the statement again when the session died before the reply came;
         // if the lost try freed the row, the retry finds nothing, and the lock's row says
         // whether that was this release. (A permit's row goes with its release and with its
         // expiry alike, so a retried permit release that finds nothing stays NotHeld.)
@@ -296,11 +302,11 @@ impl<D: Dialect> Client<D> {
 
     /// The statement that releases the lock's `lease`: for a lease granted from the queue,
     /// the release that hands the row to the queue's head (`Statements::hand`), since others
-    /// were likely queued behind it.
+    /// were likely queued behind it; without the hand-over speed-up, the plain release.
     pub(crate) fn lock_release(&self, lease: &Lease) -> &Stmt {
         match queued_head(lease.handle()) {
-            Some(_) => &self.sql.hand,
-            None => &self.sql.release,
+            Some(_) if self.speedups.contains(Speedup::HandOver) => &self.sql.hand,
+            _ => &self.sql.release,
         }
     }
 
@@ -312,8 +318,8 @@ impl<D: Dialect> Client<D> {
     /// takeover would.
     pub(crate) async fn freed_at_fence(&self, lease: &Lease) -> Result<bool> {
         let reply = self
-            .core
-            .reply("release", &self.sql.freed_at_fence, held(lease));
+            .runner
+            .reply("release", &self.sql.freed_at_fence, lease_row_args(lease));
         Ok(reply.await?.count() > 0)
     }
 
@@ -335,7 +341,7 @@ impl<D: Dialect> Client<D> {
         }
     }
 
-    /// Where the dialect has doorbells (see `crate::bell`): rings the doorbell of `head` (the
+    /// Where the dialect has doorbells (see `crate::speedup::doorbell`): rings the doorbell of `head` (the
     /// waiter the grant left at the head of `name`'s queue, or with `permits` of its permit
     /// queue) or, when there is none or nobody is bound there any more, looks up the live head
     /// in the background and rings that. Best effort: an error only leaves the head to its
@@ -347,10 +353,10 @@ impl<D: Dialect> Client<D> {
         head: Option<i64>,
         permits: bool,
     ) {
-        let Some(key) = self.bells.as_ref().map(|b| b.of(permits)) else {
+        let Some(key) = self.doorbells.as_ref().map(|b| b.of(permits)) else {
             return;
         };
-        if head.is_some_and(|ticket| crate::bell::ring(key, ticket)) {
+        if head.is_some_and(|ticket| crate::speedup::doorbell::ring(key, ticket)) {
             return;
         }
         let key = key.clone();
@@ -358,13 +364,13 @@ impl<D: Dialect> Client<D> {
             true => self.sql.permits.head.clone(),
             false => self.sql.head.clone(),
         };
-        let (core, name) = (self.core.clone(), name.clone());
+        let (runner, name) = (self.runner.clone(), name.clone());
         tokio::spawn(async move {
             let args = Args::of(&name).owner(owner);
-            match core.reply("look up the head", &head, args).await {
+            match runner.reply("look up the head", &head, args).await {
                 Ok(reply) => {
                     if let Some(ticket) = reply.value() {
-                        crate::bell::ring(&key, ticket);
+                        crate::speedup::doorbell::ring(&key, ticket);
                     }
                 }
                 Err(e) => tracing::debug!(lock = %name, error = %e, "no doorbell rung"),
@@ -403,10 +409,10 @@ impl<D: Dialect> Client<D> {
 
     /// How this client's waiters learn of a release, as its capabilities say: the dialect's
     /// notifications; where the dialect polls and other processes share the store, doorbells
-    /// between the processes of a Linux host (`crate::bell`), polling for waiters elsewhere; or
+    /// between the processes of a Linux host (`crate::speedup::doorbell`), polling for waiters elsewhere; or
     /// polling alone.
     pub(crate) fn waiting(&self) -> WaitMechanism {
-        if self.bells.is_some() && cfg!(target_os = "linux") {
+        if self.doorbells.is_some() && cfg!(target_os = "linux") {
             WaitMechanism::Doorbell
         } else {
             D::WAIT
@@ -414,9 +420,13 @@ impl<D: Dialect> Client<D> {
     }
 
     /// Binds the doorbell of the waiter with `ticket` in the lock's queue (with `permits`, the
-    /// permit queue) where the dialect has doorbells (see `crate::bell`).
-    pub(crate) fn bell(&self, ticket: i64, permits: bool) -> Option<crate::bell::Bell> {
-        crate::bell::Bell::bind(self.bells.as_ref()?.of(permits), ticket)
+    /// permit queue) where the dialect has doorbells (see `crate::speedup::doorbell`).
+    pub(crate) fn doorbell(
+        &self,
+        ticket: i64,
+        permits: bool,
+    ) -> Option<crate::speedup::doorbell::Doorbell> {
+        crate::speedup::doorbell::Doorbell::bind(self.doorbells.as_ref()?.of(permits), ticket)
     }
 
     /// One attempt (`DistributedLock::try_acquire`), also a waiting acquire's first.
@@ -435,7 +445,7 @@ impl<D: Dialect> Client<D> {
             async move {
                 let args = Args::of(&name).owner(owner).ttl(ttl).min_token(min_token);
                 client
-                    .core
+                    .runner
                     .reply("acquire", &client.sql.acquire, args)
                     .await
             }
@@ -472,7 +482,7 @@ impl<D: Dialect> Client<D> {
     /// interrupted acquire: the fence is unknown). Whether a lease was freed.
     pub(crate) async fn release_owner(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
         let args = Args::of(name).owner(owner);
-        let reply = self.core.reply("release", &self.sql.release_owner, args);
+        let reply = self.runner.reply("release", &self.sql.release_owner, args);
         let freed = reply.await?.count() > 0;
         if freed {
             self.freed(name, false);

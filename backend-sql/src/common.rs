@@ -13,8 +13,8 @@ use sqlx::error::DatabaseError;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 
-use crate::kept::Kept;
-use crate::turn::{Line, WriteTurn};
+use crate::speedup::connection_cache::ConnectionCache;
+use crate::speedup::sqlite_write_queue::{SqliteWriteQueue, WritePriority};
 
 /// How a failed statement should be handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,20 +42,20 @@ const MAX_STALE_ATTEMPTS: u32 = 12;
 /// A pooled connection that is closed, not reused, unless the statement run on it completed.
 /// A statement interrupted by a timeout or a dropped future leaves the protocol in an unknown
 /// state (or the socket blackholed), so the connection must not be reused. One that completed
-/// goes back to the client's [`Kept`] connections where there is room and nothing is left to
+/// goes back to the client's [`ConnectionCache`] connections where there is room and nothing is left to
 /// send on it, else to the pool.
-pub(crate) struct Checked<DB: Database> {
+pub(crate) struct StatementConn<DB: Database> {
     conn: Option<PoolConnection<DB>>,
-    /// The statement's slot (see `Kept::slot`), given up after the connection (a field drops
+    /// The statement's slot (see `ConnectionCache::slot`), given up after the connection (a field drops
     /// after `drop` has run).
     _slot: tokio::sync::OwnedSemaphorePermit,
     /// When the connection last came out of the pool.
     since: Instant,
-    kept: Arc<Kept<DB>>,
+    cache: Arc<ConnectionCache<DB>>,
     clean: bool,
 }
 
-impl<DB: Database> Checked<DB> {
+impl<DB: Database> StatementConn<DB> {
     /// The connection to run one statement on.
     pub(crate) fn conn(&mut self) -> &mut DB::Connection {
         self.conn.as_mut().expect("a connection until dropped")
@@ -68,7 +68,7 @@ impl<DB: Database> Checked<DB> {
     }
 }
 
-impl<DB: Database> Drop for Checked<DB> {
+impl<DB: Database> Drop for StatementConn<DB> {
     fn drop(&mut self) {
         let Some(mut conn) = self.conn.take() else {
             return;
@@ -78,13 +78,13 @@ impl<DB: Database> Drop for Checked<DB> {
         } else if !sqlx::Connection::should_flush(&*conn) {
             // (A transaction dropped unfinished leaves its rollback to send: the pool's
             // release sends it at once.)
-            self.kept.put(conn, self.since);
+            self.cache.put(conn, self.since);
         }
     }
 }
 
 /// A pool plus the rules for running statements on it.
-pub struct Core<DB: Database> {
+pub struct StatementRunner<DB: Database> {
     pub(crate) backend: &'static str,
     pub(crate) pool: Pool<DB>,
     /// Round-trip budget for one statement, from the `timeout` option.
@@ -92,39 +92,39 @@ pub struct Core<DB: Database> {
     /// How the server's own errors are handled (the dialect's error classes).
     pub(crate) classify: fn(&dyn DatabaseError) -> Class,
     /// SQLite: the write turn of the database file, shared by every client of the file in this
-    /// process and ordered between processes (see `crate::turn`); `None` where the server
+    /// process and ordered between processes (see `crate::speedup::sqlite_write_queue`); `None` where the server
     /// queues writers.
-    pub(crate) turn: Option<Arc<WriteTurn>>,
-    /// Connections kept between statements (see [`Kept`]).
-    pub(crate) kept: Arc<Kept<DB>>,
+    pub(crate) write_queue: Option<Arc<SqliteWriteQueue>>,
+    /// Connections kept between statements (see [`ConnectionCache`]).
+    pub(crate) cache: Arc<ConnectionCache<DB>>,
 }
 
 // By hand: a derive would require `DB: Clone`, which the driver marker types are not.
-impl<DB: Database> Clone for Core<DB> {
+impl<DB: Database> Clone for StatementRunner<DB> {
     fn clone(&self) -> Self {
-        Core {
+        StatementRunner {
             pool: self.pool.clone(),
-            turn: self.turn.clone(),
-            kept: self.kept.clone(),
+            write_queue: self.write_queue.clone(),
+            cache: self.cache.clone(),
             ..*self
         }
     }
 }
 
-impl<DB: Database> Core<DB> {
-    /// A connection for one statement, after its turn (`Kept::slot`): the kept one used last
-    /// (see [`Kept`]), else one from the pool.
-    pub(crate) async fn checked(&self) -> std::result::Result<Checked<DB>, sqlx::Error> {
-        let slot = self.kept.slot().await;
-        let (conn, since) = match self.kept.take() {
-            Some(kept) => kept,
+impl<DB: Database> StatementRunner<DB> {
+    /// A connection for one statement, after its turn (`ConnectionCache::slot`): the kept one used last
+    /// (see [`ConnectionCache`]), else one from the pool.
+    pub(crate) async fn connection(&self) -> std::result::Result<StatementConn<DB>, sqlx::Error> {
+        let slot = self.cache.slot().await;
+        let (conn, since) = match self.cache.take() {
+            Some(cached) => cached,
             None => (self.pool.acquire().await?, Instant::now()),
         };
-        Ok(Checked {
+        Ok(StatementConn {
             conn: Some(conn),
             _slot: slot,
             since,
-            kept: self.kept.clone(),
+            cache: self.cache.clone(),
             clean: false,
         })
     }
@@ -140,25 +140,25 @@ impl<DB: Database> Core<DB> {
         attempt: F,
     ) -> Result<T>
     where
-        F: FnMut(Checked<DB>) -> Fut,
-        Fut: Future<Output = (Checked<DB>, std::result::Result<T, sqlx::Error>)>,
+        F: FnMut(StatementConn<DB>) -> Fut,
+        Fut: Future<Output = (StatementConn<DB>, std::result::Result<T, sqlx::Error>)>,
     {
-        self.run_as(Some(Line::Other), operation, name, attempt)
+        self.run_as(Some(WritePriority::Normal), operation, name, attempt)
             .await
     }
 
-    /// [`run`](Self::run), waiting for SQLite's write turn in `line`; `None` for an `attempt`
+    /// [`run`](Self::run), waiting for SQLite's write queue with `priority`; `None` for an `attempt`
     /// that only reads, which does not wait for it.
     pub(crate) async fn run_as<T, F, Fut>(
         &self,
-        line: Option<Line>,
+        priority: Option<WritePriority>,
         operation: &'static str,
         name: Option<&LockName>,
         mut attempt: F,
     ) -> Result<T>
     where
-        F: FnMut(Checked<DB>) -> Fut,
-        Fut: Future<Output = (Checked<DB>, std::result::Result<T, sqlx::Error>)>,
+        F: FnMut(StatementConn<DB>) -> Fut,
+        Fut: Future<Output = (StatementConn<DB>, std::result::Result<T, sqlx::Error>)>,
     {
         let deadline = Instant::now() + self.timeout;
         let mut backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
@@ -167,12 +167,12 @@ impl<DB: Database> Core<DB> {
             let once = async {
                 // Writers take turns here, in arrival order, rather than in SQLite's busy
                 // handler, which sleeps 1, 2, 5, 10 ms and more between tries.
-                let _turn = match (self.turn.as_ref(), line) {
-                    (Some(turn), Some(line)) => Some(turn.take(line).await),
+                let _turn = match (self.write_queue.as_ref(), priority) {
+                    (Some(queue), Some(priority)) => Some(queue.take(priority).await),
                     _ => None,
                 };
-                let (mut checked, result) = attempt(self.checked().await?).await;
-                checked.clean = match &result {
+                let (mut conn, result) = attempt(self.connection().await?).await;
+                conn.clean = match &result {
                     Ok(_) => true,
                     // The server answered in protocol: the connection is fine unless the error
                     // says the session is gone.
@@ -219,7 +219,7 @@ impl<DB: Database> Core<DB> {
     /// a client that cannot use the server says why at once (connection refused, a bad password,
     /// a TLS failure). Through the pool the same failure only shows after `timeout`, as "pool
     /// timed out while waiting for an open connection".
-    pub(crate) async fn probe<O>(&self, opts: &O) -> Result<()>
+    pub(crate) async fn connect_once<O>(&self, opts: &O) -> Result<()>
     where
         O: sqlx::ConnectOptions<Connection = DB::Connection>,
     {

@@ -9,8 +9,10 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 use sqlx::sqlite::SqliteSynchronous;
 
+mod speedups;
 mod tls;
 
+pub use speedups::{Speedup, Speedups};
 use tls::TlsChoice;
 pub(crate) use tls::{TlsFiles, WithTls};
 
@@ -19,6 +21,9 @@ pub const DEFAULT_TABLE: &str = "dlock_leases";
 
 /// Options every SQL URL accepts.
 const COMMON_OPTIONS: &[&str] = &["table", "ttl", "drift", "timeout"];
+
+/// Options every SQL URL accepts, listed after the dialect's own.
+const LAST_OPTIONS: &[&str] = &["speedups"];
 
 /// Which database family a URL names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +79,8 @@ pub struct SqlConfig {
     pub(crate) redacted: String,
     /// Files for TLS (`ca`, `cert`, `key`), read when connecting.
     pub(crate) tls_files: TlsFiles,
+    /// The speed-ups in use (the `speedups` option).
+    pub(crate) speedups: Speedups,
 }
 
 impl fmt::Debug for SqlConfig {
@@ -82,6 +89,7 @@ impl fmt::Debug for SqlConfig {
             .field("url", &self.redacted)
             .field("table", &self.table)
             .field("defaults", &self.defaults)
+            .field("speedups", &self.speedups)
             .finish()
     }
 }
@@ -127,6 +135,19 @@ impl SqlConfig {
         &self.redacted
     }
 
+    /// The speed-ups a client of this configuration uses (the `speedups` option; all by
+    /// default). See [`Speedup`] for what each does.
+    pub fn speedups(&self) -> Speedups {
+        self.speedups
+    }
+
+    /// This configuration with `speedups` in use instead (see [`Speedups`]).
+    #[must_use]
+    pub fn with_speedups(mut self, speedups: Speedups) -> Self {
+        self.speedups = speedups;
+        self
+    }
+
     /// The SQLite location, for SQLite URLs.
     pub fn sqlite_path(&self) -> Option<&SqlitePath> {
         match &self.target {
@@ -163,19 +184,21 @@ pub fn validate_table(backend: &'static str, table: &str) -> Result<()> {
 
 /// Parses a URL's query: the options every SQL URL accepts, and the dialect's own (`extra`)
 /// through `dialect`. An unknown option, one given twice, or a drift not shorter than the ttl is
-/// refused. Returns the table and the defaults.
+/// refused. Returns the table, the defaults and the speed-ups.
 fn parse_query(
     backend: &'static str,
     scheme: &str,
     query: &str,
     extra: &[&str],
     mut dialect: impl FnMut(&str, String) -> Result<()>,
-) -> Result<(String, ClientDefaults)> {
+) -> Result<(String, ClientDefaults, Speedups)> {
     let bad = |why: String| Err(Error::invalid_config(backend, why));
     let (mut table, mut defaults, mut seen) = (None, ClientDefaults::default(), Vec::new());
+    let mut speedups = Speedups::ALL;
     for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
-        if !COMMON_OPTIONS.iter().chain(extra).any(|k| *k == key) {
-            let accepted = [COMMON_OPTIONS, extra].concat().join(", ");
+        let known = [COMMON_OPTIONS, extra, LAST_OPTIONS];
+        if !known.iter().flat_map(|k| k.iter()).any(|k| *k == key) {
+            let accepted = known.concat().join(", ");
             return bad(format!(
                 "unknown option `{key}`; {scheme}:// accepts {accepted}"
             ));
@@ -186,6 +209,9 @@ fn parse_query(
         if key == "table" {
             validate_table(backend, &value)?;
             table = Some(value.into_owned());
+        } else if key == "speedups" {
+            speedups =
+                Speedups::parse(&value).map_err(|why| Error::invalid_config(backend, why))?;
         } else if !defaults.apply(backend, &key, &value)? {
             dialect(&key, value.into_owned())?;
         }
@@ -200,7 +226,8 @@ fn parse_query(
             defaults.ttl
         ));
     }
-    Ok((table.unwrap_or_else(|| DEFAULT_TABLE.to_owned()), defaults))
+    let table = table.unwrap_or_else(|| DEFAULT_TABLE.to_owned());
+    Ok((table, defaults, speedups))
 }
 
 fn percent_decode(backend: &'static str, what: &str, text: &str) -> Result<String> {
@@ -239,19 +266,21 @@ fn parse_sqlite(url: &str, redacted: String) -> Result<SqlConfig> {
     };
     let mut synchronous = SqliteSynchronous::Full;
     // `synchronous` is SQLite's one option of its own.
-    let (table, defaults) = parse_query(B, "sqlite", query, &["synchronous"], |_, value| {
-        synchronous = match value.to_ascii_lowercase().as_str() {
-            "full" => SqliteSynchronous::Full,
-            "extra" => SqliteSynchronous::Extra,
-            "normal" => SqliteSynchronous::Normal,
-            other => {
-                let why =
-                    format!("option `synchronous={other}`: use full (default), extra or normal");
-                return Err(Error::invalid_config(B, why));
-            }
-        };
-        Ok(())
-    })?;
+    let (table, defaults, speedups) =
+        parse_query(B, "sqlite", query, &["synchronous"], |_, value| {
+            synchronous = match value.to_ascii_lowercase().as_str() {
+                "full" => SqliteSynchronous::Full,
+                "extra" => SqliteSynchronous::Extra,
+                "normal" => SqliteSynchronous::Normal,
+                other => {
+                    let why = format!(
+                        "option `synchronous={other}`: use full (default), extra or normal"
+                    );
+                    return Err(Error::invalid_config(B, why));
+                }
+            };
+            Ok(())
+        })?;
     Ok(SqlConfig {
         dialect: Dialect::Sqlite,
         target: Target::Sqlite { path, synchronous },
@@ -259,6 +288,7 @@ fn parse_sqlite(url: &str, redacted: String) -> Result<SqlConfig> {
         defaults,
         redacted,
         tls_files: TlsFiles::default(),
+        speedups,
     })
 }
 
@@ -329,14 +359,15 @@ fn parse_standard(
     }
     let (mut tls, mut application_name) = (TlsChoice::default(), "dlock".to_owned());
     let options = tls::options(dialect);
-    let (table, defaults) = parse_query(b, scheme, query, options, |key, value| match key {
-        "application_name" => {
-            application_name = value;
-            Ok(())
-        }
-        "sslmode" | "ssl-mode" => tls.mode(b, key, value),
-        _ => tls.file(b, key, value),
-    })?;
+    let (table, defaults, speedups) =
+        parse_query(b, scheme, query, options, |key, value| match key {
+            "application_name" => {
+                application_name = value;
+                Ok(())
+            }
+            "sslmode" | "ssl-mode" => tls.mode(b, key, value),
+            _ => tls.file(b, key, value),
+        })?;
     let (target, tls_files) = match dialect {
         Dialect::Postgres => {
             let port = parsed.port().unwrap_or(5432);
@@ -389,6 +420,7 @@ fn parse_standard(
         defaults,
         redacted,
         tls_files,
+        speedups,
     })
 }
 

@@ -1,7 +1,7 @@
 //! What sets the three databases apart, behind one trait: their SQL text and its parameters,
 //! error classes, connecting, and how a waiter learns of a release. The statements that read the
 //! same everywhere but for the clock and the interval arithmetic are written here once
-//! ([`Statements::new`]); PostgreSQL replaces those that also send a NOTIFY ([`Dialect::adapt`]).
+//! ([`Statements::new`]); PostgreSQL replaces those that also send a NOTIFY ([`SqlDialect::adapt`]).
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -10,9 +10,9 @@ use lockcore::{Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 use sqlx::error::DatabaseError;
 use sqlx::{Connection, Database};
 
-use crate::common::{Class, Core};
+use crate::common::{Class, StatementRunner};
 use crate::config::{SqlConfig, WithTls};
-use crate::kept::Kept;
+use crate::speedup::connection_cache::ConnectionCache;
 use crate::statement::{Args, Sql, SqlDb, Stmt, Style};
 use crate::wake::{Join, Wake};
 
@@ -27,7 +27,7 @@ pub use reads::{READERS_OWNER, ReadStatements};
 
 /// One database's side of [`SqlLock`](crate::SqlLock). (Not [`crate::Dialect`], the enum a
 /// URL's scheme picks.)
-pub trait Dialect: Send + Sync + Sized + 'static {
+pub trait SqlDialect: Send + Sync + Sized + 'static {
     /// The sqlx driver.
     type Db: SqlDb;
     /// The backend name in capabilities, errors and logs.
@@ -79,7 +79,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     fn connect(
         config: &SqlConfig,
         sql: &mut Statements,
-    ) -> impl Future<Output = Result<(Core<Self::Db>, Self)>> + Send;
+    ) -> impl Future<Output = Result<(StatementRunner<Self::Db>, Self)>> + Send;
 
     /// One attempt (`try_acquire`, a waiting acquire's first): takes the row if it is free,
     /// expired or already ours and no live waiter is queued, setting the fence to
@@ -115,7 +115,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
              fence = CASE WHEN n.next IS NULL THEN fence ELSE fence + 1 END, \
              expires_at = CASE WHEN n.next IS NULL THEN expires_at ELSE {expiry} END \
              FROM (SELECT ({next}) AS next) AS n WHERE {held}",
-            t = s.t,
+            t = s.leases,
             expiry = Self::expiry(),
         ))
     }
@@ -143,7 +143,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// `DistributedLock::wait_for_release`: by default a sleep until `until` (polling).
     fn wait_for_release(
         &self,
-        _core: &Core<Self::Db>,
+        _core: &StatementRunner<Self::Db>,
         _sql: &Statements,
         _name: &LockName,
         until: Instant,
@@ -159,13 +159,16 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// log flush) for the whole batch.
     fn extend_batch(
         &self,
-        core: &Core<Self::Db>,
+        runner: &StatementRunner<Self::Db>,
         sql: &Statements,
         batch: &[(&Lease, Duration)],
     ) -> impl Future<Output = Result<Vec<bool>>> + Send {
-        let args: Vec<Args<'_>> = batch.iter().map(|(l, ttl)| held(l).ttl(*ttl)).collect();
+        let args: Vec<Args<'_>> = batch
+            .iter()
+            .map(|(l, ttl)| lease_row_args(l).ttl(*ttl))
+            .collect();
         async move {
-            let done = core
+            let done = runner
                 .each_in_transaction("extend", &sql.extend, &args)
                 .await?;
             Ok(done.into_iter().map(|n| n == 1).collect())
@@ -184,7 +187,7 @@ pub fn fence_of(lease: &Lease) -> i64 {
 }
 
 /// The values that name `lease`'s row: name, owner and fence.
-pub fn held(lease: &Lease) -> Args<'_> {
+pub fn lease_row_args(lease: &Lease) -> Args<'_> {
     Args::of(lease.name())
         .owner(lease.owner())
         .fence(fence_of(lease))
@@ -192,8 +195,8 @@ pub fn held(lease: &Lease) -> Args<'_> {
 
 /// The ticket of the live waiter other than `$owner` at the head of `$name`'s queue in the
 /// waiters table `queue` (the lock's or the semaphore's), a query that also serves as a
-/// subquery: the doorbell a release rings (see `crate::bell`).
-pub fn head_of<D: Dialect>(queue: &str) -> String {
+/// subquery: the doorbell a release rings (see `crate::speedup::doorbell`).
+pub fn head_of<D: SqlDialect>(queue: &str) -> String {
     format!(
         "SELECT ticket FROM {queue} WHERE name = $name AND waiter <> $owner \
          AND expires_at > {} ORDER BY ticket LIMIT 1",
@@ -201,11 +204,11 @@ pub fn head_of<D: Dialect>(queue: &str) -> String {
     )
 }
 
-/// [`Statements::hand`] for dialect `D`: [`Dialect::hand`] with `next`, the queue's first live
+/// [`Statements::hand`] for dialect `D`: [`SqlDialect::hand`] with `next`, the queue's first live
 /// waiter (but the releaser) when it is a writer (no reader's mark) refreshed within
 /// [`HAND_FRESH`], else NULL; `held` is the release's condition on the row.
-fn hand<D: Dialect>(s: &Sql, held: &str) -> Stmt {
-    let (w, r, now) = (&s.w, &s.r, D::NOW);
+fn hand<D: SqlDialect>(s: &Sql, held: &str) -> Stmt {
+    let (w, r, now) = (&s.waiters, &s.readers, D::NOW);
     let fresh = HAND_FRESH.as_micros();
     let next = format!(
         "SELECT CASE WHEN {} > {fresh} AND NOT EXISTS (SELECT 1 FROM {r} AS m \
@@ -219,7 +222,7 @@ fn hand<D: Dialect>(s: &Sql, held: &str) -> Stmt {
 
 /// A live row of `$owner` with `$fence` for `$name`: the condition of every release and extend
 /// of a lease (the lock's row, a permit's, a reader's) and of a hand-over.
-pub fn live_hold<D: Dialect>() -> String {
+pub fn live_hold<D: SqlDialect>() -> String {
     format!(
         "name = $name AND owner = $owner AND fence = $fence AND expires_at > {}",
         D::NOW
@@ -228,7 +231,7 @@ pub fn live_hold<D: Dialect>() -> String {
 
 /// Moves the liveness of waiter `$owner`'s row `$ticket` in the waiters table `queue` ahead,
 /// if it is still live (a lapsed waiter joins again instead).
-pub fn refresh<D: Dialect>(s: &Sql, queue: &str) -> Stmt {
+pub fn refresh<D: SqlDialect>(s: &Sql, queue: &str) -> Stmt {
     s.done(&format!(
         "UPDATE {queue} SET expires_at = {} \
          WHERE ticket = $ticket AND name = $name AND waiter = $owner AND expires_at > {}",
@@ -240,7 +243,7 @@ pub fn refresh<D: Dialect>(s: &Sql, queue: &str) -> Stmt {
 
 /// `$owner`'s smallest live ticket in the waiters table `queue`, if any: what a retried join
 /// hands back instead of joining again (see `statement::rejoin`).
-pub fn own_ticket<D: Dialect>(queue: &str) -> String {
+pub fn own_ticket<D: SqlDialect>(queue: &str) -> String {
     format!(
         "SELECT MIN(ticket) FROM {queue} WHERE name = $name AND waiter = $owner \
          AND expires_at > {}",
@@ -267,8 +270,8 @@ pub struct Statements {
     pub acquire: Stmt,
     /// A queued waiter's attempt: the fence if granted, the holder's time left in µs where the
     /// dialect reports it, and, where it says, the ticket of the live waiter left at the head
-    /// of the queue after this grant (the doorbell its release rings: see `crate::bell`); where
-    /// it looks for itself (no [`probe`](Self::probe)), the fence and time left in µs of a live
+    /// of the queue after this grant (the doorbell its release rings: see `crate::speedup::doorbell`); where
+    /// it looks for itself (no [`waiter_look`](Self::waiter_look)), the fence and time left in µs of a live
     /// row already the waiter's, which it reports rather than takes again (a hand-over).
     pub wait_acquire: Stmt,
     /// Read-only look before a waiter writes (a reader never waits for SQLite's write lock):
@@ -276,13 +279,13 @@ pub struct Statements {
     /// (a release handed it over, see [`hand`](Self::hand)), its fence and its time left in
     /// µs; and the ticket of the live waiter first in line behind it. `None` where
     /// [`wait_acquire`](Self::wait_acquire) looks for itself.
-    pub probe: Option<Stmt>,
+    pub waiter_look: Option<Stmt>,
     /// The look of a waiter that was woken (most likely handed the row, see
     /// [`hand`](Self::hand)): the fence and time left in µs of a live row of `$owner`, and the
     /// ticket of the live waiter first in line behind it; no row if it is not the waiter's.
-    /// Lighter than [`probe`](Self::probe), which follows it when it finds nothing. `None`
-    /// where there is no probe.
-    pub claim: Option<Stmt>,
+    /// Lighter than [`waiter_look`](Self::waiter_look), which follows it when it finds nothing. `None`
+    /// where there is no `waiter_look`.
+    pub own_row_look: Option<Stmt>,
     /// The release of a lease granted from the queue, which hands the row over in the same
     /// statement (see `crate::queue`, "Hand-over"): owner- and fence-checked as
     /// [`release`](Self::release); when the queue's first live waiter is a writer whose
@@ -299,7 +302,7 @@ pub struct Statements {
     /// out rather than hold the queue (see `queue::acquire`). Never revives an expired waiter
     /// (it rejoins at the tail).
     pub refresh: Stmt,
-    /// The ticket of the queue's live head (see `crate::bell`), if any.
+    /// The ticket of the queue's live head (see `crate::speedup::doorbell`), if any.
     pub head: Stmt,
     /// `$owner`'s live ticket in the queue, if any (see [`own_ticket`]).
     pub own_ticket: Stmt,
@@ -340,9 +343,9 @@ pub struct Statements {
 impl Statements {
     /// `D`'s statements for lease table `table`: those that read the same everywhere but for
     /// the clock and the interval arithmetic, then the ones `D` writes its own way.
-    pub fn new<D: Dialect>(table: &str) -> Self {
+    pub fn new<D: SqlDialect>(table: &str) -> Self {
         let s = Sql::new(D::STYLE, table);
-        let (t, w, now, expiry) = (&s.t, &s.w, D::NOW, D::expiry());
+        let (t, w, now, expiry) = (&s.leases, &s.waiters, D::NOW, D::expiry());
         let queue = crate::common::queue_table(table);
         let permit_queue = crate::common::aux_table(table, crate::statement::PERMIT_QUEUE);
         let held = live_hold::<D>();
@@ -353,21 +356,28 @@ impl Statements {
                 .map(|c| {
                     let c = c.replace("{t}", t).replace("{w}", w).replace("{q}", &queue);
                     let c = c
-                        .replace("{s}", &s.s)
-                        .replace("{p}", &s.p)
-                        .replace("{v}", &s.v)
-                        .replace("{r}", &s.r);
+                        .replace("{s}", &s.semaphores)
+                        .replace("{p}", &s.permits)
+                        .replace("{v}", &s.permit_waiters)
+                        .replace("{r}", &s.readers);
                     s.done(&c.replace("{vq}", &permit_queue))
                 })
                 .collect(),
-            probe_tables: [t, w, &s.s, &s.p, &s.v, &s.r]
-                .iter()
-                .map(|table| s.row(&format!("SELECT 1 FROM {table} WHERE 1 = 0")))
-                .collect(),
+            probe_tables: [
+                t,
+                w,
+                &s.semaphores,
+                &s.permits,
+                &s.permit_waiters,
+                &s.readers,
+            ]
+            .iter()
+            .map(|table| s.row(&format!("SELECT 1 FROM {table} WHERE 1 = 0")))
+            .collect(),
             gc_queue: s.done(&format!("DELETE FROM {w} WHERE expires_at <= {now}")),
             acquire: D::acquire(&s),
             wait_acquire: D::wait_acquire(&s),
-            probe: Some(s.row(&format!(
+            waiter_look: Some(s.row(&format!(
                 "SELECT (SELECT count(*) FROM {w} AS w \
                  WHERE w.name = $name AND w.ticket < $ticket AND w.waiter <> $owner \
                  AND w.expires_at > {now}), \
@@ -376,15 +386,15 @@ impl Statements {
                  AND l.expires_at > {now}), \
                  (SELECT l.fence FROM {t} AS l WHERE {mine} AND l.expires_at > {now}), \
                  (SELECT {left} FROM {t} AS l WHERE {mine} AND l.expires_at > {now}), ({})",
-                head_of::<D>(&s.w),
+                head_of::<D>(&s.waiters),
                 left = D::micros_between(now, "l.expires_at"),
                 mine = "l.name = $name AND l.owner = $owner",
             ))),
-            claim: Some(s.row(&format!(
+            own_row_look: Some(s.row(&format!(
                 "SELECT l.fence, {}, ({}) FROM {t} AS l \
                  WHERE l.name = $name AND l.owner = $owner AND l.expires_at > {now}",
                 D::micros_between(now, "l.expires_at"),
-                head_of::<D>(&s.w),
+                head_of::<D>(&s.waiters),
             ))),
             hand: hand::<D>(&s, &held),
             hand_dequeues: false,
@@ -395,8 +405,8 @@ impl Statements {
                 "ticket",
             ),
             refresh: refresh::<D>(&s, w),
-            head: s.row(&head_of::<D>(&s.w)),
-            own_ticket: s.row(&own_ticket::<D>(&s.w)),
+            head: s.row(&head_of::<D>(&s.waiters)),
+            own_ticket: s.row(&own_ticket::<D>(&s.waiters)),
             dequeue: Some(s.done(&format!(
                 "DELETE FROM {w} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
             ))),
@@ -441,19 +451,19 @@ impl Statements {
 const POOL_SIZE: u32 = 8;
 
 /// Connect options of dialect `D`.
-type Options<D> = <<<D as Dialect>::Db as Database>::Connection as Connection>::Options;
+type Options<D> = <<<D as SqlDialect>::Db as Database>::Connection as Connection>::Options;
 
 /// The connect of a server dialect (PostgreSQL, MySQL) with `opts` from the URL: the TLS files
 /// read, a pool of up to 8 connections (idle ones closed after 60 s; two kept out of it between
-/// statements, see [`Kept`]), one connection opened
-/// straight away to say at once why the server cannot be used (see [`Core::probe`]), the tables
+/// statements, see [`ConnectionCache`]), one connection opened
+/// straight away to say at once why the server cannot be used (see [`StatementRunner::connect_once`]), the tables
 /// created, and expired waiter rows left by crashed processes dropped (best effort). Returns the
 /// options used, TLS files included.
-pub async fn connect_server<D: Dialect>(
+pub async fn connect_server<D: SqlDialect>(
     config: &SqlConfig,
     opts: &Options<D>,
     sql: &Statements,
-) -> Result<(Core<D::Db>, Options<D>)>
+) -> Result<(StatementRunner<D::Db>, Options<D>)>
 where
     Options<D>: WithTls,
 {
@@ -466,21 +476,21 @@ where
         .idle_timeout(Duration::from_secs(60))
         .test_before_acquire(false)
         .connect_lazy_with(opts.clone());
-    let core = Core {
+    let runner = StatementRunner {
         backend: D::BACKEND,
         pool,
         timeout,
         classify: D::classify,
-        turn: None,
-        kept: Kept::new(POOL_SIZE),
+        write_queue: None,
+        cache: ConnectionCache::for_speedups(POOL_SIZE, config.speedups),
     };
-    core.probe(&opts).await?;
-    create_tables::<D>(&core, sql).await?;
-    Ok((core, opts))
+    runner.connect_once(&opts).await?;
+    create_tables::<D>(&runner, sql).await?;
+    Ok((runner, opts))
 }
 
-/// Creates the tables through `core`, running again a `CREATE` that raced another client's (see
-/// [`Dialect::CREATE_RACES`]), then drops expired waiter rows left by crashed processes (best
+/// Creates the tables through `runner`, running again a `CREATE` that raced another client's (see
+/// [`SqlDialect::CREATE_RACES`]), then drops expired waiter rows left by crashed processes (best
 /// effort).
 ///
 /// An account that may not create tables (PostgreSQL and MySQL refuse `CREATE TABLE IF NOT
@@ -489,11 +499,17 @@ where
 /// over when every table then answers a `SELECT`, and its refusal returned when one does not.
 /// (PostgreSQL's functions are only created where the database lacks their text, so such an
 /// account needs no right for them either, as long as its version's functions are there.)
-pub async fn create_tables<D: Dialect>(core: &Core<D::Db>, sql: &Statements) -> Result<()> {
+pub async fn create_tables<D: SqlDialect>(
+    runner: &StatementRunner<D::Db>,
+    sql: &Statements,
+) -> Result<()> {
     let mut refused = None;
     for statement in &sql.create {
         let mut tries = 0;
-        while let Err(e) = core.reply("create table", statement, Args::default()).await {
+        while let Err(e) = runner
+            .reply("create table", statement, Args::default())
+            .await
+        {
             let sql = statement.sql.as_str();
             let table = sql.starts_with("CREATE TABLE") || sql.starts_with("CREATE UNLOGGED TABLE");
             if table && matches!(e, Error::AccessDenied { .. }) {
@@ -512,9 +528,9 @@ pub async fn create_tables<D: Dialect>(core: &Core<D::Db>, sql: &Statements) -> 
         }
     }
     if let Some(refused) = refused {
-        for probe in &sql.probe_tables {
-            if core
-                .reply("create table", probe, Args::default())
+        for select in &sql.probe_tables {
+            if runner
+                .reply("create table", select, Args::default())
                 .await
                 .is_err()
             {
@@ -527,7 +543,7 @@ pub async fn create_tables<D: Dialect>(core: &Core<D::Db>, sql: &Statements) -> 
         );
     }
     for gc in std::iter::once(&sql.gc_queue).chain(&sql.permits.gc_all) {
-        let gc = core.reply("drop expired waiters", gc, Args::default());
+        let gc = runner.reply("drop expired waiters", gc, Args::default());
         if let Err(e) = gc.await {
             tracing::debug!(backend = D::BACKEND, error = %e, "dropping expired rows failed");
         }

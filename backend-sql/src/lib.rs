@@ -1,25 +1,23 @@
 #![doc = include_str!("../README.md")]
 
-mod bell;
 mod client;
 mod common;
 pub mod config;
 mod connection;
 mod dialect;
-mod kept;
 mod lock;
 mod queue;
 mod read;
 mod semaphore;
+mod speedup;
 mod statement;
-mod turn;
 mod wake;
 
 use std::sync::Arc;
 
 use lockcore::{DistributedLock, Result};
 
-pub use config::{DEFAULT_TABLE, Dialect, SqlConfig, SqlitePath, redact_url};
+pub use config::{DEFAULT_TABLE, Dialect, Speedup, Speedups, SqlConfig, SqlitePath, redact_url};
 pub use connection::SqlConnection;
 pub use lock::SqlLock;
 

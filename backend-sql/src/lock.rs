@@ -12,7 +12,7 @@ use lockcore::{
 use crate::client::{Client, is_permit, is_read};
 use crate::common::{from_micros, token};
 use crate::config::SqlConfig;
-use crate::dialect::{Dialect, READERS_OWNER, held};
+use crate::dialect::{READERS_OWNER, SqlDialect, lease_row_args};
 use crate::queue::Kind;
 use crate::statement::Args;
 
@@ -22,12 +22,12 @@ use crate::statement::Args;
 /// [`PostgresLock`]: crate::PostgresLock
 /// [`MySqlLock`]: crate::MySqlLock
 /// [`SqliteLock`]: crate::SqliteLock
-pub struct SqlLock<D: Dialect> {
+pub struct SqlLock<D: SqlDialect> {
     client: Arc<Client<D>>,
 }
 
 // By hand: a derive would require `D: Clone`.
-impl<D: Dialect> Clone for SqlLock<D> {
+impl<D: SqlDialect> Clone for SqlLock<D> {
     fn clone(&self) -> Self {
         SqlLock {
             client: self.client.clone(),
@@ -35,7 +35,7 @@ impl<D: Dialect> Clone for SqlLock<D> {
     }
 }
 
-impl<D: Dialect> fmt::Debug for SqlLock<D> {
+impl<D: SqlDialect> fmt::Debug for SqlLock<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(D::CLIENT)
             .field("url", &self.client.redacted)
@@ -44,7 +44,7 @@ impl<D: Dialect> fmt::Debug for SqlLock<D> {
     }
 }
 
-impl<D: Dialect> SqlLock<D> {
+impl<D: SqlDialect> SqlLock<D> {
     /// Connects and creates the lease table if it does not exist. SQLite opens the database
     /// (creating it and its parent directory if needed) and switches a file database to WAL.
     ///
@@ -72,8 +72,8 @@ impl<D: Dialect> SqlLock<D> {
     /// Safe to drop; connections then close in the background.
     pub async fn close(&self) {
         self.client.dialect.close().await;
-        self.client.core.kept.clear();
-        self.client.core.pool.close().await;
+        self.client.runner.cache.clear();
+        self.client.runner.pool.close().await;
     }
 
     /// The lease table's name.
@@ -83,7 +83,7 @@ impl<D: Dialect> SqlLock<D> {
 }
 
 #[async_trait]
-impl<D: Dialect> DistributedLock for SqlLock<D> {
+impl<D: SqlDialect> DistributedLock for SqlLock<D> {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(
             D::BACKEND,
@@ -156,7 +156,7 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
 
     async fn wait_for_release(&self, name: &LockName, until: Instant) -> Result<()> {
         let c = &self.client;
-        let wait = c.dialect.wait_for_release(&c.core, &c.sql, name, until);
+        let wait = c.dialect.wait_for_release(&c.runner, &c.sql, name, until);
         wait.await
     }
 
@@ -188,7 +188,9 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         } else {
             &c.sql.extend
         };
-        let extend = c.core.reply("extend", stmt, held(lease).ttl(ttl));
+        let extend = c
+            .runner
+            .reply("extend", stmt, lease_row_args(lease).ttl(ttl));
         // MySQL sets CLIENT_FOUND_ROWS, so a matched row counts even if unchanged.
         if extend.await?.count() == 1 {
             Ok(lease.renewed(started, ttl))
@@ -221,15 +223,18 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         let mut locks_done = if locks.is_empty() {
             Ok(Vec::new())
         } else {
-            c.dialect.extend_batch(&c.core, &c.sql, &locks).await
+            c.dialect.extend_batch(&c.runner, &c.sql, &locks).await
         }
         .map(Vec::into_iter);
         let mut permits_done = if permits.is_empty() {
             Ok(Vec::new())
         } else {
-            let args: Vec<_> = permits.iter().map(|(l, t)| held(l).ttl(*t)).collect();
+            let args: Vec<_> = permits
+                .iter()
+                .map(|(l, t)| lease_row_args(l).ttl(*t))
+                .collect();
             let extend = &c.sql.permits.extend;
-            let done = c.core.each_in_transaction("extend", extend, &args).await;
+            let done = c.runner.each_in_transaction("extend", extend, &args).await;
             done.map(|d| d.into_iter().map(|n| n == 1).collect())
         }
         .map(Vec::into_iter);
@@ -263,7 +268,7 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
     async fn inspect(&self, name: &LockName) -> Result<Option<LockInfo>> {
         let c = &self.client;
         let Some((owner, fence, remaining, waiters)) =
-            c.core.lock_row(&c.sql.inspect, name).await?
+            c.runner.lock_row(&c.sql.inspect, name).await?
         else {
             return Ok(None);
         };
@@ -273,7 +278,7 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         let (mut holding, mut queued) = (0, 0);
         if readers_hold || waiters > 0 {
             let reads = &c.sql.reads.summary;
-            let counts = c.core.reply("inspect", reads, Args::of(name)).await?;
+            let counts = c.runner.reply("inspect", reads, Args::of(name)).await?;
             let count = |i| usize::try_from(counts.col(i).unwrap_or(0)).unwrap_or(0);
             (holding, queued) = (if readers_hold { count(0) } else { 0 }, count(1));
         }
@@ -291,7 +296,7 @@ impl<D: Dialect> DistributedLock for SqlLock<D> {
         // The name's expired waiter rows first, then its row.
         let c = &self.client;
         for stmt in [&c.sql.forget_queue, &c.sql.reads.gc, &c.sql.forget] {
-            c.core.reply("forget", stmt, Args::of(name)).await?;
+            c.runner.reply("forget", stmt, Args::of(name)).await?;
         }
         let semaphore = c.forget_semaphore(name).await?;
         Ok(self.inspect(name).await?.is_none() && semaphore)

@@ -9,7 +9,7 @@
 //! row follows: the last reader to go frees it, and a reader's extension raises its expiry.
 //!
 //! **Every reader state change is one short transaction** that first writes the lease row
-//! ([`Dialect::lease_bump`] for a grant, which also bumps the fence: a reader's token comes from
+//! ([`SqlDialect::lease_bump`] for a grant, which also bumps the fence: a reader's token comes from
 //! the name's one fence, above the writer's before it; a no-op update for release, extend and
 //! leave), which takes that row's lock (PostgreSQL, MySQL) or the database's write lock (SQLite)
 //! until it ends, so the mutex's statement and the reader transactions take turns on that row.
@@ -23,7 +23,7 @@
 //! writer's lease. A reader's `try` is refused while any writer is queued, so a stream of
 //! readers cannot starve a writer.
 //!
-//! **Retries.** A grant retried after a lost reply (see `Core::run`) finds the first try's hold
+//! **Retries.** A grant retried after a lost reply (see `StatementRunner::run`) finds the first try's hold
 //! of the same owner id and takes it over with a new fence, as the semaphore's grant does.
 
 use std::sync::Arc;
@@ -33,7 +33,7 @@ use lockcore::{AcquireOptions, Lease, LockName, OwnerId, Released, Result};
 
 use crate::client::{Client, reader};
 use crate::common::{Pending, detached, from_micros, min_token_of};
-use crate::dialect::{Dialect, ReadStatements, held};
+use crate::dialect::{ReadStatements, SqlDialect, lease_row_args};
 use crate::queue::Attempt;
 use crate::statement::{Args, Reply, SqlDb, begin};
 
@@ -190,7 +190,7 @@ async fn join_tx<DB: SqlDb>(
 }
 
 /// The reader operations of a client.
-impl<D: Dialect> Client<D> {
+impl<D: SqlDialect> Client<D> {
     /// Runs the grant transaction for `owner` (queued with `ticket`, if any); also how many
     /// tries it took (a retry may have followed a lost reply).
     async fn grant_read(
@@ -206,7 +206,7 @@ impl<D: Dialect> Client<D> {
         let a = a.ticket(ticket.unwrap_or(i64::MAX));
         let mut tries = 0;
         let grant = self
-            .core
+            .runner
             .run("acquire read", Some(name), |mut c| {
                 tries += 1;
                 async move {
@@ -252,7 +252,7 @@ impl<D: Dialect> Client<D> {
         let (sql, enqueue) = (&self.sql.reads, &self.sql.enqueue);
         let a = Args::of(name).owner(waiter).ttl(liveness);
         // The mark commits with the row, so a live row found on a retry means both are there.
-        self.core
+        self.runner
             .join(
                 &self.sql.own_ticket,
                 a,
@@ -278,7 +278,7 @@ impl<D: Dialect> Client<D> {
     ) -> Result<Attempt> {
         let args = Args::of(name).owner(waiter).ticket(ticket);
         let seen = self
-            .core
+            .runner
             .reply("acquire read", &self.sql.reads.state, args)
             .await?;
         if let Judged::Blocked { ahead, holder_left } = judge(&seen) {
@@ -310,7 +310,7 @@ impl<D: Dialect> Client<D> {
     pub(crate) async fn leave_read(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
         let sql = &self.sql.reads;
         let a = Args::of(name).owner(owner);
-        self.core
+        self.runner
             .run("leave queue", Some(name), |mut c| async move {
                 let r = end_tx::<D::Db>(c.conn(), sql, a, false).await;
                 (c, r)
@@ -331,9 +331,9 @@ impl<D: Dialect> Client<D> {
     /// Releases a reader's lease (owner and fence checked; an expired hold is not released).
     pub(crate) async fn release_read(&self, lease: &Lease) -> Result<Released> {
         let sql = &self.sql.reads;
-        let a = held(lease);
+        let a = lease_row_args(lease);
         let gone = self
-            .core
+            .runner
             .run("release", Some(lease.name()), |mut c| async move {
                 let r = end_tx::<D::Db>(c.conn(), sql, a, true).await;
                 (c, r)
@@ -350,10 +350,10 @@ impl<D: Dialect> Client<D> {
     /// Extends a reader's lease to `ttl` from now; whether it was still live.
     pub(crate) async fn extend_read(&self, lease: &Lease, ttl: Duration) -> Result<bool> {
         let sql = &self.sql.reads;
-        let a = held(lease).ttl(ttl);
-        self.core
+        let a = lease_row_args(lease).ttl(ttl);
+        self.runner
             .run_as(
-                sql.extend.line(),
+                sql.extend.priority(),
                 "extend",
                 Some(lease.name()),
                 |mut c| async move {

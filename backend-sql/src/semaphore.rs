@@ -43,7 +43,7 @@
 //! transaction under the row's lock instead of two, the release's and the grant's, and the
 //! woken waiter's round trip, so a busy semaphore stays fuller: `docs/design/backend-sql.md`.)
 //!
-//! **Retries.** A transaction retried after a lost reply (see `Core::run`) first looks for a
+//! **Retries.** A transaction retried after a lost reply (see `StatementRunner::run`) first looks for a
 //! live permit of its own owner id, which the first try may have committed, and takes it over
 //! with a new fence instead of granting a second (as the lock's acquire takes over a row that
 //! is already ours); the holders table's key (name, owner) refuses a second row of one owner
@@ -62,17 +62,18 @@ use lockcore::{
 
 use crate::client::{Client, permit};
 use crate::common::{Pending, detached, from_micros, min_token_of};
-use crate::dialect::Dialect;
-use crate::dialect::held;
+use crate::config::Speedup;
+use crate::dialect::SqlDialect;
+use crate::dialect::lease_row_args;
 use crate::queue::{Attempt, Kind};
 use crate::statement::{Args, SqlDb};
-use crate::wake::{Handed, Terms, key};
+use crate::wake::{DeliveredGrant, Terms, key};
 
 mod tx;
 use tx::{Grant, Handover, Judged, grant_tx, granted_by_call, hand_tx, join_tx, judge};
 
 /// The semaphore operations of a client.
-impl<D: Dialect> Client<D> {
+impl<D: SqlDialect> Client<D> {
     /// Runs the grant transaction for `owner` (queued with `ticket`, if any); also how many
     /// tries it took (a retry may have followed a lost reply).
     async fn grant(
@@ -89,7 +90,7 @@ impl<D: Dialect> Client<D> {
         let a = a.permits(permits).ticket(ticket.unwrap_or(i64::MAX));
         let mut tries = 0;
         let grant = self
-            .core
+            .runner
             .run("acquire permit", Some(name), |mut c| {
                 tries += 1;
                 async move {
@@ -168,7 +169,7 @@ impl<D: Dialect> Client<D> {
     ) -> Result<Judged> {
         let args = Args::of(name).owner(owner).ticket(ticket);
         let state = &self.sql.permits.state;
-        let seen = self.core.reply("acquire permit", state, args).await?;
+        let seen = self.runner.reply("acquire permit", state, args).await?;
         Ok(judge(&seen, permits))
     }
 
@@ -177,7 +178,7 @@ impl<D: Dialect> Client<D> {
     async fn free_permit(&self, name: &LockName, owner: OwnerId) -> Result<bool> {
         let args = Args::of(name).owner(owner);
         let stmt = &self.sql.permits.release_owner;
-        let freed = self.core.reply("release", stmt, args).await?.count() > 0;
+        let freed = self.runner.reply("release", stmt, args).await?.count() > 0;
         if freed {
             self.freed(name, true);
         }
@@ -196,7 +197,8 @@ impl<D: Dialect> Client<D> {
         let name = lease.name();
         let key = key(name.as_str(), true);
         let sql = &self.sql.permits;
-        let Some(next) = self.local.next(&key) else {
+        let hand_over = self.speedups.contains(Speedup::HandOver);
+        let Some(next) = self.local.next(&key).filter(|_| hand_over) else {
             return self.release_row(&sql.release, lease, true).await;
         };
         let Terms {
@@ -204,11 +206,11 @@ impl<D: Dialect> Client<D> {
             min_token,
             permits,
         } = next.terms;
-        let args = held(lease).next(next.owner).ticket(next.ticket);
+        let args = lease_row_args(lease).next(next.owner).ticket(next.ticket);
         let args = args.ttl(ttl).min_token(min_token).permits(permits);
         let sent = Instant::now();
         let handover = self
-            .core
+            .runner
             .run("release", Some(name), |mut c| async move {
                 let r = match &sql.hand {
                     Some(call) => D::Db::reply(c.conn(), call, &args)
@@ -234,7 +236,7 @@ impl<D: Dialect> Client<D> {
         if !self.local.hand(
             &key,
             next.owner,
-            Handed {
+            DeliveredGrant {
                 fence,
                 sent,
                 more,
@@ -257,7 +259,7 @@ impl<D: Dialect> Client<D> {
     ) -> Result<()> {
         let args = Args::of(name).owner(owner).fence(fence);
         let release = &self.sql.permits.release;
-        if self.core.reply("release", release, args).await?.count() > 0 {
+        if self.runner.reply("release", release, args).await?.count() > 0 {
             self.freed(name, true);
             self.ring_head(name, owner, None, true);
         }
@@ -282,7 +284,7 @@ impl<D: Dialect> Client<D> {
         let a = Args::of(name).owner(waiter).ttl(liveness).permits(permits);
         // A live row found on a retry passed the count check when it joined.
         let joined = self
-            .core
+            .runner
             .join(&sql.own_ticket, a, Ok, |mut c| async move {
                 let r = match &sql.join_call {
                     Some(call) => D::Db::reply(c.conn(), call, &a).await.map(|reply| {
@@ -351,9 +353,9 @@ impl<D: Dialect> Client<D> {
         let sql = &self.sql.permits;
         let args = Args::of(name).owner(waiter);
         if let Some(leave) = &sql.leave {
-            return Ok(self.core.reply("leave queue", leave, args).await?.count() > 0);
+            return Ok(self.runner.reply("leave queue", leave, args).await?.count() > 0);
         }
-        self.core.reply("leave queue", &sql.dequeue, args).await?;
+        self.runner.reply("leave queue", &sql.dequeue, args).await?;
         self.free_permit(name, waiter).await
     }
 
@@ -361,13 +363,13 @@ impl<D: Dialect> Client<D> {
     pub(crate) async fn inspect_semaphore(&self, name: &LockName) -> Result<Option<SemaphoreInfo>> {
         let sql = &self.sql.permits;
         let summary = self
-            .core
+            .runner
             .reply("inspect", &sql.summary, Args::of(name))
             .await?;
         if summary.count() == 0 {
             return Ok(None);
         }
-        let holders = self.core.holder_rows(&sql.holders, name).await?;
+        let holders = self.runner.holder_rows(&sql.holders, name).await?;
         let holders: Vec<PermitHolder> = holders
             .into_iter()
             .map(|(owner, fence, left)| PermitHolder {
@@ -389,7 +391,7 @@ impl<D: Dialect> Client<D> {
     /// `forget`'s part for the semaphore `name`: whether nothing of it is left.
     pub(crate) async fn forget_semaphore(&self, name: &LockName) -> Result<bool> {
         for stmt in &self.sql.permits.forget {
-            self.core.reply("forget", stmt, Args::of(name)).await?;
+            self.runner.reply("forget", stmt, Args::of(name)).await?;
         }
         Ok(self.inspect_semaphore(name).await?.is_none())
     }

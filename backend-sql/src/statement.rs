@@ -8,7 +8,7 @@ use std::time::Duration;
 use lockcore::{LockName, OwnerId};
 use sqlx::{SqlSafeStr, SqlStr};
 
-use crate::turn::Line;
+use crate::speedup::sqlite_write_queue::WritePriority;
 use crate::wake::Secret;
 
 mod run;
@@ -85,7 +85,7 @@ pub struct Stmt {
     style: Style,
     /// Whether it answers with a row (`SELECT`, `RETURNING`) rather than with what it changed.
     row: bool,
-    /// Whether it only reads (so it need not wait for SQLite's write turn: see [`Stmt::line`]),
+    /// Whether it only reads (so it need not wait for SQLite's write turn: see [`Stmt::priority`]),
     /// decided once when it is built.
     reads: bool,
     /// Whether it keeps a lease or a waiter's place alive (see [`Stmt::keeping`]).
@@ -189,17 +189,17 @@ pub struct Sql {
     /// The lease table, as given (PostgreSQL's NOTIFY channel).
     pub table: String,
     /// The lease table, quoted.
-    pub t: String,
+    pub leases: String,
     /// The waiters table (see `common::queue_table`), quoted.
-    pub w: String,
+    pub waiters: String,
     /// The semaphores table (`<table>_semaphores`: name, fence), quoted.
-    pub s: String,
+    pub semaphores: String,
     /// The permit holders table (`<table>_permits`), quoted.
-    pub p: String,
+    pub permits: String,
     /// The permit waiters table (`<table>_permit_queue`), quoted.
-    pub v: String,
+    pub permit_waiters: String,
     /// The readers table (`<table>_readers`), quoted.
-    pub r: String,
+    pub readers: String,
     style: Style,
 }
 
@@ -208,12 +208,12 @@ impl Sql {
     pub fn new(style: Style, table: &str) -> Self {
         let quoted = |ident: &str| format!("{q}{ident}{q}", q = style.quote);
         Sql {
-            t: quoted(table),
-            w: quoted(&crate::common::queue_table(table)),
-            s: quoted(&crate::common::aux_table(table, SEMAPHORES)),
-            p: quoted(&crate::common::aux_table(table, PERMITS)),
-            v: quoted(&crate::common::aux_table(table, PERMIT_QUEUE)),
-            r: quoted(&crate::common::aux_table(table, READERS)),
+            leases: quoted(table),
+            waiters: quoted(&crate::common::queue_table(table)),
+            semaphores: quoted(&crate::common::aux_table(table, SEMAPHORES)),
+            permits: quoted(&crate::common::aux_table(table, PERMITS)),
+            permit_waiters: quoted(&crate::common::aux_table(table, PERMIT_QUEUE)),
+            readers: quoted(&crate::common::aux_table(table, READERS)),
             table: table.to_owned(),
             style,
         }
@@ -301,7 +301,11 @@ impl Sql {
 fn next_param<'t>(rest: &'t str, template: &str) -> Option<(&'t str, Option<Param>, &'t str)> {
     let at = rest.find('$')?;
     let tail = &rest[at + 1..];
-    let len = tail.find(|c: char| !(c.is_ascii_lowercase() || c == '_'));
+    // A parameter's name is lower case, `_` inside (`$min_token`).
+    let len = match tail.starts_with(|c: char| c.is_ascii_lowercase()) {
+        true => tail.find(|c: char| !(c.is_ascii_lowercase() || c == '_')),
+        false => Some(0),
+    };
     let (word, after) = tail.split_at(len.unwrap_or(tail.len()));
     if word.is_empty() {
         let tag = tail.find(|c: char| !(c.is_ascii_uppercase() || c == '_'));
@@ -331,18 +335,18 @@ fn reads_only(text: &str) -> bool {
 
 impl Stmt {
     /// Marks a statement that keeps a lease or a waiter's place alive (an extend, a refresh),
-    /// so that it waits in SQLite's keep line (see [`Line::Keep`]).
+    /// so that it waits in SQLite's keep line (see [`WritePriority::KeepAlive`]).
     pub fn keeping(mut self) -> Self {
         self.keeps = true;
         self
     }
 
     /// The line it waits in for SQLite's write turn; `None` when it only reads.
-    pub fn line(&self) -> Option<Line> {
+    pub fn priority(&self) -> Option<WritePriority> {
         match (self.reads, self.keeps) {
             (true, _) => None,
-            (false, true) => Some(Line::Keep),
-            (false, false) => Some(Line::Other),
+            (false, true) => Some(WritePriority::KeepAlive),
+            (false, false) => Some(WritePriority::Normal),
         }
     }
 }

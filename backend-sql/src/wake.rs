@@ -49,7 +49,7 @@ enum Payload<'a> {
         waiter: &'a str,
         name: &'a str,
     },
-    Handed {
+    HandOver {
         waiter: &'a str,
         name: &'a str,
         grant: Grant,
@@ -79,7 +79,7 @@ impl<'a> Payload<'a> {
             return Payload::Permits(name);
         }
         if let Some(rest) = payload.strip_prefix('H') {
-            return Self::handed(rest).unwrap_or(Payload::Unknown);
+            return Self::hand_over(rest).unwrap_or(Payload::Unknown);
         }
         let (permits, rest) = match (payload.strip_prefix('W'), payload.strip_prefix('Q')) {
             (Some(rest), _) => (false, rest),
@@ -97,7 +97,7 @@ impl<'a> Payload<'a> {
     }
 
     /// An `H` payload after its first byte.
-    fn handed(rest: &'a str) -> Option<Self> {
+    fn hand_over(rest: &'a str) -> Option<Self> {
         let (waiter, rest) = split_waiter(rest)?;
         let mut fields = rest.splitn(5, ',');
         let mut number = || fields.next()?.parse::<i64>().ok();
@@ -111,7 +111,7 @@ impl<'a> Payload<'a> {
             ttl_us,
             ticket,
         };
-        Some(Payload::Handed {
+        Some(Payload::HandOver {
             waiter,
             name,
             grant,
@@ -170,7 +170,7 @@ struct Queued {
     /// A permit waiter's terms, once it has joined: a release may hand it a permit on them.
     terms: Option<Terms>,
     notify: Arc<Notify>,
-    handed: Arc<Mutex<Option<Handed>>>,
+    delivered: Arc<Mutex<Option<DeliveredGrant>>>,
 }
 
 impl Queued {
@@ -196,7 +196,10 @@ impl Queued {
             tracing::debug!(waiter = %self.id, "a hand-over notification without the waiter's tag; only woken");
             return;
         }
-        *self.handed.lock().unwrap_or_else(PoisonError::into_inner) = Some(Handed {
+        *self
+            .delivered
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(DeliveredGrant {
             fence: grant.fence,
             sent: at,
             more: false,
@@ -241,7 +244,7 @@ pub struct Next {
 /// it (the waiter then wakes the next, once it has left this registry); and for the lock, how
 /// long the row runs from the grant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Handed {
+pub struct DeliveredGrant {
     pub fence: i64,
     pub sent: Instant,
     pub more: bool,
@@ -316,7 +319,7 @@ impl Waiters {
         waiter: Option<OwnerId>,
         notify: Arc<Notify>,
     ) -> Registration {
-        let handed = Arc::new(Mutex::new(None));
+        let delivered = Arc::new(Mutex::new(None));
         if let Some(owner) = waiter {
             map.entry(name.to_owned()).or_default().queued.push(Queued {
                 id: owner.to_string(),
@@ -326,7 +329,7 @@ impl Waiters {
                 secret: None,
                 terms: None,
                 notify: notify.clone(),
-                handed: handed.clone(),
+                delivered: delivered.clone(),
             });
         }
         Registration {
@@ -334,7 +337,7 @@ impl Waiters {
             name: name.to_owned(),
             waiter: waiter.map(|w| w.to_string()),
             notify,
-            handed,
+            delivered,
         }
     }
 
@@ -350,7 +353,7 @@ impl Waiters {
                     }
                 }
             }
-            Payload::Handed {
+            Payload::HandOver {
                 waiter,
                 name,
                 grant,
@@ -409,13 +412,13 @@ impl Waiters {
 
     /// Hands `waiter` of `key` the permit a release granted it, and wakes it; `false` if it is
     /// no longer registered (it has gone, and its clean-up gives the permit back).
-    pub fn hand(&self, key: &str, waiter: OwnerId, handed: Handed) -> bool {
+    pub fn hand(&self, key: &str, waiter: OwnerId, delivered: DeliveredGrant) -> bool {
         let map = self.map();
         let queued = map.get(key).into_iter().flat_map(|i| &i.queued);
         let Some(q) = queued.into_iter().find(|q| q.owner == waiter) else {
             return false;
         };
-        *q.handed.lock().unwrap_or_else(PoisonError::into_inner) = Some(handed);
+        *q.delivered.lock().unwrap_or_else(PoisonError::into_inner) = Some(delivered);
         q.notify.notify_waiters();
         true
     }
@@ -461,7 +464,7 @@ pub struct Registration {
     /// The queued waiter's id (see [`Waiters::register`]).
     waiter: Option<String>,
     notify: Arc<Notify>,
-    handed: Arc<Mutex<Option<Handed>>>,
+    delivered: Arc<Mutex<Option<DeliveredGrant>>>,
 }
 
 impl Registration {
@@ -501,7 +504,7 @@ pub struct Wake {
     /// What keeps the subscription: the waiter's [`Registration`].
     pub _subscription: Option<Box<dyn Any + Send + Sync>>,
     /// Where a release of this process puts a permit it handed to this waiter.
-    pub handed: Option<Arc<Mutex<Option<Handed>>>>,
+    pub delivered: Option<Arc<Mutex<Option<DeliveredGrant>>>>,
 }
 
 impl Wake {
@@ -512,16 +515,16 @@ impl Wake {
 
     /// The permit a release of this process handed to this waiter, if one did since the last
     /// call.
-    pub fn take_handed(&self) -> Option<Handed> {
-        let slot = self.handed.as_ref()?;
+    pub fn take_delivered(&self) -> Option<DeliveredGrant> {
+        let slot = self.delivered.as_ref()?;
         slot.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
     /// Ends the subscription, then hands back the permit a release of this process handed to
     /// this waiter before it ended, if any: no release can hand it one after, so a waiter that
     /// gives up gives back what this returns.
-    pub fn end(mut self) -> Option<Handed> {
-        let slot = self.handed.take();
+    pub fn end(mut self) -> Option<DeliveredGrant> {
+        let slot = self.delivered.take();
         drop(self);
         slot?.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
@@ -530,7 +533,7 @@ impl Wake {
     /// through this wake-up, so that a release here can hand it a permit.
     pub fn with_hand_over(mut self, hub: &Arc<Waiters>, key: &str, waiter: OwnerId) -> Wake {
         let registration = hub.register_queued(key, waiter, self.notify.clone());
-        self.handed = Some(registration.handed.clone());
+        self.delivered = Some(registration.delivered.clone());
         self._subscription = Some(Box::new((self._subscription.take(), registration)));
         self
     }
@@ -542,7 +545,7 @@ impl Registration {
         Wake {
             notify: self.notify.clone(),
             ready,
-            handed: Some(self.handed.clone()),
+            delivered: Some(self.delivered.clone()),
             _subscription: Some(Box::new(self)),
         }
     }

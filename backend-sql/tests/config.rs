@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use backend_sql::{DEFAULT_TABLE, Dialect, SqlConfig, SqlitePath, redact_url};
+use backend_sql::{DEFAULT_TABLE, Dialect, Speedup, Speedups, SqlConfig, SqlitePath, redact_url};
 use lockcore::Error;
 
 fn err(url: &str) -> String {
@@ -158,4 +158,34 @@ fn malformed_urls_hide_passwords() {
         let text = format!("{e} {e:?}");
         assert!(!text.contains("s3cr3t"), "{url}: {text}");
     }
+}
+
+#[test]
+fn speedups_option() {
+    let all = SqlConfig::parse("sqlite:///tmp/x.db").unwrap();
+    assert_eq!(all.speedups(), Speedups::ALL);
+    let none = SqlConfig::parse("postgres://h/db?speedups=none").unwrap();
+    assert_eq!(none.speedups(), Speedups::NONE);
+    let some = SqlConfig::parse("mysql://h/db?speedups=-hand-over,-doorbell").unwrap();
+    let expected = Speedups::ALL
+        .without(Speedup::HandOver)
+        .without(Speedup::Doorbell);
+    assert_eq!(some.speedups(), expected);
+    assert!(format!("{some:?}").contains("-doorbell,-hand-over"));
+    let with = all.with_speedups(Speedups::NONE);
+    assert_eq!(with.speedups(), Speedups::NONE);
+
+    for url in [
+        "sqlite:///tmp/x.db?speedups=fast",
+        "postgres://h/db?speedups=-doorbell,-turbo",
+        "mysql://h/db?speedups=",
+    ] {
+        let e = SqlConfig::parse(url).unwrap_err();
+        assert!(matches!(e, Error::InvalidConfig { .. }), "{url}: {e:?}");
+        let why = e.to_string();
+        for name in Speedup::ALL.map(Speedup::name) {
+            assert!(why.contains(name), "{url}: {why}");
+        }
+    }
+    assert!(err("sqlite:///x.db?speedups=none&speedups=all").contains("more than once"));
 }

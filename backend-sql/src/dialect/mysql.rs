@@ -10,9 +10,9 @@ use sqlx::mysql::MySqlDatabaseError;
 
 mod routines;
 
-use super::{Dialect, Statements, connect_server};
-use crate::common::{Class, Core};
-use crate::config::{SqlConfig, Target};
+use super::{SqlDialect, Statements, connect_server};
+use crate::common::{Class, StatementRunner};
+use crate::config::{Speedup, SqlConfig, Target};
 use crate::statement::{Sql, Stmt, Style};
 
 const BACKEND: &str = "mysql";
@@ -30,7 +30,7 @@ fn insert(s: &Sql, fence: &str) -> String {
     format!(
         "INSERT INTO {} (name, owner, fence, expires_at) \
          VALUES ($name, $owner, LAST_INSERT_ID({fence}), NOW(6) + INTERVAL $ttl MICROSECOND)",
-        s.t
+        s.leases
     )
 }
 
@@ -57,14 +57,14 @@ fn gated_text(s: &Sql, gate: &str) -> String {
          owner = IF(LAST_INSERT_ID() = fence, $owner, owner), \
          expires_at = IF(owner <=> $owner, NOW(6) + INTERVAL $ttl MICROSECOND, expires_at)",
         insert(s, "GREATEST(1, $min_token)"),
-        s.w
+        s.waiters
     )
 }
 
 /// A queued waiter's gate: no live waiter with a smaller ticket is queued.
 const WAITER_GATE: &str = " AND w.ticket < $ticket AND w.waiter <> $owner";
 
-/// The semaphore row's lock (see [`Dialect::semaphore_lock`]) on table `sem`: with `bump`, the
+/// The semaphore row's lock (see [`SqlDialect::semaphore_lock`]) on table `sem`: with `bump`, the
 /// new fence is the OK packet's insert id (see `insert`), which `LAST_INSERT_ID()` also reads
 /// back on the same connection.
 fn semaphore_lock(sem: &str, bump: bool) -> String {
@@ -81,7 +81,7 @@ fn semaphore_lock(sem: &str, bump: bool) -> String {
     }
 }
 
-impl Dialect for MySql {
+impl SqlDialect for MySql {
     type Db = sqlx::MySql;
     const BACKEND: &'static str = BACKEND;
     const CLIENT: &'static str = "MySqlLock";
@@ -120,14 +120,19 @@ impl Dialect for MySql {
         }
     }
 
-    async fn connect(config: &SqlConfig, sql: &mut Statements) -> Result<(Core<Self::Db>, Self)> {
+    async fn connect(
+        config: &SqlConfig,
+        sql: &mut Statements,
+    ) -> Result<(StatementRunner<Self::Db>, Self)> {
         let Target::MySql(opts) = &config.target else {
             return Err(Error::invalid_config(BACKEND, "not a mysql:// URL"));
         };
-        let core = connect_server::<Self>(config, opts, sql).await?.0;
+        let runner = connect_server::<Self>(config, opts, sql).await?.0;
         let s = Sql::new(Self::STYLE, &config.table);
-        routines::install(&core, &s, sql).await;
-        Ok((core, MySql))
+        if config.speedups.contains(Speedup::MysqlProcedures) {
+            routines::install(&runner, &s, sql).await;
+        }
+        Ok((runner, MySql))
     }
 
     const CREATE: &[&str] = &[
@@ -170,7 +175,7 @@ impl Dialect for MySql {
         Some("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
 
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt {
-        s.done(&semaphore_lock(&s.s, bump))
+        s.done(&semaphore_lock(&s.semaphores, bump))
     }
 
     fn lease_bump(s: &Sql) -> Stmt {
@@ -179,7 +184,7 @@ impl Dialect for MySql {
             "INSERT INTO {} (name, owner, fence, expires_at) \
              VALUES ($name, NULL, LAST_INSERT_ID(GREATEST(1, $min_token)), NOW(6)) \
              ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence + 1, $min_token))",
-            s.t
+            s.leases
         ))
     }
 
@@ -202,7 +207,7 @@ impl Dialect for MySql {
         s.done(&format!(
             "UPDATE {} SET owner = ({next}), fence = IF(owner IS NULL, fence, fence + 1), \
              expires_at = IF(owner IS NULL, expires_at, {}) WHERE {held}",
-            s.t,
+            s.leases,
             Self::expiry()
         ))
     }

@@ -1,7 +1,7 @@
 //! The semaphore statements (see `crate::semaphore`): their templates, written once for every
 //! dialect, and the statements a client builds from them.
 
-use super::Dialect;
+use super::SqlDialect;
 use crate::statement::{Sql, Stmt};
 
 /// The statements of counting semaphores (see `crate::semaphore`), over the semaphores table
@@ -9,11 +9,11 @@ use crate::statement::{Sql, Stmt};
 /// expires_at; one row per permit held) and the permit waiters table `{v}` (ticket, name,
 /// waiter, permits, expires_at).
 pub struct PermitStatements {
-    /// Begins each semaphore transaction, where not a plain `BEGIN` ([`Dialect::TX_BEGIN`]).
+    /// Begins each semaphore transaction, where not a plain `BEGIN` ([`SqlDialect::TX_BEGIN`]).
     pub begin: Option<sqlx::SqlStr>,
-    /// Run first in the join transaction ([`Dialect::RELAXED_COMMIT`]).
+    /// Run first in the join transaction ([`SqlDialect::RELAXED_COMMIT`]).
     pub relaxed: Option<sqlx::SqlStr>,
-    /// Takes the semaphore row's lock (see [`Dialect::semaphore_lock`]).
+    /// Takes the semaphore row's lock (see [`SqlDialect::semaphore_lock`]).
     pub lock: Stmt,
     /// Takes the lock and bumps the fence, handing it back.
     pub lock_bump: Stmt,
@@ -74,7 +74,7 @@ pub struct PermitStatements {
     pub forget: Vec<Stmt>,
     /// Expired holder and waiter rows of every name, dropped when a client connects.
     pub gc_all: Vec<Stmt>,
-    /// The ticket of the permit queue's live head (see `crate::bell`), if any.
+    /// The ticket of the permit queue's live head (see `crate::speedup::doorbell`), if any.
     pub head: Stmt,
     /// `$owner`'s live ticket in the permit queue, if any (see `dialect::own_ticket`).
     pub own_ticket: Stmt,
@@ -154,8 +154,8 @@ impl PermitTemplates {
     }
 
     /// `D`'s templates, over the tables named in `s`.
-    pub fn new<D: Dialect>(s: &Sql) -> Self {
-        let (p, v, now, expiry) = (&s.p, &s.v, D::NOW, D::expiry());
+    pub fn new<D: SqlDialect>(s: &Sql) -> Self {
+        let (p, v, now, expiry) = (&s.permits, &s.permit_waiters, D::NOW, D::expiry());
         PermitTemplates {
             // One pass over each table's rows of the name, not a subquery per column: the
             // look runs in every grant and hand-over, under the semaphore row's lock.
@@ -199,8 +199,8 @@ impl PermitTemplates {
 
 /// The count recorded for `$name`: that of its live holders, else of its live waiters (all
 /// alike), else NULL.
-pub fn recorded<D: Dialect>(s: &Sql) -> String {
-    let (p, v, now) = (&s.p, &s.v, D::NOW);
+pub fn recorded<D: SqlDialect>(s: &Sql) -> String {
+    let (p, v, now) = (&s.permits, &s.permit_waiters, D::NOW);
     format!(
         "COALESCE((SELECT MAX(p.permits) FROM {p} AS p WHERE p.name = $name \
          AND p.expires_at > {now}), (SELECT MAX(v.permits) FROM {v} AS v \
@@ -210,9 +210,15 @@ pub fn recorded<D: Dialect>(s: &Sql) -> String {
 
 impl PermitStatements {
     /// `D`'s semaphore statements as they read on every dialect; PostgreSQL's notifications
-    /// and server-side routines are added in its [`Dialect::adapt`].
-    pub(super) fn new<D: Dialect>(s: &Sql) -> Self {
-        let (sem, p, v, now, expiry) = (&s.s, &s.p, &s.v, D::NOW, D::expiry());
+    /// and server-side routines are added in its [`SqlDialect::adapt`].
+    pub(super) fn new<D: SqlDialect>(s: &Sql) -> Self {
+        let (sem, p, v, now, expiry) = (
+            &s.semaphores,
+            &s.permits,
+            &s.permit_waiters,
+            D::NOW,
+            D::expiry(),
+        );
         let live = |a: &str| format!("{a}.name = $name AND {a}.expires_at > {now}");
         let recorded = recorded::<D>(s);
         let t = PermitTemplates::new::<D>(s);

@@ -13,8 +13,8 @@ use lockcore::{Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 use sqlx::error::DatabaseError;
 use sqlx::{SqlSafeStr, SqlStr};
 
-use super::{Dialect, Statements, connect_server, fence_of};
-use crate::common::{Class, Core, from_micros, whole};
+use super::{SqlDialect, Statements, connect_server, fence_of};
+use crate::common::{Class, StatementRunner, from_micros, whole};
 use crate::config::{SqlConfig, Target};
 use crate::statement::{Sql, Stmt, Style};
 use crate::wake::{Join, Wake};
@@ -62,7 +62,7 @@ const AGAIN: &str = "true";
 /// liveness, never exclusion (the fence is the grant's, which is flushed). With nobody queued
 /// the release waits for its flush as before.
 fn free_and_notify(s: &Sql, condition: &str, head: bool) -> Stmt {
-    let (t, w, table) = (&s.t, &s.w, &s.table);
+    let (t, w, table) = (&s.leases, &s.waiters, &s.table);
     let released =
         format!("WITH released AS (UPDATE {t} SET owner = NULL WHERE {condition} RETURNING name)");
     s.row(&if head {
@@ -79,7 +79,7 @@ fn free_and_notify(s: &Sql, condition: &str, head: bool) -> Stmt {
     })
 }
 
-/// The template of [`Dialect::semaphore_lock`] on the semaphores table `sem` (quoted).
+/// The template of [`SqlDialect::semaphore_lock`] on the semaphores table `sem` (quoted).
 fn semaphore_lock(sem: &str, bump: bool) -> String {
     if bump {
         format!(
@@ -99,7 +99,7 @@ fn semaphore_lock(sem: &str, bump: bool) -> String {
 const HELD: &str =
     "name = $name AND owner = $owner AND fence = $fence AND expires_at > clock_timestamp()";
 
-impl Dialect for Postgres {
+impl SqlDialect for Postgres {
     type Db = sqlx::Postgres;
     const BACKEND: &'static str = BACKEND;
     const CLIENT: &'static str = "PostgresLock";
@@ -145,11 +145,14 @@ impl Dialect for Postgres {
         }
     }
 
-    async fn connect(config: &SqlConfig, sql: &mut Statements) -> Result<(Core<Self::Db>, Self)> {
+    async fn connect(
+        config: &SqlConfig,
+        sql: &mut Statements,
+    ) -> Result<(StatementRunner<Self::Db>, Self)> {
         let Target::Postgres(opts) = &config.target else {
             return Err(Error::invalid_config(BACKEND, "not a postgres:// URL"));
         };
-        let (core, opts) = connect_server::<Self>(config, opts, sql).await?;
+        let (runner, opts) = connect_server::<Self>(config, opts, sql).await?;
         let extend_many = format!(
             "UPDATE \"{}\" AS l \
              SET expires_at = {NOW} + v.ttl_us * interval '1 microsecond' \
@@ -160,10 +163,10 @@ impl Dialect for Postgres {
              RETURNING l.owner",
             config.table
         );
-        let listener = Listener::new(opts, core.clone(), &config.table);
+        let listener = Listener::new(opts, runner.clone(), &config.table);
         let extend_many = sqlx::AssertSqlSafe(extend_many).into_sql_str();
         Ok((
-            core,
+            runner,
             Postgres {
                 listener,
                 extend_many,
@@ -206,7 +209,7 @@ impl Dialect for Postgres {
     ];
 
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt {
-        let text = semaphore_lock(&s.s, bump);
+        let text = semaphore_lock(&s.semaphores, bump);
         if bump { s.row(&text) } else { s.done(&text) }
     }
 
@@ -216,7 +219,7 @@ impl Dialect for Postgres {
              VALUES ($name, NULL, GREATEST(1, $min_token::bigint), {NOW}) \
              ON CONFLICT (name) DO UPDATE SET fence = GREATEST(l.fence + 1, $min_token::bigint) \
              RETURNING fence",
-            s.t
+            s.leases
         ))
     }
 
@@ -229,9 +232,9 @@ impl Dialect for Postgres {
              SELECT $name, $owner, GREATEST(1, $min_token::bigint), {} \
              WHERE NOT EXISTS (SELECT 1 FROM {} AS w \
              WHERE w.name = $name AND w.expires_at > {NOW}) {}",
-            s.t,
+            s.leases,
             Self::expiry(),
-            s.w,
+            s.waiters,
             upsert("GREATEST(l.fence + 1, $min_token::bigint)", AGAIN)
         ))
     }
@@ -248,7 +251,7 @@ impl Dialect for Postgres {
     /// liveness lately), it wakes the head as [`free_and_notify`] does, and then commits
     /// without waiting for the flush.
     fn hand(s: &Sql, next: &str, held: &str) -> Stmt {
-        let (t, w, table) = (&s.t, &s.w, &s.table);
+        let (t, w, table) = (&s.leases, &s.waiters, &s.table);
         // What the notification grants, then its tag (`wake::Grant::fields` and `Secret::tag`).
         let grant = "m.fence || ',' || $ttl::bigint || ',' || k.ticket";
         let tag = format!(
@@ -289,7 +292,7 @@ impl Dialect for Postgres {
         // `hand`, or a lost reply's try granted it) is not taken again but reported, unless
         // its fence is below the minimum. Returns the fence if granted, the holder's time left
         // in µs, no head, and the fence and time left in µs of a live row already ours.
-        let (t, w) = (&s.t, &s.w);
+        let (t, w) = (&s.leases, &s.waiters);
         let left = Self::micros_between(NOW, "h.expires_at");
         s.row(&format!(
             "WITH acq AS (\
@@ -324,13 +327,13 @@ impl Dialect for Postgres {
     // (The queue tables this crate creates are UNLOGGED, whose writes need no flush anyway;
     // tables made by an older version may be logged.)
     fn adapt(s: &Sql, sql: &mut Statements) {
-        let (t, w, table, expiry) = (&s.t, &s.w, &s.table, Self::expiry());
+        let (t, w, table, expiry) = (&s.leases, &s.waiters, &s.table, Self::expiry());
         // `wait_acquire` looks for itself, and the grant deletes the waiter's row in the same
         // statement; so does the hand-over (see `hand`), whose notification is the new owner's
         // grant. A waiter that cannot use that notification (it came too late, or names
         // another of its rows) finds the row its own at its next attempt, which reports it.
-        sql.probe = None;
-        sql.claim = None;
+        sql.waiter_look = None;
+        sql.own_row_look = None;
         sql.dequeue = None;
         sql.grant_dequeues = true;
         sql.hand_dequeues = true;
@@ -368,7 +371,7 @@ impl Dialect for Postgres {
 
         // Semaphores: whatever frees a permit or leaves the permit queue wakes the name's
         // permit waiters (`P<name>`, see `Payload`).
-        let (p, v) = (&s.p, &s.v);
+        let (p, v) = (&s.permits, &s.permit_waiters);
         // Readers: the row freed by the last reader, or a reader granted at the head, wakes the
         // name's waiters.
         sql.reads.notify = Some(s.done(&format!("SELECT pg_notify('{table}', 'N' || $name)")));
@@ -406,7 +409,7 @@ impl Dialect for Postgres {
 
     async fn wait_for_release(
         &self,
-        core: &Core<Self::Db>,
+        runner: &StatementRunner<Self::Db>,
         sql: &Statements,
         name: &LockName,
         until: Instant,
@@ -423,7 +426,7 @@ impl Dialect for Postgres {
             let _ = tokio::time::timeout_at(until.into(), ready.wait_for(|r| *r)).await;
             return Ok(());
         }
-        let row = tokio::time::timeout_at(until.into(), core.lock_row(&sql.inspect, name)).await;
+        let row = tokio::time::timeout_at(until.into(), runner.lock_row(&sql.inspect, name)).await;
         let wake_at = match row {
             // Free, expired or never used: try again now.
             Ok(Ok(None)) | Ok(Ok(Some((_, _, None, _)))) => return Ok(()),
@@ -443,7 +446,7 @@ impl Dialect for Postgres {
 
     async fn extend_batch(
         &self,
-        core: &Core<Self::Db>,
+        runner: &StatementRunner<Self::Db>,
         _sql: &Statements,
         batch: &[(&Lease, Duration)],
     ) -> Result<Vec<bool>> {
@@ -454,7 +457,7 @@ impl Dialect for Postgres {
             .iter()
             .map(|(_, ttl)| whole(*ttl, Self::STYLE.ttl_unit))
             .collect();
-        let done: Vec<String> = core
+        let done: Vec<String> = runner
             .run("extend", None, |mut c| {
                 let q = sqlx::query_scalar(self.extend_many.clone())
                     .bind(names.as_slice())

@@ -1,7 +1,7 @@
 //! The statements of read-write locks' shared side (see `crate::read`), written once for every
 //! dialect.
 
-use super::Dialect;
+use super::SqlDialect;
 use crate::statement::{Sql, Stmt};
 
 /// The owner value of a lease row held by readers (an owner id is 32 hex digits, so no owner
@@ -15,11 +15,11 @@ pub const READERS_OWNER: &str = "readers";
 /// (name, owner, fence, expires_at): one row per reader, a holder when `fence` is set, else
 /// the mark that says the waiter row of that owner is a reader's.
 pub struct ReadStatements {
-    /// Begins each reader transaction, where not a plain `BEGIN` ([`Dialect::TX_BEGIN`]).
+    /// Begins each reader transaction, where not a plain `BEGIN` ([`SqlDialect::TX_BEGIN`]).
     pub begin: Option<sqlx::SqlStr>,
-    /// Run first in the join transaction ([`Dialect::RELAXED_COMMIT`]).
+    /// Run first in the join transaction ([`SqlDialect::RELAXED_COMMIT`]).
     pub relaxed: Option<sqlx::SqlStr>,
-    /// See [`Dialect::lease_bump`].
+    /// See [`SqlDialect::lease_bump`].
     pub bump: Stmt,
     /// Takes the lease row's lock without changing it (release, extend, leave).
     pub lock: Stmt,
@@ -59,9 +59,9 @@ pub struct ReadStatements {
 
 impl ReadStatements {
     /// `D`'s reader statements as they read on every dialect; PostgreSQL's notification is
-    /// added in its [`Dialect::adapt`].
-    pub(super) fn new<D: Dialect>(s: &Sql) -> Self {
-        let (t, w, r, now, expiry) = (&s.t, &s.w, &s.r, D::NOW, D::expiry());
+    /// added in its [`SqlDialect::adapt`].
+    pub(super) fn new<D: SqlDialect>(s: &Sql) -> Self {
+        let (t, w, r, now, expiry) = (&s.leases, &s.waiters, &s.readers, D::NOW, D::expiry());
         // A reader's own live hold: what its release and extend change.
         let mine = super::live_hold::<D>();
         let held = "r.fence IS NOT NULL";

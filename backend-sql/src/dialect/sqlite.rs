@@ -2,7 +2,7 @@
 //! host, `INSERT .. SELECT .. ON CONFLICT DO UPDATE .. WHERE expired RETURNING fence`, a FIFO
 //! queue of waiter rows (see [`crate::queue`]), polling waiters.
 //! "database is locked" is retried inside, within the `timeout` budget. Writers take turns on
-//! the file before they reach SQLite, in this process and between processes ([`write_turn`]).
+//! the file before they reach SQLite, in this process and between processes ([`write_queue`]).
 //! A waiter's grant leaves the queue in the same statement (two triggers on the lease table).
 
 use std::str::FromStr;
@@ -15,12 +15,12 @@ use sqlx::Connection;
 use sqlx::error::DatabaseError;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqlitePoolOptions};
 
-use super::{Dialect, Statements, create_tables, head_of};
-use crate::common::{Class, Core};
-use crate::config::{SqlConfig, SqlitePath, Target};
-use crate::kept::Kept;
+use super::{SqlDialect, Statements, create_tables, head_of};
+use crate::common::{Class, StatementRunner};
+use crate::config::{Speedup, SqlConfig, SqlitePath, Target};
+use crate::speedup::connection_cache::ConnectionCache;
+use crate::speedup::sqlite_write_queue::write_queue;
 use crate::statement::{Sql, Stmt, Style};
-use crate::turn::write_turn;
 
 const BACKEND: &str = "sqlite";
 
@@ -60,8 +60,8 @@ fn gated(s: &Sql, ahead: &str, returning: &str) -> Stmt {
          SELECT $name, $owner, MAX(1, $min_token), {NOW_MS} + $ttl \
          WHERE NOT EXISTS (SELECT 1 FROM {} AS w \
          WHERE w.name = $name{ahead} AND w.expires_at > {NOW_MS}) {}{returning}",
-        s.t,
-        s.w,
+        s.leases,
+        s.waiters,
         upsert("MAX(fence + 1, $min_token)")
     ))
 }
@@ -99,7 +99,7 @@ async fn switch_to_wal(conn: &mut SqliteConnection, deadline: Instant) -> Result
     }
 }
 
-impl Dialect for Sqlite {
+impl SqlDialect for Sqlite {
     type Db = sqlx::Sqlite;
     const BACKEND: &'static str = BACKEND;
     const CLIENT: &'static str = "SqliteLock";
@@ -126,7 +126,10 @@ impl Dialect for Sqlite {
     }
 
     // What it does besides creating the tables: see `SqlLock::connect`.
-    async fn connect(config: &SqlConfig, sql: &mut Statements) -> Result<(Core<Self::Db>, Self)> {
+    async fn connect(
+        config: &SqlConfig,
+        sql: &mut Statements,
+    ) -> Result<(StatementRunner<Self::Db>, Self)> {
         let Target::Sqlite { path, synchronous } = &config.target else {
             return Err(Error::invalid_config(BACKEND, "not a sqlite:// URL"));
         };
@@ -179,21 +182,24 @@ impl Dialect for Sqlite {
             .max_lifetime((!memory).then_some(Duration::from_secs(30 * 60)))
             .test_before_acquire(false)
             .connect_lazy_with(opts);
-        let turn = match path {
-            SqlitePath::Memory => Arc::default(),
-            SqlitePath::File(file) => write_turn(file),
+        // Without the write queue, writers meet in SQLite's busy handler (and no sidecar file
+        // is made).
+        let write_queue = match path {
+            _ if !config.speedups.contains(Speedup::SqliteWriteQueue) => None,
+            SqlitePath::Memory => Some(Arc::default()),
+            SqlitePath::File(file) => Some(write_queue(file)),
         };
-        let core = Core {
+        let runner = StatementRunner {
             backend: BACKEND,
             pool,
             timeout,
             classify: Self::classify,
-            turn: Some(turn),
-            kept: Kept::new(pool_size),
+            write_queue,
+            cache: ConnectionCache::for_speedups(pool_size, config.speedups),
         };
-        create_tables::<Self>(&core, sql).await?;
+        create_tables::<Self>(&runner, sql).await?;
         let _anchor = Mutex::new(anchor);
-        Ok((core, Sqlite { memory, _anchor }))
+        Ok((runner, Sqlite { memory, _anchor }))
     }
 
     const CREATE: &[&str] = &[
@@ -232,7 +238,7 @@ impl Dialect for Sqlite {
 
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt {
         // Unqualified columns in DO UPDATE are the existing row's.
-        let sem = &s.s;
+        let sem = &s.semaphores;
         if bump {
             s.row(&format!(
                 "INSERT INTO {sem} (name, fence) VALUES ($name, MAX(1, $min_token)) \
@@ -252,7 +258,7 @@ impl Dialect for Sqlite {
             "INSERT INTO {} (name, owner, fence, expires_at) \
              VALUES ($name, NULL, MAX(1, $min_token), {NOW_MS}) \
              ON CONFLICT (name) DO UPDATE SET fence = MAX(fence + 1, $min_token) RETURNING fence",
-            s.t
+            s.leases
         ))
     }
 
@@ -264,7 +270,7 @@ impl Dialect for Sqlite {
         // A queued waiter's attempt: only when no live waiter with a smaller ticket is queued.
         // A grant also names the waiter then at the head (the triggers above have dequeued
         // this one, which the subquery leaves out either way).
-        let head = format!(", NULL, ({})", head_of::<Self>(&s.w));
+        let head = format!(", NULL, ({})", head_of::<Self>(&s.waiters));
         gated(s, " AND w.ticket < $ticket AND w.waiter <> $owner", &head)
     }
 

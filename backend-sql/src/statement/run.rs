@@ -9,7 +9,7 @@ use sqlx::{Arguments, ColumnIndex, Database, Decode, Encode, Executor, IntoArgum
 use sqlx::{SqlStr, Type};
 
 use super::{Args, Param, Stmt};
-use crate::common::{Checked, Core, whole};
+use crate::common::{StatementConn, StatementRunner, whole};
 
 /// How many integer columns of a statement's first row a [`Reply`] keeps.
 pub const COLUMNS: usize = 7;
@@ -271,12 +271,12 @@ where
     }
 }
 
-impl<DB: SqlDb> Core<DB> {
-    /// Runs `stmt` with `args` (see [`Core::run`]), counting the tries in [`Reply::tries`].
+impl<DB: SqlDb> StatementRunner<DB> {
+    /// Runs `stmt` with `args` (see [`StatementRunner::run`]), counting the tries in [`Reply::tries`].
     pub async fn reply(&self, op: &'static str, stmt: &Stmt, a: Args<'_>) -> Result<Reply> {
         let mut tries = 0;
         let reply = self
-            .run_as(stmt.line(), op, a.name, |mut c| {
+            .run_as(stmt.priority(), op, a.name, |mut c| {
                 tries += 1;
                 async move {
                     let r = DB::reply(c.conn(), stmt, &a).await;
@@ -287,7 +287,7 @@ impl<DB: SqlDb> Core<DB> {
         Ok(Reply { tries, ..reply })
     }
 
-    /// Runs a join of `a`'s name and owner (see [`Core::run`]): `join` on the first try; on a
+    /// Runs a join of `a`'s name and owner (see [`StatementRunner::run`]): `join` on the first try; on a
     /// retry, the ticket of the row a lost try committed, read with `own` (see [`rejoin`]) and
     /// handed back through `found`, or `join` again when there is none.
     pub(crate) async fn join<T, F, Fut>(
@@ -298,8 +298,8 @@ impl<DB: SqlDb> Core<DB> {
         join: F,
     ) -> Result<T>
     where
-        F: Fn(Checked<DB>) -> Fut,
-        Fut: Future<Output = (Checked<DB>, sqlx::Result<T>)>,
+        F: Fn(StatementConn<DB>) -> Fut,
+        Fut: Future<Output = (StatementConn<DB>, sqlx::Result<T>)>,
     {
         let (join, mut tries) = (&join, 0);
         self.run("enqueue", a.name, |mut c| {
@@ -342,7 +342,7 @@ impl<DB: SqlDb> Core<DB> {
         stmt: &Stmt,
         args: &[Args<'_>],
     ) -> Result<Vec<u64>> {
-        self.run_as(stmt.line(), op, None, |mut c| async move {
+        self.run_as(stmt.priority(), op, None, |mut c| async move {
             let r = DB::each_in_transaction(c.conn(), stmt, args).await;
             (c, r)
         })

@@ -30,3 +30,11 @@ fn expand_numbers_each_parameter_once_and_leaves_dollar_quote_tags() {
 fn a_misspelt_parameter_is_caught_when_the_statement_is_built() {
     let _ = Sql::inline("SELECT $nmae");
 }
+
+#[test]
+fn a_parameter_name_may_hold_an_underscore() {
+    let s = Sql::new(PG, "locks");
+    let stmt = s.done("SELECT GREATEST(fence + 1, $min_token), $name");
+    assert_eq!(stmt.sql.as_str(), "SELECT GREATEST(fence + 1, $1), $2");
+    assert_eq!(stmt.binds, [Param::MinToken, Param::Name]);
+}

@@ -43,7 +43,7 @@ fn payloads_parse_by_their_first_byte() {
         (format!("Q{A}"), Payload::Unknown),
         (
             format!("H{A}12,5000000,7,f00d,jobs/1"),
-            Payload::Handed {
+            Payload::HandOver {
                 waiter: A,
                 name: "jobs/1",
                 grant: Grant {
@@ -58,7 +58,7 @@ fn payloads_parse_by_their_first_byte() {
         // The name is the rest, commas and all.
         (
             format!("H{A}1,10000,2,f00d,a,b"),
-            Payload::Handed {
+            Payload::HandOver {
                 waiter: A,
                 name: "a,b",
                 grant: Grant {
@@ -243,7 +243,7 @@ fn a_release_hands_a_permit_to_the_joined_waiter_nearest_the_head() {
     assert!(w.behind_another(&key, a) && !w.behind_another(&key, b));
 
     let (wa, wb) = (ra.into_wake(None), rb.into_wake(None));
-    let handed = Handed {
+    let delivered = DeliveredGrant {
         fence: 7,
         sent: Instant::now(),
         more: false,
@@ -252,20 +252,27 @@ fn a_release_hands_a_permit_to_the_joined_waiter_nearest_the_head() {
     {
         let mut fb = Box::pin(wb.notify.notified());
         fb.as_mut().enable();
-        assert!(w.hand(&key, b, handed));
-        assert!(woken(&mut fb), "the waiter handed a permit was not woken");
+        assert!(w.hand(&key, b, delivered));
+        assert!(
+            woken(&mut fb),
+            "the waiter delivered a permit was not woken"
+        );
     }
-    assert_eq!(wb.take_handed(), Some(handed));
-    assert_eq!(wb.take_handed(), None, "a handed permit is taken once");
-    assert_eq!(wa.take_handed(), None, "another waiter got the permit");
+    assert_eq!(wb.take_delivered(), Some(delivered));
+    assert_eq!(
+        wb.take_delivered(),
+        None,
+        "a delivered permit is taken once"
+    );
+    assert_eq!(wa.take_delivered(), None, "another waiter got the permit");
 
     // A waiter that ends gives back what was handed to it before; after it ends, nothing can
     // be handed to it, and the releaser gives the permit back.
-    assert!(w.hand(&key, a, handed));
-    assert_eq!(wa.end(), Some(handed));
+    assert!(w.hand(&key, a, delivered));
+    assert_eq!(wa.end(), Some(delivered));
     assert!(
-        !w.hand(&key, a, handed),
-        "handed to a waiter that has ended"
+        !w.hand(&key, a, delivered),
+        "delivered to a waiter that has ended"
     );
     assert_eq!(wb.end(), None);
     assert!(w.map().is_empty(), "entries left behind");
@@ -284,7 +291,7 @@ fn a_waiter_listening_elsewhere_is_handed_permits_through_its_own_wake_up() {
         .with_hand_over(&hub, &key, a);
     hub.joined(&key, a, join(3, Instant::now()), Some(terms(2)));
     assert_eq!(hub.next(&key).map(|n| n.owner), Some(a));
-    let handed = Handed {
+    let delivered = DeliveredGrant {
         fence: 1,
         sent: Instant::now(),
         more: false,
@@ -293,10 +300,10 @@ fn a_waiter_listening_elsewhere_is_handed_permits_through_its_own_wake_up() {
     {
         let mut f = Box::pin(wake.notify.notified());
         f.as_mut().enable();
-        assert!(hub.hand(&key, a, handed));
+        assert!(hub.hand(&key, a, delivered));
         assert!(woken(&mut f), "the listener's wake-up did not fire");
     }
-    assert_eq!(wake.take_handed(), Some(handed));
+    assert_eq!(wake.take_delivered(), Some(delivered));
     drop(wake);
     assert!(hub.map().is_empty() && listener.map().is_empty());
 }
@@ -320,7 +327,13 @@ fn joined_at(w: &Arc<Waiters>, a: OwnerId, at: Instant) -> (Wake, Secret) {
 }
 
 /// The `H` payload a hand-over of the lock `n` to `waiter` sends, tagged with `secret`.
-fn handed(waiter: OwnerId, fence: i64, ttl_us: i64, ticket: i64, secret: Secret) -> String {
+fn hand_over_payload(
+    waiter: OwnerId,
+    fence: i64,
+    ttl_us: i64,
+    ticket: i64,
+    secret: Secret,
+) -> String {
     let fields = format!("{fence},{ttl_us},{ticket}");
     let tag = secret.tag(&format!("{fields},{waiter}"));
     format!("H{waiter}{fields},{tag},n")
@@ -335,21 +348,21 @@ fn a_hand_over_notification_is_a_grant_for_the_join_it_names() {
     let any = w.register("n", None);
     let (mut f, mut fany) = (Box::pin(wake.notify.notified()), arm(&any));
     f.as_mut().enable();
-    w.wake(&handed(a, 12, 5_000_000, 7, secret));
-    assert!(woken(&mut f), "the waiter handed the lock was not woken");
+    w.wake(&hand_over_payload(a, 12, 5_000_000, 7, secret));
+    assert!(woken(&mut f), "the waiter delivered the lock was not woken");
     assert!(woken(&mut fany), "a name-wide listener was not woken");
-    let grant = Handed {
+    let grant = DeliveredGrant {
         fence: 12,
         sent: at,
         more: false,
         ttl: Some(Duration::from_secs(5)),
     };
     assert_eq!(
-        wake.take_handed(),
+        wake.take_delivered(),
         Some(grant),
         "the lease starts at the join"
     );
-    assert_eq!(wake.take_handed(), None, "a grant is taken once");
+    assert_eq!(wake.take_delivered(), None, "a grant is taken once");
 }
 
 /// Anyone who can connect may NOTIFY: a hand-over without the tag of the secret the waiter
@@ -360,11 +373,11 @@ fn a_hand_over_notification_without_the_waiters_tag_only_wakes() {
     let w = Arc::<Waiters>::default();
     let a = OwnerId(0xaa);
     let (wake, secret) = joined_at(&w, a, Instant::now());
-    let genuine = handed(a, 12, 5_000_000, 7, secret);
+    let genuine = hand_over_payload(a, 12, 5_000_000, 7, secret);
     let forged = [
         format!("H{a}12,5000000,7,,n"),
         format!("H{a}12,5000000,7,{},n", "0".repeat(64)),
-        handed(a, 12, 5_000_000, 7, Secret::random()),
+        hand_over_payload(a, 12, 5_000_000, 7, Secret::random()),
         genuine.replacen("12,5000000", "13,5000000", 1),
         genuine.replacen("12,5000000", "12,9000000", 1),
     ];
@@ -373,10 +386,10 @@ fn a_hand_over_notification_without_the_waiters_tag_only_wakes() {
         f.as_mut().enable();
         w.wake(&payload);
         assert!(woken(&mut f), "not woken by {payload}");
-        assert_eq!(wake.take_handed(), None, "taken as a grant: {payload}");
+        assert_eq!(wake.take_delivered(), None, "taken as a grant: {payload}");
     }
     w.wake(&genuine);
-    assert!(wake.take_handed().is_some(), "the store's own hand-over");
+    assert!(wake.take_delivered().is_some(), "the store's own hand-over");
 }
 
 #[test]
@@ -388,15 +401,19 @@ fn a_hand_over_notification_for_another_join_only_wakes() {
     let (wake, secret) = joined_at(&w, a, Instant::now());
     let mut f = Box::pin(wake.notify.notified());
     f.as_mut().enable();
-    w.wake(&handed(a, 12, 5_000_000, 6, secret));
+    w.wake(&hand_over_payload(a, 12, 5_000_000, 6, secret));
     assert!(woken(&mut f), "not woken");
-    assert_eq!(wake.take_handed(), None, "taken for another join");
+    assert_eq!(wake.take_delivered(), None, "taken for another join");
 
     // Not joined yet (the join's reply is not here): its own attempt finds the row.
     let b = OwnerId(0xbb);
     let early = w.register("n", Some(b)).into_wake(None);
-    w.wake(&handed(b, 12, 5_000_000, 7, Secret::random()));
-    assert_eq!(early.take_handed(), None, "taken before the join was known");
+    w.wake(&hand_over_payload(b, 12, 5_000_000, 7, Secret::random()));
+    assert_eq!(
+        early.take_delivered(),
+        None,
+        "taken before the join was known"
+    );
 
     // A join more than a tenth of the ttl ago would shorten the lease by as much.
     let c = OwnerId(0xcc);
@@ -404,15 +421,15 @@ fn a_hand_over_notification_for_another_join_only_wakes() {
         .checked_sub(Duration::from_millis(600))
         .expect("an instant 0.6 s ago");
     let (old, secret) = joined_at(&w, c, long_ago);
-    w.wake(&handed(c, 12, 5_000_000, 7, secret));
+    w.wake(&hand_over_payload(c, 12, 5_000_000, 7, secret));
     assert_eq!(
-        old.take_handed(),
+        old.take_delivered(),
         None,
         "taken from a join 0.6 s before a 5 s lease"
     );
-    w.wake(&handed(c, 12, 7_000_000, 7, secret));
+    w.wake(&hand_over_payload(c, 12, 7_000_000, 7, secret));
     assert!(
-        old.take_handed().is_some(),
+        old.take_delivered().is_some(),
         "0.6 s is within a tenth of 7 s"
     );
 }

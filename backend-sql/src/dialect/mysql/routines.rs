@@ -24,7 +24,7 @@
 use sqlx::Executor;
 
 use super::{MySql, WAITER_GATE, gated_text, semaphore_lock};
-use crate::common::{Core, aux_table, fnv1a};
+use crate::common::{StatementRunner, aux_table, fnv1a};
 use crate::dialect::{PermitTemplates, Statements, head_of, recorded};
 use crate::statement::Sql;
 
@@ -76,8 +76,8 @@ fn grant_body(s: &Sql) -> String {
          END body; \
          END",
         max = i64::MAX,
-        lock = semaphore_lock(&s.s, false),
-        bump = semaphore_lock(&s.s, true),
+        lock = semaphore_lock(&s.semaphores, false),
+        bump = semaphore_lock(&s.semaphores, true),
         writes = t.writes("v_fence"),
         dequeue = t.dequeue,
     )
@@ -98,7 +98,7 @@ fn join_body(s: &Sql) -> String {
          SELECT NULL, v_recorded; \
          ELSE {enqueue}; COMMIT; SELECT CAST(LAST_INSERT_ID() AS SIGNED), NULL; END IF; \
          END",
-        lock = semaphore_lock(&s.s, false),
+        lock = semaphore_lock(&s.semaphores, false),
         recorded = recorded::<MySql>(s),
         enqueue = t.enqueue,
     )
@@ -135,9 +135,9 @@ fn hand_body(s: &Sql) -> String {
          SELECT v_freed, v_fence, p_permits - v_holders - 1; \
          END body; \
          END",
-        lock = semaphore_lock(&s.s, false),
+        lock = semaphore_lock(&s.semaphores, false),
         release = t.release,
-        bump = semaphore_lock(&s.s, true),
+        bump = semaphore_lock(&s.semaphores, true),
         writes = next.writes(&t.gc),
         dequeue = next.dequeue,
     )
@@ -148,7 +148,7 @@ fn hand_body(s: &Sql) -> String {
 /// commits, each waiting for the log flush, between a release and the next holder. One row:
 /// the fence if granted, else NULL; NULL (MySQL reports no holder's time left); and when
 /// granted, the ticket of the live waiter now at the head, whose doorbell the release will
-/// ring without looking it up (see `crate::bell`).
+/// ring without looking it up (see `crate::speedup::doorbell`).
 fn grant_lock_body(s: &Sql) -> String {
     format!(
         "BEGIN \
@@ -164,8 +164,8 @@ fn grant_lock_body(s: &Sql) -> String {
          ELSE SELECT NULL, NULL, NULL; END IF; \
          END",
         attempt = gated_text(s, WAITER_GATE),
-        w = s.w,
-        head = head_of::<MySql>(&s.w),
+        w = s.waiters,
+        head = head_of::<MySql>(&s.waiters),
     )
 }
 
@@ -188,20 +188,20 @@ impl Routine {
 
     /// Whether the procedure is there (visible to this account), creating it if not; `false`
     /// when it is neither there nor creatable.
-    async fn install(&self, core: &Core<sqlx::MySql>) -> bool {
+    async fn install(&self, runner: &StatementRunner<sqlx::MySql>) -> bool {
         let seen = sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM information_schema.ROUTINES \
              WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'",
         )
         .bind(&self.name)
-        .fetch_one(&core.pool)
+        .fetch_one(&runner.pool)
         .await;
         if matches!(seen, Ok(n) if n > 0) {
             return true;
         }
         // Not preparable: sent as text.
         let create = sqlx::raw_sql(sqlx::AssertSqlSafe(self.create.clone()));
-        match core.pool.execute(create).await {
+        match runner.pool.execute(create).await {
             Ok(_) => true,
             // ER_SP_ALREADY_EXISTS: another client created it first.
             Err(sqlx::Error::Database(e))
@@ -225,14 +225,14 @@ const OWNER: &str =
 /// Creates the procedures where missing and has `sql` call those that are there (else it keeps
 /// the statements): a waiter's grant of the lock; the semaphore's grant and join together, and
 /// its hand-over.
-pub(super) async fn install(core: &Core<sqlx::MySql>, s: &Sql, sql: &mut Statements) {
+pub(super) async fn install(runner: &StatementRunner<sqlx::MySql>, s: &Sql, sql: &mut Statements) {
     let lock = Routine::new(
         s,
         "grant_lock",
         &format!("{OWNER}, p_ttl BIGINT, p_min_token BIGINT, p_ticket BIGINT"),
         &grant_lock_body(s),
     );
-    if lock.install(core).await {
+    if lock.install(runner).await {
         sql.wait_acquire = s.row(&format!(
             "CALL `{}`($name, $owner, $ttl, $min_token, $ticket)",
             lock.name
@@ -262,7 +262,7 @@ pub(super) async fn install(core: &Core<sqlx::MySql>, s: &Sql, sql: &mut Stateme
         ),
         &hand_body(s),
     );
-    if grant.install(core).await && join.install(core).await {
+    if grant.install(runner).await && join.install(runner).await {
         permits.grant_call = Some(s.row(&format!(
             "CALL `{}`($name, $owner, $ttl, $min_token, $permits, $ticket)",
             grant.name
@@ -272,7 +272,7 @@ pub(super) async fn install(core: &Core<sqlx::MySql>, s: &Sql, sql: &mut Stateme
             join.name
         )));
     }
-    if hand.install(core).await {
+    if hand.install(runner).await {
         permits.hand = Some(s.row(&format!(
             "CALL `{}`($name, $owner, $fence, $next, $ticket, $ttl, $min_token, $permits)",
             hand.name

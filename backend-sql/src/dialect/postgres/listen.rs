@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::BACKEND;
-use crate::common::Core;
+use crate::common::StatementRunner;
 use crate::wake::Waiters;
 
 /// How often, while anyone in this client waits, the listener is checked: a notification sent
@@ -29,7 +29,7 @@ struct Listen {
     /// The one-connection pool of the LISTEN connection in use, for `close()`.
     current: Mutex<Option<PgPool>>,
     /// The client's pool and statement rules, which send the pings.
-    core: Core<Postgres>,
+    runner: StatementRunner<Postgres>,
     /// The release channel (the table name).
     channel: String,
     /// This client's own ping channel.
@@ -46,7 +46,7 @@ async fn listen_loop(listen: Arc<Listen>, waiters: Arc<Waiters>) {
         // shared pool would stay exhausted until TCP gave up on that connection.
         let listen_pool = PgPoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(listen.core.timeout)
+            .acquire_timeout(listen.runner.timeout)
             .idle_timeout(None)
             .max_lifetime(None)
             .test_before_acquire(false)
@@ -140,7 +140,7 @@ async fn supervise(
         }
         let before = *pongs.borrow_and_update();
         let sent = listen
-            .core
+            .runner
             .run("ping the listener", None, |mut c| {
                 let q = sqlx::query("SELECT pg_notify($1, '')").bind(listen.ping.as_str());
                 async move {
@@ -155,11 +155,11 @@ async fn supervise(
             continue;
         }
         let answered =
-            tokio::time::timeout(listen.core.timeout, pongs.wait_for(|n| *n > before)).await;
+            tokio::time::timeout(listen.runner.timeout, pongs.wait_for(|n| *n > before)).await;
         if !matches!(answered, Ok(Ok(_))) {
             return format!(
                 "listener silent: a ping sent through the pool did not come back within {:?}",
-                listen.core.timeout
+                listen.runner.timeout
             );
         }
     }
@@ -174,13 +174,13 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// A listener for `channel` that connects with `opts` once [`ensure`](Self::ensure)d; `core`
+    /// A listener for `channel` that connects with `opts` once [`ensure`](Self::ensure)d; `runner`
     /// sends the pings.
-    pub fn new(opts: PgConnectOptions, core: Core<Postgres>, channel: &str) -> Self {
+    pub fn new(opts: PgConnectOptions, runner: StatementRunner<Postgres>, channel: &str) -> Self {
         let listen = Listen {
             opts,
             current: Mutex::default(),
-            core,
+            runner,
             channel: channel.to_owned(),
             ping: format!("dlock_ping_{}", OwnerId::random()),
         };

@@ -58,8 +58,8 @@ fn grant_body(s: &Sql, wake: &str) -> String {
          o_outcome := 0; o_fence := p_fence; \
          END",
         look = t.state,
-        lock = semaphore_lock(&s.s, false),
-        bump = semaphore_lock(&s.s, true),
+        lock = semaphore_lock(&s.semaphores, false),
+        bump = semaphore_lock(&s.semaphores, true),
         writes = t.writes("$fence"),
         dequeue = t.dequeue,
         max = i64::MAX,
@@ -68,7 +68,7 @@ fn grant_body(s: &Sql, wake: &str) -> String {
 }
 
 /// The join transaction: the new waiter's ticket, or NULL and the other count recorded. Its
-/// commit does not wait for the WAL flush (`Dialect::RELAXED_COMMIT`): a join a crash loses
+/// commit does not wait for the WAL flush (`SqlDialect::RELAXED_COMMIT`): a join a crash loses
 /// is a waiter that joins again.
 fn join_body(s: &Sql) -> String {
     let t = PermitTemplates::new::<super::Postgres>(s);
@@ -80,7 +80,7 @@ fn join_body(s: &Sql) -> String {
          IF o_recorded IS NOT NULL AND o_recorded <> p_permits THEN RETURN; END IF; \
          {enqueue} RETURNING ticket INTO o_ticket; \
          END",
-        lock = semaphore_lock(&s.s, false),
+        lock = semaphore_lock(&s.semaphores, false),
         recorded = recorded::<super::Postgres>(s),
         enqueue = t.enqueue,
     )
@@ -107,8 +107,8 @@ fn release_body(s: &Sql, wake: &str) -> String {
          GET DIAGNOSTICS o_freed = ROW_COUNT; \
          IF o_freed > 0 THEN PERFORM pg_notify('{table}', {wake}); END IF; \
          END",
-        sem = s.s,
-        p = s.p,
+        sem = s.semaphores,
+        p = s.permits,
         table = s.table,
     )
 }
@@ -141,10 +141,10 @@ fn hand_body(s: &Sql, wake: &str) -> String {
          o_free := p_permits - v_holders - 1; \
          IF o_free > 0 THEN PERFORM pg_notify('{table}', {wake}); END IF; \
          END",
-        sem = s.s,
+        sem = s.semaphores,
         release = t.release,
         look = next.state,
-        bump = semaphore_lock(&s.s, true),
+        bump = semaphore_lock(&s.semaphores, true),
         writes = next.writes(&t.gc),
         dequeue = next.dequeue,
         table = s.table,

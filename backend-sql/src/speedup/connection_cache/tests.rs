@@ -4,7 +4,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use sqlx::{Pool, Sqlite};
 
-use super::Kept;
+use super::ConnectionCache;
 
 /// Generous: only to fail instead of hanging.
 const LIMIT: Duration = Duration::from_secs(10);
@@ -12,7 +12,7 @@ const LIMIT: Duration = Duration::from_secs(10);
 /// A pool of `size` connections to a database file of its own (gone with the directory).
 fn pool(dir: &tempfile::TempDir, size: u32) -> Pool<Sqlite> {
     let opts = SqliteConnectOptions::new()
-        .filename(dir.path().join("kept.db"))
+        .filename(dir.path().join("cache.db"))
         .create_if_missing(true);
     SqlitePoolOptions::new()
         .max_connections(size)
@@ -56,23 +56,23 @@ async fn pool_idle(pool: &Pool<Sqlite>, n: usize) {
 async fn the_last_connection_used_is_taken_first_and_two_are_kept() {
     let dir = tempfile::tempdir().unwrap();
     let pool = pool(&dir, 8);
-    let kept = Kept::new(8);
+    let cache = ConnectionCache::new(8);
     let mut a = pool.acquire().await.unwrap();
     let mut b = pool.acquire().await.unwrap();
     let c = pool.acquire().await.unwrap();
     mark(&mut a, "a").await;
     mark(&mut b, "b").await;
     let now = Instant::now();
-    kept.put(a, now);
-    kept.put(b, now);
-    kept.put(c, now);
+    cache.put(a, now);
+    cache.put(b, now);
+    cache.put(c, now);
     pool_idle(&pool, 1).await;
 
-    let (mut first, _) = kept.take().expect("a kept connection");
+    let (mut first, _) = cache.take().expect("a cache connection");
     assert!(marked(&mut first, "b").await, "not the last one put back");
-    let (mut second, _) = kept.take().expect("a second kept connection");
+    let (mut second, _) = cache.take().expect("a second cache connection");
     assert!(marked(&mut second, "a").await, "not the first one put back");
-    assert!(kept.take().is_none(), "a third was kept");
+    assert!(cache.take().is_none(), "a third was cache");
 }
 
 /// A pool of one connection (SQLite's `:memory:`) keeps none back: whatever takes a connection
@@ -81,13 +81,13 @@ async fn the_last_connection_used_is_taken_first_and_two_are_kept() {
 async fn none_is_kept_from_a_pool_of_one() {
     let dir = tempfile::tempdir().unwrap();
     let pool = pool(&dir, 1);
-    let kept = Kept::new(1);
-    kept.put(pool.acquire().await.unwrap(), Instant::now());
-    assert!(kept.take().is_none());
+    let cache = ConnectionCache::new(1);
+    cache.put(pool.acquire().await.unwrap(), Instant::now());
+    assert!(cache.take().is_none());
     let again = tokio::time::timeout(LIMIT, pool.acquire()).await;
     assert!(
         matches!(again, Ok(Ok(_))),
-        "the pool's one connection was kept"
+        "the pool's one connection was cache"
     );
 }
 
@@ -96,13 +96,13 @@ async fn none_is_kept_from_a_pool_of_one() {
 async fn an_unused_connection_goes_back_to_the_pool() {
     let dir = tempfile::tempdir().unwrap();
     let pool = pool(&dir, 8);
-    let kept = Kept::unused_for(8, Duration::from_millis(50));
-    kept.put(pool.acquire().await.unwrap(), Instant::now());
+    let cache = ConnectionCache::unused_for(8, Duration::from_millis(50));
+    cache.put(pool.acquire().await.unwrap(), Instant::now());
     assert_eq!(pool.num_idle(), 0);
     pool_idle(&pool, 1).await;
-    assert!(kept.take().is_none(), "handed out after it went back");
+    assert!(cache.take().is_none(), "handed out after it went back");
     // And a connection put back after that is given back too: the task starts again.
-    kept.put(pool.acquire().await.unwrap(), Instant::now());
+    cache.put(pool.acquire().await.unwrap(), Instant::now());
     assert_eq!(pool.num_idle(), 0);
     pool_idle(&pool, 1).await;
 }
@@ -113,19 +113,19 @@ async fn an_unused_connection_goes_back_to_the_pool() {
 async fn a_connection_out_of_the_pool_for_a_minute_goes_back() {
     let dir = tempfile::tempdir().unwrap();
     let pool = pool(&dir, 8);
-    let kept = Kept::new(8);
+    let cache = ConnectionCache::new(8);
     let long_ago = Instant::now()
-        .checked_sub(super::KEPT_FOR)
+        .checked_sub(super::CACHED_FOR)
         .expect("a monotonic clock older than a minute");
-    kept.put(pool.acquire().await.unwrap(), long_ago);
-    assert!(kept.take().is_none(), "kept past its minute");
+    cache.put(pool.acquire().await.unwrap(), long_ago);
+    assert!(cache.take().is_none(), "cache past its minute");
     pool_idle(&pool, 1).await;
     let since = Instant::now();
-    kept.put(pool.acquire().await.unwrap(), since);
-    let (_, kept_since) = kept.take().expect("a fresh one is kept");
+    cache.put(pool.acquire().await.unwrap(), since);
+    let (_, kept_since) = cache.take().expect("a fresh one is cache");
     assert_eq!(
         kept_since, since,
-        "its time out of the pool is kept with it"
+        "its time out of the pool is cache with it"
     );
 }
 
@@ -135,19 +135,19 @@ async fn a_connection_out_of_the_pool_for_a_minute_goes_back() {
 #[tokio::test]
 async fn a_statement_waiting_for_a_connection_gets_the_one_kept_next() {
     let dir = tempfile::tempdir().unwrap();
-    let core = crate::common::Core {
+    let runner = crate::common::StatementRunner {
         backend: "test",
         pool: pool(&dir, 2),
         timeout: LIMIT,
         classify: |_| crate::common::Class::Fail { retryable: false },
-        turn: None,
-        kept: Kept::new(2),
+        write_queue: None,
+        cache: ConnectionCache::new(2),
     };
-    let running = core.checked().await.expect("a first connection");
-    let mut done = core.checked().await.expect("a second connection");
+    let running = runner.connection().await.expect("a first connection");
+    let mut done = runner.connection().await.expect("a second connection");
     let waiting = {
-        let core = core.clone();
-        tokio::spawn(async move { core.checked().await.map(drop) })
+        let runner = runner.clone();
+        tokio::spawn(async move { runner.connection().await.map(drop) })
     };
     // Give it time to start waiting; it must not be granted before a connection comes back.
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -160,7 +160,7 @@ async fn a_statement_waiting_for_a_connection_gets_the_one_kept_next() {
     let got = tokio::time::timeout(LIMIT, waiting).await;
     assert!(
         matches!(got, Ok(Ok(Ok(())))),
-        "the waiting statement did not get the connection kept: {got:?}"
+        "the waiting statement did not get the connection cache: {got:?}"
     );
     drop(running);
 }
@@ -175,18 +175,18 @@ fn kept_connections_dropped_outside_a_runtime_are_closed() {
         .enable_all()
         .build()
         .unwrap();
-    let (pool, kept) = runtime.block_on(async {
+    let (pool, cache) = runtime.block_on(async {
         let pool = pool(&dir, 8);
-        let kept = Kept::new(8);
-        kept.put(pool.acquire().await.unwrap(), Instant::now());
-        (pool, kept)
+        let cache = ConnectionCache::new(8);
+        cache.put(pool.acquire().await.unwrap(), Instant::now());
+        (pool, cache)
     });
     drop(runtime);
-    drop(kept);
+    drop(cache);
     assert_eq!(
         pool.size(),
         0,
-        "the kept connection is still counted by the pool"
+        "the cache connection is still counted by the pool"
     );
 }
 
@@ -196,13 +196,13 @@ fn kept_connections_dropped_outside_a_runtime_are_closed() {
 async fn nothing_is_kept_once_cleared() {
     let dir = tempfile::tempdir().unwrap();
     let pool = pool(&dir, 8);
-    let kept = Kept::new(8);
+    let cache = ConnectionCache::new(8);
     let (a, b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
-    kept.put(a, Instant::now());
-    kept.clear();
+    cache.put(a, Instant::now());
+    cache.clear();
     pool_idle(&pool, 1).await;
-    kept.put(b, Instant::now());
-    assert!(kept.take().is_none(), "kept after the clear");
+    cache.put(b, Instant::now());
+    assert!(cache.take().is_none(), "cache after the clear");
     pool_idle(&pool, 2).await;
     tokio::time::timeout(LIMIT, pool.close())
         .await

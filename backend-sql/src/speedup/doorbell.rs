@@ -2,7 +2,7 @@
 //! where the dialect has no notifications (MySQL, SQLite).
 //!
 //! Without them a waiter in another process finds a release only on its next look (see
-//! `queue::Pace`), a step that is at best a millisecond and grows with the wait. With them:
+//! `queue::PollInterval`), a step that is at best a millisecond and grows with the wait. With them:
 //! * a queued waiter binds a datagram socket at an address made of the store (the client's
 //!   registry key, [`crate::wake::local`]'s: the URL without options, and the table) and its
 //!   ticket, and wakes when a datagram arrives there;
@@ -43,21 +43,21 @@ mod imp {
     use std::sync::LazyLock;
 
     /// A waiter's bound doorbell; unbound when dropped.
-    pub struct Bell {
+    pub struct Doorbell {
         socket: tokio::net::UnixDatagram,
     }
 
-    impl Bell {
+    impl Doorbell {
         /// Binds the doorbell of `ticket` in the queue of store `key`. `None` if the address
         /// is taken (a waiter of a ticket that was given out again, rarely) or sockets fail:
         /// the waiter then polls.
-        pub fn bind(key: &str, ticket: i64) -> Option<Bell> {
-            let bind = || -> io::Result<Bell> {
+        pub fn bind(key: &str, ticket: i64) -> Option<Doorbell> {
+            let bind = || -> io::Result<Doorbell> {
                 let addr = SocketAddr::from_abstract_name(super::address(key, ticket))?;
                 let socket = UnixDatagram::bind_addr(&addr)?;
                 socket.set_nonblocking(true)?;
                 let socket = tokio::net::UnixDatagram::from_std(socket)?;
-                Ok(Bell { socket })
+                Ok(Doorbell { socket })
             };
             bind()
                 .inspect_err(|e| tracing::debug!(error = %e, ticket, "no doorbell; polling"))
@@ -110,15 +110,15 @@ mod imp {
 #[cfg(not(target_os = "linux"))]
 mod imp {
     /// No doorbells here (see the module docs): never bound.
-    pub struct Bell(std::convert::Infallible);
+    pub struct Doorbell(std::convert::Infallible);
 
-    impl Bell {
+    impl Doorbell {
         /// Always `None`: waiters poll.
-        pub fn bind(_key: &str, _ticket: i64) -> Option<Bell> {
+        pub fn bind(_key: &str, _ticket: i64) -> Option<Doorbell> {
             None
         }
 
-        /// Never called: no `Bell` exists.
+        /// Never called: no `Doorbell` exists.
         pub async fn rung(&self) {
             match self.0 {}
         }
@@ -130,7 +130,7 @@ mod imp {
     }
 }
 
-pub(crate) use imp::{Bell, ring};
+pub(crate) use imp::{Doorbell, ring};
 
 #[cfg(test)]
 mod tests;

@@ -1,4 +1,4 @@
-//! The connections a client keeps between statements, out of sqlx's pool (see [`Kept`]).
+//! The connections a client keeps between statements, out of sqlx's pool (see [`ConnectionCache`]).
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -7,44 +7,46 @@ use sqlx::Database;
 use sqlx::pool::PoolConnection;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::config::{Speedup, Speedups};
+
 /// How many connections a client keeps out of sqlx's pool between statements, at most (see
-/// [`Kept`]).
-const KEPT: usize = 2;
+/// [`ConnectionCache`]).
+const CACHED_MAX: usize = 2;
 
 /// How long a kept connection may sit unused before it goes back to the pool, whose idle
 /// timeout then closes it.
-const KEPT_IDLE: Duration = Duration::from_secs(10);
+const CACHED_IDLE: Duration = Duration::from_secs(10);
 
 /// How long a connection may go from statement to statement without passing through the pool,
 /// so that the pool's own rules (SQLite's lifetime limit) still reach it.
-const KEPT_FOR: Duration = Duration::from_secs(60);
+const CACHED_FOR: Duration = Duration::from_secs(60);
 
 /// The connections a client keeps between statements, most recently used last.
 ///
 /// sqlx's pool pings every connection it gets back (one more round trip, and a wake-up of the
-/// server's session) to find those that a dropped future left mid-statement. `Checked`
+/// server's session) to find those that a dropped future left mid-statement. `StatementConn`
 /// (`crate::common`) already closes those, so a connection whose statement completed is kept
 /// here for the next statement instead, and the ping is spared: on a contended lock that is
 /// one round trip per statement fewer beside each hand-over (`docs/design/backend-sql.md`,
 /// "Tried, and why kept or not"). A connection with something left to send (the rollback of a transaction
 /// dropped unfinished) goes back to the pool, which sends it at once.
 ///
-/// At most [`KEPT`] are kept, and always fewer than the pool's size, so that what takes a
+/// At most [`CACHED_MAX`] are kept, and always fewer than the pool's size, so that what takes a
 /// connection from the pool directly (the MySQL routines' install at connect) finds one there.
 /// Every statement first takes one of as many [`slot`](Self::slot)s as
 /// the pool has connections, in arrival order, and holds it until its connection is kept or
 /// given back: so a statement never waits in the pool while a connection sits here, and with a
-/// slot it finds one here or room in the pool. One unused for [`KEPT_IDLE`] goes back to the
+/// slot it finds one here or room in the pool. One unused for [`CACHED_IDLE`] goes back to the
 /// pool, which closes it once it has been idle there for its own idle timeout: a background
 /// task checks while any is kept, and every statement checks too. One that has gone from
-/// statement to statement for [`KEPT_FOR`] goes back too, so that the pool's own limits still
+/// statement to statement for [`CACHED_FOR`] goes back too, so that the pool's own limits still
 /// apply to it.
-pub(crate) struct Kept<DB: Database> {
+pub(crate) struct ConnectionCache<DB: Database> {
     idle: Mutex<Idle<DB>>,
     room: usize,
     /// One per connection of the pool (see [`slot`](Self::slot)).
     slots: Arc<Semaphore>,
-    /// How long a connection may sit here unused ([`KEPT_IDLE`]).
+    /// How long a connection may sit here unused ([`CACHED_IDLE`]).
     limit: Duration,
 }
 
@@ -57,32 +59,42 @@ struct Conn<DB: Database> {
     at: Instant,
 }
 
-/// [`Kept`]'s state.
+/// [`ConnectionCache`]'s state.
 struct Idle<DB: Database> {
-    /// Kept connections, most recently put back last.
+    /// ConnectionCache connections, most recently put back last.
     conns: Vec<Conn<DB>>,
     /// Whether a task that gives back the unused ones is running.
     reaping: bool,
-    /// Set by [`Kept::clear`]: the pool is closing, and nothing is kept any more.
+    /// Set by [`ConnectionCache::clear`]: the pool is closing, and nothing is kept any more.
     closed: bool,
 }
 
-impl<DB: Database> Kept<DB> {
-    /// Room for [`KEPT`] connections, and fewer than `pool_size`.
+impl<DB: Database> ConnectionCache<DB> {
+    /// Room for [`CACHED_MAX`] connections, and fewer than `pool_size`.
     pub(crate) fn new(pool_size: u32) -> Arc<Self> {
-        Self::unused_for(pool_size, KEPT_IDLE)
+        Self::unused_for(pool_size, CACHED_IDLE)
+    }
+
+    /// [`new`](Self::new) where `speedups` has the connection cache, else one that keeps
+    /// nothing: every statement then takes its connection from the pool and gives it back.
+    pub(crate) fn for_speedups(pool_size: u32, speedups: Speedups) -> Arc<Self> {
+        let cache = Self::new(pool_size);
+        if !speedups.contains(Speedup::ConnectionCache) {
+            cache.lock().closed = true;
+        }
+        cache
     }
 
     /// [`new`](Self::new), giving back connections unused for `limit`.
     fn unused_for(pool_size: u32, limit: Duration) -> Arc<Self> {
         let below_pool = usize::try_from(pool_size.saturating_sub(1)).unwrap_or(0);
-        Arc::new(Kept {
+        Arc::new(ConnectionCache {
             idle: Mutex::new(Idle {
                 conns: Vec::new(),
                 reaping: false,
                 closed: false,
             }),
-            room: KEPT.min(below_pool),
+            room: CACHED_MAX.min(below_pool),
             slots: Arc::new(Semaphore::new(
                 usize::try_from(pool_size).unwrap_or(Semaphore::MAX_PERMITS),
             )),
@@ -121,11 +133,11 @@ impl<DB: Database> Kept<DB> {
     }
 
     /// Keeps `conn`, out of the pool since `since`, for the next statement; or gives it back
-    /// to the pool when there is no room or it has been out for [`KEPT_FOR`].
+    /// to the pool when there is no room or it has been out for [`CACHED_FOR`].
     pub(crate) fn put(self: &Arc<Self>, conn: PoolConnection<DB>, since: Instant) {
         let at = Instant::now();
         let mut idle = self.lock();
-        if idle.closed || idle.conns.len() >= self.room || at.duration_since(since) >= KEPT_FOR {
+        if idle.closed || idle.conns.len() >= self.room || at.duration_since(since) >= CACHED_FOR {
             drop(idle);
             drop(conn);
             return;
@@ -153,7 +165,7 @@ impl<DB: Database> Kept<DB> {
     }
 }
 
-impl<DB: Database> Drop for Kept<DB> {
+impl<DB: Database> Drop for ConnectionCache<DB> {
     fn drop(&mut self) {
         let idle = self.idle.get_mut().unwrap_or_else(PoisonError::into_inner);
         let conns = std::mem::take(&mut idle.conns);
@@ -164,8 +176,8 @@ impl<DB: Database> Drop for Kept<DB> {
         }
         // Outside a runtime (a client dropped after its runtime ended) the pool cannot take
         // a connection back, as that spawns a task (which would panic): each is closed here.
-        for kept in conns {
-            drop(kept.conn.detach());
+        for cache in conns {
+            drop(cache.conn.detach());
         }
     }
 }
@@ -185,14 +197,14 @@ impl<DB: Database> Idle<DB> {
 
 /// Gives back kept connections once unused for their limit, while any is kept and the client
 /// lives.
-async fn reap<DB: Database>(kept: Weak<Kept<DB>>, limit: Duration) {
+async fn reap<DB: Database>(cache: Weak<ConnectionCache<DB>>, limit: Duration) {
     loop {
         tokio::time::sleep(limit / 2).await;
-        let Some(kept) = kept.upgrade() else {
+        let Some(cache) = cache.upgrade() else {
             return;
         };
         let (unused, reaping) = {
-            let mut idle = kept.lock();
+            let mut idle = cache.lock();
             let unused = idle.unused(limit);
             if idle.conns.is_empty() {
                 // Under the lock: a `put` from now on starts another task.

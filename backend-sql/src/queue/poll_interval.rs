@@ -1,4 +1,4 @@
-//! How often a polling waiter looks again (see [`Pace`]).
+//! How often a polling waiter looks again (see [`PollInterval`]).
 
 use std::time::{Duration, Instant};
 
@@ -42,7 +42,7 @@ const STEP_MAX: Duration = Duration::from_millis(100);
 ///   waiter looks about twice before its turn rather than at every move of the queue;
 /// * before the queue has moved, or where a look does not say how many are ahead, it backs off
 ///   as before.
-pub(super) struct Pace {
+pub(super) struct PollInterval {
     joined: Instant,
     /// Waiters ahead at the first look.
     first_ahead: Option<u64>,
@@ -53,9 +53,9 @@ pub(super) struct Pace {
     backoff: Backoff,
 }
 
-impl Pace {
+impl PollInterval {
     pub(super) fn new(joined: Instant) -> Self {
-        Pace {
+        PollInterval {
             joined,
             first_ahead: None,
             last_ahead: None,
@@ -93,34 +93,43 @@ mod tests {
     #[test]
     fn the_head_looks_soon_and_less_often_the_longer_it_waits() {
         let t0 = Instant::now();
-        let mut pace = Pace::new(t0);
-        assert_eq!(pace.step(t0, Some(0)), STEP_MIN);
+        let mut poll_interval = PollInterval::new(t0);
+        assert_eq!(poll_interval.step(t0, Some(0)), STEP_MIN);
         assert_eq!(
-            pace.step(t0 + Duration::from_millis(80), Some(0)),
+            poll_interval.step(t0 + Duration::from_millis(80), Some(0)),
             Duration::from_millis(10)
         );
-        assert_eq!(pace.step(t0 + Duration::from_secs(60), Some(0)), STEP_MAX);
+        assert_eq!(
+            poll_interval.step(t0 + Duration::from_secs(60), Some(0)),
+            STEP_MAX
+        );
         // A look that does not say keeps the last known place.
-        assert_eq!(pace.step(t0 + Duration::from_secs(60), None), STEP_MAX);
+        assert_eq!(
+            poll_interval.step(t0 + Duration::from_secs(60), None),
+            STEP_MAX
+        );
     }
 
     #[test]
     fn further_back_the_step_follows_the_queues_pace() {
         let t0 = Instant::now();
-        let mut pace = Pace::new(t0);
+        let mut poll_interval = PollInterval::new(t0);
         // Not moved yet: the backoff (at most its first step, 2 ms).
-        assert!(pace.step(t0, Some(5)) <= Duration::from_millis(2));
+        assert!(poll_interval.step(t0, Some(5)) <= Duration::from_millis(2));
         // Moved 2 places in 20 ms (10 ms a place), 3 ahead: look in 15 ms.
         assert_eq!(
-            pace.step(t0 + Duration::from_millis(20), Some(3)),
+            poll_interval.step(t0 + Duration::from_millis(20), Some(3)),
             Duration::from_millis(15)
         );
         // Next: 1 ahead after 40 ms (10 ms a place): 5 ms.
         assert_eq!(
-            pace.step(t0 + Duration::from_millis(40), Some(1)),
+            poll_interval.step(t0 + Duration::from_millis(40), Some(1)),
             Duration::from_millis(5)
         );
         // At the head: fast again, however slow the queue was.
-        assert_eq!(pace.step(t0 + Duration::from_millis(50), Some(0)), STEP_MIN);
+        assert_eq!(
+            poll_interval.step(t0 + Duration::from_millis(50), Some(0)),
+            STEP_MIN
+        );
     }
 }

@@ -31,27 +31,27 @@ const LIMIT: Duration = Duration::from_secs(30);
 #[tokio::test]
 async fn a_ring_wakes_the_bound_waiter_and_only_it() {
     let key = format!("test-{}", OwnerId::random());
-    let bell = Bell::bind(&key, 1).expect("bound");
-    let other = Bell::bind(&key, 2).expect("bound");
+    let doorbell = Doorbell::bind(&key, 1).expect("bound");
+    let other = Doorbell::bind(&key, 2).expect("bound");
     // The address is taken while the first is bound.
-    assert!(Bell::bind(&key, 1).is_none());
+    assert!(Doorbell::bind(&key, 1).is_none());
     assert!(ring(&key, 1), "a bound doorbell takes the ring");
     assert!(ring(&key, 1));
-    tokio::time::timeout(LIMIT, bell.rung())
+    tokio::time::timeout(LIMIT, doorbell.rung())
         .await
         .expect("rung");
     // Both rings were taken by the one wake-up; the other waiter heard nothing (a ring is
     // queued at its receiver before `ring` returns, so no wait is needed to tell).
-    assert!(!bell.try_rung());
+    assert!(!doorbell.try_rung());
     assert!(!other.try_rung());
     // Unbound when dropped: the address can be bound again, and ringing nobody is fine.
-    drop(bell);
+    drop(doorbell);
     assert!(!ring(&key, 1), "nobody took the ring");
-    assert!(Bell::bind(&key, 1).is_some());
+    assert!(Doorbell::bind(&key, 1).is_some());
 }
 
 async fn sqlite_client(dir: &tempfile::TempDir) -> Arc<Client<Sqlite>> {
-    let url = format!("sqlite://{}/bell.db", dir.path().display());
+    let url = format!("sqlite://{}/doorbell.db", dir.path().display());
     let config = crate::config::SqlConfig::parse(&url).expect("a SQLite URL");
     Arc::new(Client::<Sqlite>::connect(&config).await.expect("connect"))
 }
@@ -89,7 +89,7 @@ async fn queue_rows(client: &Client<Sqlite>, name: &LockName, permits: bool) -> 
     };
     sqlx::query_scalar(query)
         .bind(name.as_str())
-        .fetch_one(&client.core.pool)
+        .fetch_one(&client.runner.pool)
         .await
         .expect("count the queue's rows")
 }
@@ -142,7 +142,7 @@ async fn foreign_waiter(client: &Client<Sqlite>, name: &LockName) -> i64 {
 /// Queues a waiter row of `owner` with the lock queue's join statement alone; its ticket.
 async fn enqueued_as(client: &Client<Sqlite>, name: &LockName, owner: OwnerId) -> i64 {
     let args = Args::of(name).owner(owner).ttl(LIVENESS);
-    let reply = client.core.reply("enqueue", &client.sql.enqueue, args);
+    let reply = client.runner.reply("enqueue", &client.sql.enqueue, args);
     reply.await.expect("enqueue").value().expect("a ticket")
 }
 
@@ -164,8 +164,8 @@ async fn a_release_from_the_queue_rings_the_head_in_another_process() {
         foreign_waiter(&client, &name).await,
     );
     let (head_bell, behind_bell) = (
-        client.bell(head, false).expect("the head's doorbell"),
-        client.bell(behind, false).expect("a doorbell"),
+        client.doorbell(head, false).expect("the head's doorbell"),
+        client.doorbell(behind, false).expect("a doorbell"),
     );
     // A plain grant's release rings nobody.
     assert_eq!(
@@ -213,7 +213,7 @@ async fn a_release_whose_named_head_left_rings_the_live_head() {
         foreign_waiter(&client, &name).await,
     );
     delete_waiter(&client, gone).await;
-    let live_bell = client.bell(live, false).expect("a doorbell");
+    let live_bell = client.doorbell(live, false).expect("a doorbell");
     // As if granted from the queue with `gone` then at its head.
     let held = held.with_handle(crate::client::queued(Some(gone)));
     let released = client.release_row(&client.sql.release, &held, false);
@@ -227,7 +227,7 @@ async fn a_release_whose_named_head_left_rings_the_live_head() {
 async fn delete_waiter(client: &Client<Sqlite>, ticket: i64) {
     sqlx::query("DELETE FROM dlock_leases_waiters WHERE ticket = ?1")
         .bind(ticket)
-        .execute(&client.core.pool)
+        .execute(&client.runner.pool)
         .await
         .expect("delete the waiter row");
 }
@@ -301,11 +301,11 @@ async fn a_permit_from_the_queue_rings_the_permit_queues_head() {
         .ttl(LIVENESS)
         .permits(1);
     let enqueue = client
-        .core
+        .runner
         .reply("enqueue", &client.sql.permits.enqueue, args);
     let foreign = enqueue.await.expect("enqueue").value().expect("a ticket");
-    let foreign_bell = client.bell(foreign, true).expect("a permit doorbell");
-    let same_ticket_in_lock_queue = client.bell(foreign, false).expect("a lock doorbell");
+    let foreign_bell = client.doorbell(foreign, true).expect("a permit doorbell");
+    let same_ticket_in_lock_queue = client.doorbell(foreign, false).expect("a lock doorbell");
 
     // Handed to the waiter here, in the release's own transaction: nobody is rung.
     client.release_permit(&first).await.expect("release");
@@ -331,7 +331,7 @@ async fn a_read_hold_from_the_queue_rings_the_writer_behind() {
     let reading = queued_waiter(&client, &name, Kind::Read).await;
     // A writer of another process, behind the reader.
     let behind = foreign_waiter(&client, &name).await;
-    let behind_bell = client.bell(behind, false).expect("a doorbell");
+    let behind_bell = client.doorbell(behind, false).expect("a doorbell");
 
     let released = client.release_row(&client.sql.release, &writer, false);
     assert_eq!(released.await.unwrap(), Released::Released);
@@ -395,10 +395,10 @@ async fn a_retried_join_finds_the_row_its_lost_try_committed() {
         let mut tickets = Vec::new();
         for (owner, ttl) in [(a, LIVENESS), (gone, Duration::ZERO)] {
             let args = Args::of(&name).owner(owner).ttl(ttl).permits(2);
-            let reply = client.core.reply("enqueue", enqueue, args).await;
+            let reply = client.runner.reply("enqueue", enqueue, args).await;
             tickets.push(reply.expect("enqueue").value().expect("a ticket"));
         }
-        let mut conn = client.core.pool.acquire().await.expect("a connection");
+        let mut conn = client.runner.pool.acquire().await.expect("a connection");
         for (owner, retry, expected) in [
             (a, true, Some(tickets[0])),
             // A first try looks for nothing.

@@ -6,11 +6,11 @@ use std::sync::{Arc, PoisonError};
 
 use lockcore::{LockName, OwnerId};
 
-use super::Kind;
 use crate::client::{Client, Leaving};
-use crate::dialect::Dialect;
+use crate::dialect::SqlDialect;
+use crate::queue::Kind;
 
-impl<D: Dialect> Client<D> {
+impl<D: SqlDialect> Client<D> {
     /// After a hand-over, deletes `waiter`'s rows off the new holder's path, in the
     /// background. Until they are gone they keep plain attempts out, as the held lock does
     /// anyway, and the release of this lease skips them (their waiter is the releaser); but
@@ -19,7 +19,7 @@ impl<D: Dialect> Client<D> {
     /// the holder's release first waits for this (see [`settle_leaving`](Self::settle_leaving)).
     /// Counted, so that a program that settles its clean-ups before it exits (the binary does)
     /// leaves no waiter row behind.
-    pub(super) fn dequeue_later(self: &Arc<Self>, name: &LockName, waiter: OwnerId, kind: Kind) {
+    pub(crate) fn dequeue_later(self: &Arc<Self>, name: &LockName, waiter: OwnerId, kind: Kind) {
         let (q, name) = (self.clone(), name.clone());
         let deleted = Arc::new(AtomicBool::new(false));
         let done = deleted.clone();
@@ -55,7 +55,9 @@ impl<D: Dialect> Client<D> {
         let Some(Leaving { task, deleted }) = leaving else {
             return;
         };
-        let ended = tokio::time::timeout(self.core.timeout, task).await.is_ok();
+        let ended = tokio::time::timeout(self.runner.timeout, task)
+            .await
+            .is_ok();
         if ended && !deleted.load(Ordering::Acquire) {
             let _ = self.dequeue(name, owner, Kind::Lock).await;
         }

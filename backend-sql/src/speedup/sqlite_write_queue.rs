@@ -4,9 +4,9 @@
 //! and each meeting cost at least a millisecond: as long as a whole hand-over).
 //!
 //! Two levels, taken in this order by every statement and transaction that writes (see
-//! `Core::run_as`):
-//! * **in this process**, a queue per file ([`write_turn`]) with two lines: writes that keep
-//!   something alive (an extend, a waiter's refresh: [`Line::Keep`]) go before the other
+//! `StatementRunner::run_as`):
+//! * **in this process**, a queue per file ([`write_queue`]) with two lines: writes that keep
+//!   something alive (an extend, a waiter's refresh: [`WritePriority::KeepAlive`]) go before the other
 //!   writers waiting, each line in arrival order. A burst of acquires on a slow disk (a
 //!   commit's `fsync` can take milliseconds each) otherwise held a renewal back until its lease
 //!   ran out;
@@ -30,19 +30,19 @@ use tokio::sync::oneshot;
 
 /// Which line a writer waits in for its turn in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Line {
-    /// A write that keeps a lease or a waiter's place alive: served before every [`Line::Other`]
-    /// writer that waits, because a late one loses what it keeps, where a late acquire only
-    /// waits longer. Such writes come at most every few hundred milliseconds per lease, so
-    /// they cannot starve the other line.
-    Keep,
+pub enum WritePriority {
+    /// A write that keeps a lease or a waiter's place alive: served before every
+    /// [`WritePriority::Normal`] writer that waits, because a late one loses what it keeps,
+    /// where a late acquire only waits longer. Such writes come at most every few hundred
+    /// milliseconds per lease, so they cannot starve the other line.
+    KeepAlive,
     /// Every other write, in arrival order.
-    Other,
+    Normal,
 }
 
 /// The write turn of one database file in this process.
 #[derive(Default)]
-pub struct WriteTurn {
+pub struct SqliteWriteQueue {
     /// This process's writers: whether a turn is out, and who waits for the next.
     local: Mutex<Waiters>,
     /// The sidecar whose `flock` orders the processes (`None`: it could not be opened).
@@ -53,8 +53,8 @@ pub struct WriteTurn {
 #[derive(Default)]
 struct Waiters {
     out: bool,
-    keep: VecDeque<oneshot::Sender<()>>,
-    other: VecDeque<oneshot::Sender<()>>,
+    keep_alive: VecDeque<oneshot::Sender<()>>,
+    normal: VecDeque<oneshot::Sender<()>>,
 }
 
 /// A writer's turn; ends when dropped.
@@ -73,7 +73,7 @@ impl Drop for Turn<'_> {
 }
 
 /// The turn in this process; hands it to the next writer when dropped.
-struct LocalTurn<'a>(&'a WriteTurn);
+struct LocalTurn<'a>(&'a SqliteWriteQueue);
 
 impl Drop for LocalTurn<'_> {
     fn drop(&mut self) {
@@ -84,7 +84,7 @@ impl Drop for LocalTurn<'_> {
 /// A writer waiting in a line. Dropped after the turn was handed to it but before it saw
 /// that, it hands the turn on, so a cancelled writer never keeps it.
 struct Waiting<'a> {
-    turn: &'a WriteTurn,
+    queue: &'a SqliteWriteQueue,
     told: Option<oneshot::Receiver<()>>,
 }
 
@@ -93,13 +93,13 @@ impl Drop for Waiting<'_> {
         if let Some(mut told) = self.told.take() {
             told.close();
             if told.try_recv().is_ok() {
-                self.turn.hand_on();
+                self.queue.hand_on();
             }
         }
     }
 }
 
-impl WriteTurn {
+impl SqliteWriteQueue {
     /// A turn ordered between processes by `sidecar` (created if missing, beside the database
     /// `file`), or in this process only if it cannot be opened.
     ///
@@ -107,7 +107,7 @@ impl WriteTurn {
     /// is open only to those who may write the database anyway (who can hold up its writers
     /// with a transaction): each class of users gets read and write on it where it has write
     /// on the database, nothing elsewhere.
-    fn beside(file: &Path, sidecar: &Path) -> WriteTurn {
+    fn beside(file: &Path, sidecar: &Path) -> SqliteWriteQueue {
         use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         let db = std::fs::metadata(file).map_or(0o600, |m| m.permissions().mode());
         let writers = db & 0o222;
@@ -120,21 +120,21 @@ impl WriteTurn {
             .inspect_err(|e| tracing::debug!(error = %e, "sqlite write turn: no sidecar"))
             .ok()
             .map(Arc::new);
-        WriteTurn {
+        SqliteWriteQueue {
             local: Mutex::default(),
             between,
         }
     }
 
-    /// Waits for this writer's turn, in `line`.
+    /// Waits for this writer's turn, with `priority`.
     ///
     /// # Cancel safety
     /// Cancel safe: a writer dropped while it waits in this process leaves its line (or, if
     /// the turn had just been handed to it, hands it on). One dropped while it waits for
     /// another process leaves a blocking thread waiting for the lock, which unlocks it again
     /// as soon as it gets it.
-    pub async fn take(&self, line: Line) -> Turn<'_> {
-        let local = self.take_local(line).await;
+    pub async fn take(&self, priority: WritePriority) -> Turn<'_> {
+        let local = self.take_local(priority).await;
         let Some(file) = self.between.as_deref() else {
             return Turn {
                 _local: local,
@@ -158,8 +158,8 @@ impl WriteTurn {
     /// The turn in this process: at once when nobody has it, else when [`hand_on`] picks
     /// this writer.
     ///
-    /// [`hand_on`]: WriteTurn::hand_on
-    async fn take_local(&self, line: Line) -> LocalTurn<'_> {
+    /// [`hand_on`]: SqliteWriteQueue::hand_on
+    async fn take_local(&self, priority: WritePriority) -> LocalTurn<'_> {
         let told = {
             let mut waiters = self.waiters();
             if !waiters.out {
@@ -167,14 +167,14 @@ impl WriteTurn {
                 return LocalTurn(self);
             }
             let (tell, told) = oneshot::channel();
-            match line {
-                Line::Keep => waiters.keep.push_back(tell),
-                Line::Other => waiters.other.push_back(tell),
+            match priority {
+                WritePriority::KeepAlive => waiters.keep_alive.push_back(tell),
+                WritePriority::Normal => waiters.normal.push_back(tell),
             }
             told
         };
         let mut waiting = Waiting {
-            turn: self,
+            queue: self,
             told: Some(told),
         };
         if let Some(told) = waiting.told.as_mut() {
@@ -186,15 +186,15 @@ impl WriteTurn {
         LocalTurn(self)
     }
 
-    /// Gives the turn in this process to the first writer of the keep line, else of the
-    /// other line, skipping writers that stopped waiting; or marks it free.
+    /// Gives the turn in this process to the first keep-alive writer, else the first
+    /// normal one, skipping writers that stopped waiting; or marks it free.
     fn hand_on(&self) {
         let mut guard = self.waiters();
         let waiters = &mut *guard;
         while let Some(next) = waiters
-            .keep
+            .keep_alive
             .pop_front()
-            .or_else(|| waiters.other.pop_front())
+            .or_else(|| waiters.normal.pop_front())
         {
             if next.send(()).is_ok() {
                 return;
@@ -226,16 +226,17 @@ impl WriteTurn {
 }
 
 /// The write turn of the database `file` in this process, shared by every client of the file.
-pub fn write_turn(file: &Path) -> Arc<WriteTurn> {
-    static TURNS: LazyLock<Mutex<HashMap<PathBuf, Arc<WriteTurn>>>> = LazyLock::new(Mutex::default);
+pub fn write_queue(file: &Path) -> Arc<SqliteWriteQueue> {
+    static QUEUES: LazyLock<Mutex<HashMap<PathBuf, Arc<SqliteWriteQueue>>>> =
+        LazyLock::new(Mutex::default);
     let key = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
-    let mut turns = TURNS.lock().unwrap_or_else(PoisonError::into_inner);
-    let turn = turns.entry(key.clone()).or_insert_with(|| {
+    let mut queues = QUEUES.lock().unwrap_or_else(PoisonError::into_inner);
+    let queue = queues.entry(key.clone()).or_insert_with(|| {
         let mut sidecar = key.into_os_string();
         sidecar.push("-turn");
-        Arc::new(WriteTurn::beside(file, Path::new(&sidecar)))
+        Arc::new(SqliteWriteQueue::beside(file, Path::new(&sidecar)))
     });
-    turn.clone()
+    queue.clone()
 }
 
 #[cfg(test)]
