@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use conformance_tests::kit::{ZkEnsemble, ZooKeeper};
 use conformance_tests::{FencedResource, History};
-use lockcore::{LockExt, LockName, Wait};
+use lockcore::{LockExt, Wait};
 
 use crate::common::{SEC, client, contend, dyn_lock, ms, nodes, plain, unique, within};
+use crate::support::node_stat;
 
 /// The token is the lock node's creation zxid, as an independent session reads it with
 /// `exists`, and it is above the czxid of every earlier holder's node.
@@ -25,13 +26,7 @@ async fn fencing_token_is_the_lock_nodes_czxid() {
             .expect("acquire");
         let children = nodes(&observer, &name).await;
         assert_eq!(children.len(), 1, "one node per acquisition: {children:?}");
-        let parent = observer.parent_path(&LockName::new(&name).unwrap());
-        let stat = observer
-            .zk_client()
-            .check_stat(&format!("{parent}/{}", children[0]))
-            .await
-            .expect("exists")
-            .expect("the holder's node exists");
+        let stat = node_stat(&observer, &name, &children[0]).await;
         assert_eq!(
             g.fencing_token().0,
             stat.czxid as u64,

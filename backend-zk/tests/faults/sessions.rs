@@ -6,12 +6,10 @@ use std::time::Instant;
 use backend_zk::zookeeper_client as zk;
 use conformance_tests::kit::{Fault, Proxy, ZooKeeper};
 use conformance_tests::{FencedResource, History, Hold};
-use lockcore::{
-    AcquireOptions, DistributedLock, KeepAlive, LockExt, LockName, LostReason, Released, Wait,
-};
+use lockcore::{AcquireOptions, DistributedLock, KeepAlive, LockExt, LostReason, Released, Wait};
 
 use crate::common::{SEC, client, dyn_lock, ms, nodes, plain, unique, within};
-use crate::support::wait_for_nodes;
+use crate::support::{node_stat, wait_for_nodes};
 
 /// The holder's link goes silent (its requests and pings blackholed, so the server hears
 /// nothing) for longer than the session timeout.
@@ -139,13 +137,7 @@ async fn create_reply_lost_leaves_one_node() {
     let children = nodes(&observer, &name).await;
     assert_eq!(children.len(), 1, "one attempt left {children:?}");
     // The node found again (no create reply to read a stat from) still gives the czxid.
-    let parent = observer.parent_path(&LockName::new(&name).unwrap());
-    let stat = observer
-        .zk_client()
-        .check_stat(&format!("{parent}/{}", children[0]))
-        .await
-        .expect("exists")
-        .expect("the node exists");
+    let stat = node_stat(&observer, &name, &children[0]).await;
     assert_eq!(guard.fencing_token().0, stat.czxid as u64);
     assert_eq!(guard.release().await.expect("release"), Released::Released);
     wait_for_nodes(&observer, &name, 0, "no node left after release").await;
