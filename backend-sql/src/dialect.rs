@@ -61,6 +61,10 @@ pub trait SqlDialect: Send + Sync + Sized + 'static {
     /// write turn when it is full or has waiters, so on a busy semaphore the woken head's grant
     /// does not queue behind the refused tries of clients that have just released.
     const LOCAL_READS: bool = false;
+    /// Whether a hand-over (`Statements::hand`) also deletes the new owner's waiter row
+    /// (SQLite's triggers, PostgreSQL's statement); otherwise the new owner deletes it once it
+    /// has found the grant (MySQL, see `crate::speedup::background_dequeue`).
+    const HAND_DEQUEUES: bool = false;
 
     /// `$ttl` from now, as an `expires_at` value.
     fn expiry() -> String {
@@ -292,9 +296,6 @@ pub struct Statements {
     /// liveness was refreshed within [`HAND_FRESH`], the row becomes that waiter's with the
     /// fence bumped and an expiry `$ttl` (the releaser's ttl) from now, else it is freed.
     pub hand: Stmt,
-    /// Whether a hand-over also deleted the new owner's waiter row (SQLite's triggers,
-    /// PostgreSQL's statement); otherwise the new owner deletes it once it has found the grant.
-    pub hand_dequeues: bool,
     /// Joins the queue's tail (liveness in `$ttl`); hands back the ticket.
     pub enqueue: Stmt,
     /// Extends the liveness of the waiter's row with `$ticket`, and only that row: a join
@@ -397,7 +398,6 @@ impl Statements {
                 head_of::<D>(&s.waiters),
             ))),
             hand: hand::<D>(&s, &held),
-            hand_dequeues: false,
             enqueue: s.insert_returning(
                 &format!(
                     "INSERT INTO {w} (name, waiter, expires_at) VALUES ($name, $owner, {expiry})"

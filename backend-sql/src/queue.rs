@@ -672,12 +672,12 @@ impl<'a, D: SqlDialect> Waiter<'a, D> {
     async fn keep_hand_over(self, lease: Lease, head: Option<i64>) -> Result<Lease> {
         let (q, name, id, kind) = (self.q, self.name, self.id, self.kind);
         let later = q.speedups.contains(Speedup::BackgroundDequeue);
-        if !q.sql.hand_dequeues && !later {
+        if !D::HAND_DEQUEUES && !later {
             q.dequeue(name, id, kind).await?;
         }
         let _left = self.cleanup.disarm();
         drop(self.wake);
-        if !q.sql.hand_dequeues && later {
+        if !D::HAND_DEQUEUES && later {
             q.dequeue_later(name, id, kind);
         }
         Ok(lease.with_handle(queued(head)))

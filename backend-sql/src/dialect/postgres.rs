@@ -117,6 +117,8 @@ impl SqlDialect for Postgres {
     const CREATE_RACES: &'static [&'static str] = &["23505", "42P07", "42710"];
 
     const NOW: &'static str = NOW;
+    /// The hand-over's statement deletes the new owner's waiter row (see `hand`).
+    const HAND_DEQUEUES: bool = true;
 
     const RELAXED_COMMIT: Option<&'static str> = Some("SET LOCAL synchronous_commit = off");
 
@@ -336,7 +338,6 @@ impl SqlDialect for Postgres {
         sql.own_row_look = None;
         sql.dequeue = None;
         sql.grant_dequeues = true;
-        sql.hand_dequeues = true;
         // Joins the tail; drops expired waiters of the name on the way.
         sql.enqueue = s.row(&format!(
             "WITH gc AS (DELETE FROM {w} WHERE name = $name AND expires_at <= {NOW}), {ASYNC} \

@@ -112,6 +112,8 @@ impl SqlDialect for Sqlite {
     };
     const NOW: &'static str = NOW_MS;
     const LOCAL_READS: bool = true;
+    /// The triggers dequeue a waiter whatever set it as the owner.
+    const HAND_DEQUEUES: bool = true;
 
     fn micros_between(now: &str, at: &str) -> String {
         format!("({at} - {now}) * 1000")
@@ -280,8 +282,7 @@ impl SqlDialect for Sqlite {
 
     fn adapt(_s: &Sql, sql: &mut Statements) {
         // The triggers above dequeue a granted waiter, whether its own statement or a release
-        // handing it the row set the owner.
+        // handing it the row set the owner (see `HAND_DEQUEUES` for the latter).
         sql.grant_dequeues = true;
-        sql.hand_dequeues = true;
     }
 }
