@@ -65,6 +65,10 @@ pub trait SqlDialect: Send + Sync + Sized + 'static {
     /// (SQLite's triggers, PostgreSQL's statement); otherwise the new owner deletes it once it
     /// has found the grant (MySQL, see `crate::speedup::background_dequeue`).
     const HAND_DEQUEUES: bool = false;
+    /// Whether the waiter's attempt (`Statements::wait_acquire`) itself reports a live row
+    /// already the waiter's (PostgreSQL), so that it needs no read-only look first
+    /// (`Statements::waiter_look`, `Statements::own_row_look`).
+    const ATTEMPT_LOOKS: bool = false;
 
     /// `$ttl` from now, as an `expires_at` value.
     fn expiry() -> String {
@@ -378,8 +382,9 @@ impl Statements {
             gc_queue: s.done(&format!("DELETE FROM {w} WHERE expires_at <= {now}")),
             acquire: D::acquire(&s),
             wait_acquire: D::wait_acquire(&s),
-            waiter_look: Some(s.row(&format!(
-                "SELECT (SELECT count(*) FROM {w} AS w \
+            waiter_look: (!D::ATTEMPT_LOOKS).then(|| {
+                s.row(&format!(
+                    "SELECT (SELECT count(*) FROM {w} AS w \
                  WHERE w.name = $name AND w.ticket < $ticket AND w.waiter <> $owner \
                  AND w.expires_at > {now}), \
                  (SELECT {left} FROM {t} AS l \
@@ -387,16 +392,19 @@ impl Statements {
                  AND l.expires_at > {now}), \
                  (SELECT l.fence FROM {t} AS l WHERE {mine} AND l.expires_at > {now}), \
                  (SELECT {left} FROM {t} AS l WHERE {mine} AND l.expires_at > {now}), ({})",
-                head_of::<D>(&s.waiters),
-                left = D::micros_between(now, "l.expires_at"),
-                mine = "l.name = $name AND l.owner = $owner",
-            ))),
-            own_row_look: Some(s.row(&format!(
-                "SELECT l.fence, {}, ({}) FROM {t} AS l \
+                    head_of::<D>(&s.waiters),
+                    left = D::micros_between(now, "l.expires_at"),
+                    mine = "l.name = $name AND l.owner = $owner",
+                ))
+            }),
+            own_row_look: (!D::ATTEMPT_LOOKS).then(|| {
+                s.row(&format!(
+                    "SELECT l.fence, {}, ({}) FROM {t} AS l \
                  WHERE l.name = $name AND l.owner = $owner AND l.expires_at > {now}",
-                D::micros_between(now, "l.expires_at"),
-                head_of::<D>(&s.waiters),
-            ))),
+                    D::micros_between(now, "l.expires_at"),
+                    head_of::<D>(&s.waiters),
+                ))
+            }),
             hand: hand::<D>(&s, &held),
             enqueue: s.insert_returning(
                 &format!(
