@@ -1,7 +1,8 @@
 //! What sets the three databases apart, behind one trait: their SQL text and its parameters,
 //! error classes, connecting, and how a waiter learns of a release. The statements that read the
 //! same everywhere but for the clock and the interval arithmetic are written here once
-//! ([`Statements::new`]); PostgreSQL replaces those that also send a NOTIFY ([`SqlDialect::adapt`]).
+//! ([`Statements::new`]); PostgreSQL replaces those that also send a NOTIFY
+//! ([`SqlDialect::adapt`]).
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -101,8 +102,8 @@ pub trait SqlDialect: Send + Sync + Sized + 'static {
     /// Writes the semaphore row of `$name`, inserting it if new: the first statement of every
     /// semaphore transaction, which takes the row's lock (PostgreSQL, MySQL) or the database's
     /// write lock (SQLite) until the transaction ends. With `bump`, it sets the fence to
-    /// `GREATEST(fence + 1, $min_token)` (a new row: `GREATEST(1, $min_token)`) and hands it back as
-    /// its value; without, it leaves the fence as it is (a new row: 0).
+    /// `GREATEST(fence + 1, $min_token)` (a new row: `GREATEST(1, $min_token)`) and hands it back
+    /// as its value; without, it leaves the fence as it is (a new row: 0).
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt;
 
     /// The first statement of a reader's grant transaction: inserts the lease row of `$name`
@@ -278,9 +279,10 @@ pub struct Statements {
     pub acquire: Stmt,
     /// A queued waiter's attempt: the fence if granted, the holder's time left in µs where the
     /// dialect reports it, and, where it says, the ticket of the live waiter left at the head
-    /// of the queue after this grant (the doorbell its release rings: see `crate::speedup::doorbell`); where
-    /// it looks for itself (no [`waiter_look`](Self::waiter_look)), the fence and time left in µs of a live
-    /// row already the waiter's, which it reports rather than takes again (a hand-over).
+    /// of the queue after this grant (the doorbell its release rings: see
+    /// `crate::speedup::doorbell`); where it looks for itself (no
+    /// [`waiter_look`](Self::waiter_look)), the fence and time left in µs of a live row already the
+    /// waiter's, which it reports rather than takes again (a hand-over).
     pub wait_acquire: Stmt,
     /// Read-only look before a waiter writes (a reader never waits for SQLite's write lock):
     /// live waiters ahead of it; the holder's time left in µs; where the row is the waiter's
@@ -291,8 +293,8 @@ pub struct Statements {
     /// The look of a waiter that was woken (most likely handed the row, see
     /// [`hand`](Self::hand)): the fence and time left in µs of a live row of `$owner`, and the
     /// ticket of the live waiter first in line behind it; no row if it is not the waiter's.
-    /// Lighter than [`waiter_look`](Self::waiter_look), which follows it when it finds nothing. `None`
-    /// where there is no `waiter_look`.
+    /// Lighter than [`waiter_look`](Self::waiter_look), which follows it when it finds nothing.
+    /// `None` where there is no `waiter_look`.
     pub own_row_look: Option<Stmt>,
     /// The release of a lease granted from the queue, which hands the row over in the same
     /// statement (see `crate::queue`, "Hand-over"): owner- and fence-checked as
@@ -464,9 +466,9 @@ type Options<D> = <<<D as SqlDialect>::Db as Database>::Connection as Connection
 /// The connect of a server dialect (PostgreSQL, MySQL) with `opts` from the URL: the TLS files
 /// read, a pool of up to 8 connections (idle ones closed after 60 s; two kept out of it between
 /// statements, see [`ConnectionCache`]), one connection opened
-/// straight away to say at once why the server cannot be used (see [`StatementRunner::connect_once`]), the tables
-/// created, and expired waiter rows left by crashed processes dropped (best effort). Returns the
-/// options used, TLS files included.
+/// straight away to say at once why the server cannot be used (see
+/// [`StatementRunner::connect_once`]), the tables created, and expired waiter rows left by crashed
+/// processes dropped (best effort). Returns the options used, TLS files included.
 pub async fn connect_server<D: SqlDialect>(
     config: &SqlConfig,
     opts: &Options<D>,

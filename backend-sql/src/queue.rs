@@ -192,8 +192,8 @@ impl<D: SqlDialect> Client<D> {
     /// (PostgreSQL), a grant has also deleted the waiter's row. `woken`: whether a wake-up
     /// started this round (a permit waiter then skips its look). The statement that may grant
     /// runs detached (`common::detached`), undone with [`leave`](Self::leave) if the caller is
-    /// gone when it completes. A grant sets the fence to `GREATEST(fence + 1, min_token)` (`min_token` 0
-    /// = none, see `common::min_token_of`).
+    /// gone when it completes. A grant sets the fence to `GREATEST(fence + 1, min_token)`
+    /// (`min_token` 0 = none, see `common::min_token_of`).
     #[allow(clippy::too_many_arguments)]
     async fn attempt(
         self: &Arc<Self>,
@@ -432,10 +432,10 @@ pub(crate) async fn acquire<D: SqlDialect>(
                 head,
             } => {
                 let (id, opts) = (waiter.id, waiter.opts);
-                let handed = q
+                let taken = q
                     .take_handed_over(name, id, fence, left, seen, opts)
                     .await?;
-                if let Some(lease) = handed {
+                if let Some(lease) = taken {
                     return Ok(Some(waiter.keep_hand_over(lease, head).await?));
                 }
                 (None, None)
