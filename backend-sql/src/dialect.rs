@@ -66,6 +66,10 @@ pub trait SqlDialect: Send + Sync + Sized + 'static {
     /// (SQLite's triggers, PostgreSQL's statement); otherwise the new owner deletes it once it
     /// has found the grant (MySQL, see `crate::speedup::background_dequeue`).
     const HAND_DEQUEUES: bool = false;
+    /// Whether a waiter's grant (`Statements::wait_acquire`) also deletes its waiter row
+    /// (SQLite's triggers, PostgreSQL's statement): the start of `Statements::grant_dequeues`,
+    /// which MySQL sets where its grant procedure could be installed.
+    const GRANT_DEQUEUES: bool = false;
     /// Whether the waiter's attempt (`Statements::wait_acquire`) itself reports a live row
     /// already the waiter's (PostgreSQL), so that it needs no read-only look first
     /// (`Statements::waiter_look`, `Statements::own_row_look`).
@@ -317,7 +321,7 @@ pub struct Statements {
     /// the same statement and leaving is [`leave`](Self::leave).
     pub dequeue: Option<Stmt>,
     /// Whether a waiter's grant has also deleted its waiter row (PostgreSQL's statement,
-    /// SQLite's triggers), so no [`dequeue`](Self::dequeue) follows it.
+    /// SQLite's triggers, MySQL's grant procedure), so no [`dequeue`](Self::dequeue) follows it.
     pub grant_dequeues: bool,
     /// Leaves the queue, frees a lease granted to the waiter, and wakes the others, in one
     /// statement that counts the freed leases. `None`: [`dequeue`](Self::dequeue), then
@@ -420,7 +424,7 @@ impl Statements {
             dequeue: Some(s.done(&format!(
                 "DELETE FROM {w} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
             ))),
-            grant_dequeues: false,
+            grant_dequeues: D::GRANT_DEQUEUES,
             leave: None,
             freed_at_fence: s.row(&format!(
                 "SELECT count(*) FROM {t} WHERE name = $name AND owner IS NULL AND fence = $fence"

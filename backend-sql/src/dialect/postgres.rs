@@ -119,6 +119,8 @@ impl SqlDialect for Postgres {
     const NOW: &'static str = NOW;
     /// The hand-over's statement deletes the new owner's waiter row (see `hand`).
     const HAND_DEQUEUES: bool = true;
+    /// The waiter's grant deletes its waiter row in the same statement (see `adapt`).
+    const GRANT_DEQUEUES: bool = true;
     /// `wait_acquire` looks for itself (see `adapt`).
     const ATTEMPT_LOOKS: bool = true;
 
@@ -338,7 +340,6 @@ impl SqlDialect for Postgres {
         // or names another of its rows) finds the row its own at its next attempt, which
         // reports it.
         sql.dequeue = None;
-        sql.grant_dequeues = true;
         // Joins the tail; drops expired waiters of the name on the way.
         sql.enqueue = s.row(&format!(
             "WITH gc AS (DELETE FROM {w} WHERE name = $name AND expires_at <= {NOW}), {ASYNC} \

@@ -112,7 +112,10 @@ impl SqlDialect for Sqlite {
     };
     const NOW: &'static str = NOW_MS;
     const LOCAL_READS: bool = true;
-    /// The triggers dequeue a waiter whatever set it as the owner.
+    /// The triggers dequeue a granted waiter, whether its own statement or a release handing
+    /// it the row set the owner.
+    const GRANT_DEQUEUES: bool = true;
+    /// See `GRANT_DEQUEUES`.
     const HAND_DEQUEUES: bool = true;
 
     fn micros_between(now: &str, at: &str) -> String {
@@ -278,11 +281,5 @@ impl SqlDialect for Sqlite {
 
     fn shared_across_processes(&self) -> bool {
         !self.memory
-    }
-
-    fn adapt(_s: &Sql, sql: &mut Statements) {
-        // The triggers above dequeue a granted waiter, whether its own statement or a release
-        // handing it the row set the owner (see `HAND_DEQUEUES` for the latter).
-        sql.grant_dequeues = true;
     }
 }
