@@ -162,8 +162,8 @@ pub(crate) struct Client<D: SqlDialect> {
     /// Whether waiters poll (no notifications: MySQL, SQLite).
     polls: bool,
     /// Where waiters poll and other processes may share the store: the keys of the store's
-    /// doorbells (see `crate::speedup::doorbell`), the lock queue's ([`local`]'s key) and the permit
-    /// queue's (its tickets are another table's, so its addresses must differ).
+    /// doorbells (see `crate::speedup::doorbell`), the lock queue's ([`local`]'s key) and the
+    /// permit queue's (its tickets are another table's, so its addresses must differ).
     doorbells: Option<Doorbells>,
     /// The names whose lock this client last released from a grant out of the queue, and when
     /// (see [`joins_first`](Self::joins_first)).
@@ -233,9 +233,10 @@ impl<D: SqlDialect> Client<D> {
     }
 
     /// Records where `waiter` (registered with [`wake`](Self::wake)) joined the queue, when
-    /// that join was sent and the secret it stored, and a permit waiter's `terms`, so that this process's releases
-    /// wake (where the dialect polls) or hand a permit to the nearest to the head, and the
-    /// dialect can tell a hand-over's notification for this join (see [`SqlDialect::joined`]).
+    /// that join was sent and the secret it stored, and a permit waiter's `terms`, so that this
+    /// process's releases wake (where the dialect polls) or hand a permit to the nearest to the
+    /// head, and the dialect can tell a hand-over's notification for this join (see
+    /// [`SqlDialect::joined`]).
     pub(crate) fn joined(
         &self,
         name: &LockName,
@@ -287,8 +288,8 @@ impl<D: SqlDialect> Client<D> {
     ) -> Result<Released> {
         let args = lease_row_args(lease).ttl(lease.ttl());
         let freed = self.runner.reply("release", stmt, args).await?;
-        // `StatementRunner::run` sends the statement again when the session died before the reply came;
-        // if the lost try freed the row, the retry finds nothing, and the lock's row says
+        // `StatementRunner::run` sends the statement again when the session died before the reply
+        // came; if the lost try freed the row, the retry finds nothing, and the lock's row says
         // whether that was this release. (A permit's row goes with its release and with its
         // expiry alike, so a retried permit release that finds nothing stays NotHeld.)
         let freed = freed.count() > 0
@@ -341,10 +342,10 @@ impl<D: SqlDialect> Client<D> {
         }
     }
 
-    /// Where the dialect has doorbells (see `crate::speedup::doorbell`): rings the doorbell of `head` (the
-    /// waiter the grant left at the head of `name`'s queue, or with `permits` of its permit
-    /// queue) or, when there is none or nobody is bound there any more, looks up the live head
-    /// in the background and rings that. Best effort: an error only leaves the head to its
+    /// Where the dialect has doorbells (see `crate::speedup::doorbell`): rings the doorbell of
+    /// `head` (the waiter the grant left at the head of `name`'s queue, or with `permits` of its
+    /// permit queue) or, when there is none or nobody is bound there any more, looks up the live
+    /// head in the background and rings that. Best effort: an error only leaves the head to its
     /// polling.
     pub(crate) fn ring_head(
         &self,
@@ -409,8 +410,8 @@ impl<D: SqlDialect> Client<D> {
 
     /// How this client's waiters learn of a release, as its capabilities say: the dialect's
     /// notifications; where the dialect polls and other processes share the store, doorbells
-    /// between the processes of a Linux host (`crate::speedup::doorbell`), polling for waiters elsewhere; or
-    /// polling alone.
+    /// between the processes of a Linux host (`crate::speedup::doorbell`), polling for waiters
+    /// elsewhere; or polling alone.
     pub(crate) fn waiting(&self) -> WaitMechanism {
         if self.doorbells.is_some() && cfg!(target_os = "linux") {
             WaitMechanism::Doorbell

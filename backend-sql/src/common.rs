@@ -42,12 +42,12 @@ const MAX_STALE_ATTEMPTS: u32 = 12;
 /// A pooled connection that is closed, not reused, unless the statement run on it completed.
 /// A statement interrupted by a timeout or a dropped future leaves the protocol in an unknown
 /// state (or the socket blackholed), so the connection must not be reused. One that completed
-/// goes back to the client's [`ConnectionCache`] connections where there is room and nothing is left to
-/// send on it, else to the pool.
+/// goes back to the client's [`ConnectionCache`] connections where there is room and nothing is
+/// left to send on it, else to the pool.
 pub(crate) struct StatementConn<DB: Database> {
     conn: Option<PoolConnection<DB>>,
-    /// The statement's slot (see `ConnectionCache::slot`), given up after the connection (a field drops
-    /// after `drop` has run).
+    /// The statement's slot (see `ConnectionCache::slot`), given up after the connection (a field
+    /// drops after `drop` has run).
     _slot: tokio::sync::OwnedSemaphorePermit,
     /// When the connection last came out of the pool.
     since: Instant,
@@ -92,8 +92,8 @@ pub struct StatementRunner<DB: Database> {
     /// How the server's own errors are handled (the dialect's error classes).
     pub(crate) classify: fn(&dyn DatabaseError) -> Class,
     /// SQLite: the write turn of the database file, shared by every client of the file in this
-    /// process and ordered between processes (see `crate::speedup::sqlite_write_queue`); `None` where the server
-    /// queues writers.
+    /// process and ordered between processes (see `crate::speedup::sqlite_write_queue`); `None`
+    /// where the server queues writers.
     pub(crate) write_queue: Option<Arc<SqliteWriteQueue>>,
     /// Connections kept between statements (see [`ConnectionCache`]).
     pub(crate) cache: Arc<ConnectionCache<DB>>,
@@ -112,8 +112,8 @@ impl<DB: Database> Clone for StatementRunner<DB> {
 }
 
 impl<DB: Database> StatementRunner<DB> {
-    /// A connection for one statement, after its turn (`ConnectionCache::slot`): the kept one used last
-    /// (see [`ConnectionCache`]), else one from the pool.
+    /// A connection for one statement, after its turn (`ConnectionCache::slot`): the kept one used
+    /// last (see [`ConnectionCache`]), else one from the pool.
     pub(crate) async fn connection(&self) -> std::result::Result<StatementConn<DB>, sqlx::Error> {
         let slot = self.cache.slot().await;
         let (conn, since) = match self.cache.take() {
@@ -147,8 +147,8 @@ impl<DB: Database> StatementRunner<DB> {
             .await
     }
 
-    /// [`run`](Self::run), waiting for SQLite's write queue with `priority`; `None` for an `attempt`
-    /// that only reads, which does not wait for it.
+    /// [`run`](Self::run), waiting for SQLite's write queue with `priority`; `None` for an
+    /// `attempt` that only reads, which does not wait for it.
     pub(crate) async fn run_as<T, F, Fut>(
         &self,
         priority: Option<WritePriority>,
@@ -346,8 +346,8 @@ pub(crate) fn token(fence: i64) -> lockcore::FencingToken {
 }
 
 /// The token minimum of `opts` as a bind for the acquiring statement's
-/// `fence = GREATEST(fence + 1, min_token)`: 0 when none is set (fences start at 1). The fence column
-/// is a signed 64-bit integer, so a minimum above `i64::MAX` is refused before any I/O.
+/// `fence = GREATEST(fence + 1, min_token)`: 0 when none is set (fences start at 1). The fence
+/// column is a signed 64-bit integer, so a minimum above `i64::MAX` is refused before any I/O.
 pub(crate) fn min_token_of(backend: &'static str, opts: &lockcore::AcquireOptions) -> Result<i64> {
     let Some(min_token) = opts.min_token_value() else {
         return Ok(0);
@@ -380,8 +380,8 @@ pub(crate) fn fnv1a(text: &str) -> u32 {
 /// The table `suffix` names next to lease table `table`: `<table><suffix>`, or, where that would
 /// pass the 63-byte identifier limit, a prefix of `table`, `_`, an 8-hex-digit FNV-1a hash of
 /// the whole table name, and `suffix` (63 bytes in all). The suffixes in use (`_waiters`,
-/// `_semaphores`, `_permits`, `_permit_queue`, `_readers`) are none the end of another, so the tables of
-/// two lease tables never share a name.
+/// `_semaphores`, `_permits`, `_permit_queue`, `_readers`) are none the end of another, so the
+/// tables of two lease tables never share a name.
 pub(crate) fn aux_table(table: &str, suffix: &str) -> String {
     const MAX: usize = 63;
     if table.len() + suffix.len() <= MAX {

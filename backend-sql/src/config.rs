@@ -295,9 +295,9 @@ fn parse_sqlite(url: &str, redacted: String) -> Result<SqlConfig> {
 fn parse_server(url: &str, dialect: Dialect, redacted: String) -> Result<SqlConfig> {
     let b = dialect.backend();
     let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or("");
-    // The user-info runs to the `@` before the host (see `lockcore::backend_support::UrlParts`), so a password
-    // may hold `/`, `?`, `#` or `@` unencoded; written back encoded, the `url` crate reads the
-    // same host. Past the user-info, messages quote nothing when the URL reads two ways.
+    // The user-info runs to the `@` before the host (see `lockcore::backend_support::UrlParts`), so
+    // a password may hold `/`, `?`, `#` or `@` unencoded; written back encoded, the `url` crate
+    // reads the same host. Past the user-info, messages quote nothing when the URL reads two ways.
     let expected = format!("expected {scheme}://user[:password]@host[:port]/database");
     // Unsplittable text is not quoted at all: where the password ends is unknown.
     let bad = |why: String| Error::invalid_config(b, why);

@@ -1,7 +1,8 @@
 //! What sets the three databases apart, behind one trait: their SQL text and its parameters,
 //! error classes, connecting, and how a waiter learns of a release. The statements that read the
 //! same everywhere but for the clock and the interval arithmetic are written here once
-//! ([`Statements::new`]); PostgreSQL replaces those that also send a NOTIFY ([`SqlDialect::adapt`]).
+//! ([`Statements::new`]); PostgreSQL replaces those that also send a NOTIFY
+//! ([`SqlDialect::adapt`]).
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -61,6 +62,18 @@ pub trait SqlDialect: Send + Sync + Sized + 'static {
     /// write turn when it is full or has waiters, so on a busy semaphore the woken head's grant
     /// does not queue behind the refused tries of clients that have just released.
     const LOCAL_READS: bool = false;
+    /// Whether a hand-over (`Statements::hand`) also deletes the new owner's waiter row
+    /// (SQLite's triggers, PostgreSQL's statement); otherwise the new owner deletes it once it
+    /// has found the grant (MySQL, see `crate::speedup::background_dequeue`).
+    const HAND_DEQUEUES: bool = false;
+    /// Whether a waiter's grant (`Statements::wait_acquire`) also deletes its waiter row
+    /// (SQLite's triggers, PostgreSQL's statement): the start of `Statements::grant_dequeues`,
+    /// which MySQL sets where its grant procedure could be installed.
+    const GRANT_DEQUEUES: bool = false;
+    /// Whether the waiter's attempt (`Statements::wait_acquire`) itself reports a live row
+    /// already the waiter's (PostgreSQL), so that it needs no read-only look first
+    /// (`Statements::waiter_look`, `Statements::own_row_look`).
+    const ATTEMPT_LOOKS: bool = false;
 
     /// `$ttl` from now, as an `expires_at` value.
     fn expiry() -> String {
@@ -93,8 +106,8 @@ pub trait SqlDialect: Send + Sync + Sized + 'static {
     /// Writes the semaphore row of `$name`, inserting it if new: the first statement of every
     /// semaphore transaction, which takes the row's lock (PostgreSQL, MySQL) or the database's
     /// write lock (SQLite) until the transaction ends. With `bump`, it sets the fence to
-    /// `GREATEST(fence + 1, $min_token)` (a new row: `GREATEST(1, $min_token)`) and hands it back as
-    /// its value; without, it leaves the fence as it is (a new row: 0).
+    /// `GREATEST(fence + 1, $min_token)` (a new row: `GREATEST(1, $min_token)`) and hands it back
+    /// as its value; without, it leaves the fence as it is (a new row: 0).
     fn semaphore_lock(s: &Sql, bump: bool) -> Stmt;
 
     /// The first statement of a reader's grant transaction: inserts the lease row of `$name`
@@ -270,9 +283,10 @@ pub struct Statements {
     pub acquire: Stmt,
     /// A queued waiter's attempt: the fence if granted, the holder's time left in µs where the
     /// dialect reports it, and, where it says, the ticket of the live waiter left at the head
-    /// of the queue after this grant (the doorbell its release rings: see `crate::speedup::doorbell`); where
-    /// it looks for itself (no [`waiter_look`](Self::waiter_look)), the fence and time left in µs of a live
-    /// row already the waiter's, which it reports rather than takes again (a hand-over).
+    /// of the queue after this grant (the doorbell its release rings: see
+    /// `crate::speedup::doorbell`); where it looks for itself (no
+    /// [`waiter_look`](Self::waiter_look)), the fence and time left in µs of a live row already the
+    /// waiter's, which it reports rather than takes again (a hand-over).
     pub wait_acquire: Stmt,
     /// Read-only look before a waiter writes (a reader never waits for SQLite's write lock):
     /// live waiters ahead of it; the holder's time left in µs; where the row is the waiter's
@@ -283,8 +297,8 @@ pub struct Statements {
     /// The look of a waiter that was woken (most likely handed the row, see
     /// [`hand`](Self::hand)): the fence and time left in µs of a live row of `$owner`, and the
     /// ticket of the live waiter first in line behind it; no row if it is not the waiter's.
-    /// Lighter than [`waiter_look`](Self::waiter_look), which follows it when it finds nothing. `None`
-    /// where there is no `waiter_look`.
+    /// Lighter than [`waiter_look`](Self::waiter_look), which follows it when it finds nothing.
+    /// `None` where there is no `waiter_look`.
     pub own_row_look: Option<Stmt>,
     /// The release of a lease granted from the queue, which hands the row over in the same
     /// statement (see `crate::queue`, "Hand-over"): owner- and fence-checked as
@@ -292,9 +306,6 @@ pub struct Statements {
     /// liveness was refreshed within [`HAND_FRESH`], the row becomes that waiter's with the
     /// fence bumped and an expiry `$ttl` (the releaser's ttl) from now, else it is freed.
     pub hand: Stmt,
-    /// Whether a hand-over also deleted the new owner's waiter row (SQLite's triggers,
-    /// PostgreSQL's statement); otherwise the new owner deletes it once it has found the grant.
-    pub hand_dequeues: bool,
     /// Joins the queue's tail (liveness in `$ttl`); hands back the ticket.
     pub enqueue: Stmt,
     /// Extends the liveness of the waiter's row with `$ticket`, and only that row: a join
@@ -310,7 +321,7 @@ pub struct Statements {
     /// the same statement and leaving is [`leave`](Self::leave).
     pub dequeue: Option<Stmt>,
     /// Whether a waiter's grant has also deleted its waiter row (PostgreSQL's statement,
-    /// SQLite's triggers), so no [`dequeue`](Self::dequeue) follows it.
+    /// SQLite's triggers, MySQL's grant procedure), so no [`dequeue`](Self::dequeue) follows it.
     pub grant_dequeues: bool,
     /// Leaves the queue, frees a lease granted to the waiter, and wakes the others, in one
     /// statement that counts the freed leases. `None`: [`dequeue`](Self::dequeue), then
@@ -377,8 +388,9 @@ impl Statements {
             gc_queue: s.done(&format!("DELETE FROM {w} WHERE expires_at <= {now}")),
             acquire: D::acquire(&s),
             wait_acquire: D::wait_acquire(&s),
-            waiter_look: Some(s.row(&format!(
-                "SELECT (SELECT count(*) FROM {w} AS w \
+            waiter_look: (!D::ATTEMPT_LOOKS).then(|| {
+                s.row(&format!(
+                    "SELECT (SELECT count(*) FROM {w} AS w \
                  WHERE w.name = $name AND w.ticket < $ticket AND w.waiter <> $owner \
                  AND w.expires_at > {now}), \
                  (SELECT {left} FROM {t} AS l \
@@ -386,18 +398,20 @@ impl Statements {
                  AND l.expires_at > {now}), \
                  (SELECT l.fence FROM {t} AS l WHERE {mine} AND l.expires_at > {now}), \
                  (SELECT {left} FROM {t} AS l WHERE {mine} AND l.expires_at > {now}), ({})",
-                head_of::<D>(&s.waiters),
-                left = D::micros_between(now, "l.expires_at"),
-                mine = "l.name = $name AND l.owner = $owner",
-            ))),
-            own_row_look: Some(s.row(&format!(
-                "SELECT l.fence, {}, ({}) FROM {t} AS l \
+                    head_of::<D>(&s.waiters),
+                    left = D::micros_between(now, "l.expires_at"),
+                    mine = "l.name = $name AND l.owner = $owner",
+                ))
+            }),
+            own_row_look: (!D::ATTEMPT_LOOKS).then(|| {
+                s.row(&format!(
+                    "SELECT l.fence, {}, ({}) FROM {t} AS l \
                  WHERE l.name = $name AND l.owner = $owner AND l.expires_at > {now}",
-                D::micros_between(now, "l.expires_at"),
-                head_of::<D>(&s.waiters),
-            ))),
+                    D::micros_between(now, "l.expires_at"),
+                    head_of::<D>(&s.waiters),
+                ))
+            }),
             hand: hand::<D>(&s, &held),
-            hand_dequeues: false,
             enqueue: s.insert_returning(
                 &format!(
                     "INSERT INTO {w} (name, waiter, expires_at) VALUES ($name, $owner, {expiry})"
@@ -410,7 +424,7 @@ impl Statements {
             dequeue: Some(s.done(&format!(
                 "DELETE FROM {w} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
             ))),
-            grant_dequeues: false,
+            grant_dequeues: D::GRANT_DEQUEUES,
             leave: None,
             freed_at_fence: s.row(&format!(
                 "SELECT count(*) FROM {t} WHERE name = $name AND owner IS NULL AND fence = $fence"
@@ -456,9 +470,9 @@ type Options<D> = <<<D as SqlDialect>::Db as Database>::Connection as Connection
 /// The connect of a server dialect (PostgreSQL, MySQL) with `opts` from the URL: the TLS files
 /// read, a pool of up to 8 connections (idle ones closed after 60 s; two kept out of it between
 /// statements, see [`ConnectionCache`]), one connection opened
-/// straight away to say at once why the server cannot be used (see [`StatementRunner::connect_once`]), the tables
-/// created, and expired waiter rows left by crashed processes dropped (best effort). Returns the
-/// options used, TLS files included.
+/// straight away to say at once why the server cannot be used (see
+/// [`StatementRunner::connect_once`]), the tables created, and expired waiter rows left by crashed
+/// processes dropped (best effort). Returns the options used, TLS files included.
 pub async fn connect_server<D: SqlDialect>(
     config: &SqlConfig,
     opts: &Options<D>,

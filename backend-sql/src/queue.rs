@@ -192,8 +192,8 @@ impl<D: SqlDialect> Client<D> {
     /// (PostgreSQL), a grant has also deleted the waiter's row. `woken`: whether a wake-up
     /// started this round (a permit waiter then skips its look). The statement that may grant
     /// runs detached (`common::detached`), undone with [`leave`](Self::leave) if the caller is
-    /// gone when it completes. A grant sets the fence to `GREATEST(fence + 1, min_token)` (`min_token` 0
-    /// = none, see `common::min_token_of`).
+    /// gone when it completes. A grant sets the fence to `GREATEST(fence + 1, min_token)`
+    /// (`min_token` 0 = none, see `common::min_token_of`).
     #[allow(clippy::too_many_arguments)]
     async fn attempt(
         self: &Arc<Self>,
@@ -432,10 +432,10 @@ pub(crate) async fn acquire<D: SqlDialect>(
                 head,
             } => {
                 let (id, opts) = (waiter.id, waiter.opts);
-                let handed = q
+                let taken = q
                     .take_handed_over(name, id, fence, left, seen, opts)
                     .await?;
-                if let Some(lease) = handed {
+                if let Some(lease) = taken {
                     return Ok(Some(waiter.keep_hand_over(lease, head).await?));
                 }
                 (None, None)
@@ -672,12 +672,12 @@ impl<'a, D: SqlDialect> Waiter<'a, D> {
     async fn keep_hand_over(self, lease: Lease, head: Option<i64>) -> Result<Lease> {
         let (q, name, id, kind) = (self.q, self.name, self.id, self.kind);
         let later = q.speedups.contains(Speedup::BackgroundDequeue);
-        if !q.sql.hand_dequeues && !later {
+        if !D::HAND_DEQUEUES && !later {
             q.dequeue(name, id, kind).await?;
         }
         let _left = self.cleanup.disarm();
         drop(self.wake);
-        if !q.sql.hand_dequeues && later {
+        if !D::HAND_DEQUEUES && later {
             q.dequeue_later(name, id, kind);
         }
         Ok(lease.with_handle(queued(head)))

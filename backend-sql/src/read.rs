@@ -23,8 +23,9 @@
 //! writer's lease. A reader's `try` is refused while any writer is queued, so a stream of
 //! readers cannot starve a writer.
 //!
-//! **Retries.** A grant retried after a lost reply (see `StatementRunner::run`) finds the first try's hold
-//! of the same owner id and takes it over with a new fence, as the semaphore's grant does.
+//! **Retries.** A grant retried after a lost reply (see `StatementRunner::run`) finds the first
+//! try's hold of the same owner id and takes it over with a new fence, as the semaphore's grant
+//! does.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

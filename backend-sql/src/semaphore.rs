@@ -43,8 +43,8 @@
 //! transaction under the row's lock instead of two, the release's and the grant's, and the
 //! woken waiter's round trip, so a busy semaphore stays fuller: `docs/design/backend-sql.md`.)
 //!
-//! **Retries.** A transaction retried after a lost reply (see `StatementRunner::run`) first looks for a
-//! live permit of its own owner id, which the first try may have committed, and takes it over
+//! **Retries.** A transaction retried after a lost reply (see `StatementRunner::run`) first looks
+//! for a live permit of its own owner id, which the first try may have committed, and takes it over
 //! with a new fence instead of granting a second (as the lock's acquire takes over a row that
 //! is already ours); the holders table's key (name, owner) refuses a second row of one owner
 //! anyway.

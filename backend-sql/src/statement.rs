@@ -1,7 +1,7 @@
 //! Statements written once for every dialect: templates name their parameters (`$name`,
-//! `$owner`, `$fence`, `$ttl`, `$ticket`, `$min_token`, `$permits`, `$next`, `$secret`), which are expanded to the
-//! database's placeholders and bound in the order it expects (`statement/run.rs`: binding
-//! them, and what a statement hands back, read the same way from every driver).
+//! `$owner`, `$fence`, `$ttl`, `$ticket`, `$min_token`, `$permits`, `$next`, `$secret`), which are
+//! expanded to the database's placeholders and bound in the order it expects (`statement/run.rs`:
+//! binding them, and what a statement hands back, read the same way from every driver).
 
 use std::time::Duration;
 

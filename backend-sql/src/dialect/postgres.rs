@@ -117,6 +117,12 @@ impl SqlDialect for Postgres {
     const CREATE_RACES: &'static [&'static str] = &["23505", "42P07", "42710"];
 
     const NOW: &'static str = NOW;
+    /// The hand-over's statement deletes the new owner's waiter row (see `hand`).
+    const HAND_DEQUEUES: bool = true;
+    /// The waiter's grant deletes its waiter row in the same statement (see `adapt`).
+    const GRANT_DEQUEUES: bool = true;
+    /// `wait_acquire` looks for itself (see `adapt`).
+    const ATTEMPT_LOOKS: bool = true;
 
     const RELAXED_COMMIT: Option<&'static str> = Some("SET LOCAL synchronous_commit = off");
 
@@ -328,15 +334,12 @@ impl SqlDialect for Postgres {
     // tables made by an older version may be logged.)
     fn adapt(s: &Sql, sql: &mut Statements) {
         let (t, w, table, expiry) = (&s.leases, &s.waiters, &s.table, Self::expiry());
-        // `wait_acquire` looks for itself, and the grant deletes the waiter's row in the same
-        // statement; so does the hand-over (see `hand`), whose notification is the new owner's
-        // grant. A waiter that cannot use that notification (it came too late, or names
-        // another of its rows) finds the row its own at its next attempt, which reports it.
-        sql.waiter_look = None;
-        sql.own_row_look = None;
+        // `wait_acquire` looks for itself (`ATTEMPT_LOOKS`), and the grant deletes the waiter's
+        // row in the same statement; so does the hand-over (see `hand`), whose notification is
+        // the new owner's grant. A waiter that cannot use that notification (it came too late,
+        // or names another of its rows) finds the row its own at its next attempt, which
+        // reports it.
         sql.dequeue = None;
-        sql.grant_dequeues = true;
-        sql.hand_dequeues = true;
         // Joins the tail; drops expired waiters of the name on the way.
         sql.enqueue = s.row(&format!(
             "WITH gc AS (DELETE FROM {w} WHERE name = $name AND expires_at <= {NOW}), {ASYNC} \

@@ -112,6 +112,11 @@ impl SqlDialect for Sqlite {
     };
     const NOW: &'static str = NOW_MS;
     const LOCAL_READS: bool = true;
+    /// The triggers dequeue a granted waiter, whether its own statement or a release handing
+    /// it the row set the owner.
+    const GRANT_DEQUEUES: bool = true;
+    /// See `GRANT_DEQUEUES`.
+    const HAND_DEQUEUES: bool = true;
 
     fn micros_between(now: &str, at: &str) -> String {
         format!("({at} - {now}) * 1000")
@@ -276,12 +281,5 @@ impl SqlDialect for Sqlite {
 
     fn shared_across_processes(&self) -> bool {
         !self.memory
-    }
-
-    fn adapt(_s: &Sql, sql: &mut Statements) {
-        // The triggers above dequeue a granted waiter, whether its own statement or a release
-        // handing it the row set the owner.
-        sql.grant_dequeues = true;
-        sql.hand_dequeues = true;
     }
 }

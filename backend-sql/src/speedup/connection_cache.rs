@@ -28,8 +28,8 @@ const CACHED_FOR: Duration = Duration::from_secs(60);
 /// (`crate::common`) already closes those, so a connection whose statement completed is kept
 /// here for the next statement instead, and the ping is spared: on a contended lock that is
 /// one round trip per statement fewer beside each hand-over (`docs/design/backend-sql.md`,
-/// "Tried, and why kept or not"). A connection with something left to send (the rollback of a transaction
-/// dropped unfinished) goes back to the pool, which sends it at once.
+/// "Tried, and why kept or not"). A connection with something left to send (the rollback of a
+/// transaction dropped unfinished) goes back to the pool, which sends it at once.
 ///
 /// At most [`CACHED_MAX`] are kept, and always fewer than the pool's size, so that what takes a
 /// connection from the pool directly (the MySQL routines' install at connect) finds one there.

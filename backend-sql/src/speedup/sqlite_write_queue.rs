@@ -6,10 +6,10 @@
 //! Two levels, taken in this order by every statement and transaction that writes (see
 //! `StatementRunner::run_as`):
 //! * **in this process**, a queue per file ([`write_queue`]) with two lines: writes that keep
-//!   something alive (an extend, a waiter's refresh: [`WritePriority::KeepAlive`]) go before the other
-//!   writers waiting, each line in arrival order. A burst of acquires on a slow disk (a
-//!   commit's `fsync` can take milliseconds each) otherwise held a renewal back until its lease
-//!   ran out;
+//!   something alive (an extend, a waiter's refresh: [`WritePriority::KeepAlive`]) go before
+//!   the other writers waiting, each line in arrival order. A burst of acquires on a slow disk
+//!   (a commit's `fsync` can take milliseconds each) otherwise held a renewal back until its
+//!   lease ran out;
 //! * **between processes**, an exclusive `flock` on a file beside the database,
 //!   `<database>-turn`, which the kernel hands to the next process as soon as it is unlocked.
 //!   It is tried without blocking first (a system call, when nobody else writes); only a

@@ -272,7 +272,8 @@ where
 }
 
 impl<DB: SqlDb> StatementRunner<DB> {
-    /// Runs `stmt` with `args` (see [`StatementRunner::run`]), counting the tries in [`Reply::tries`].
+    /// Runs `stmt` with `args` (see [`StatementRunner::run`]), counting the tries in
+    /// [`Reply::tries`].
     pub async fn reply(&self, op: &'static str, stmt: &Stmt, a: Args<'_>) -> Result<Reply> {
         let mut tries = 0;
         let reply = self
@@ -287,8 +288,8 @@ impl<DB: SqlDb> StatementRunner<DB> {
         Ok(Reply { tries, ..reply })
     }
 
-    /// Runs a join of `a`'s name and owner (see [`StatementRunner::run`]): `join` on the first try; on a
-    /// retry, the ticket of the row a lost try committed, read with `own` (see [`rejoin`]) and
+    /// Runs a join of `a`'s name and owner (see [`StatementRunner::run`]): `join` on the first try;
+    /// on a retry, the ticket of the row a lost try committed, read with `own` (see [`rejoin`]) and
     /// handed back through `found`, or `join` again when there is none.
     pub(crate) async fn join<T, F, Fut>(
         &self,

@@ -36,8 +36,8 @@ struct Listen {
     ping: String,
 }
 
-/// Keeps one LISTEN connection up and dispatches notifications by payload (see `crate::wake::Payload`),
-/// replacing it when it fails or stops answering pings.
+/// Keeps one LISTEN connection up and dispatches notifications by payload (see
+/// `crate::wake::Payload`), replacing it when it fails or stops answering pings.
 async fn listen_loop(listen: Arc<Listen>, waiters: Arc<Waiters>) {
     let mut delay = Duration::from_millis(50);
     loop {

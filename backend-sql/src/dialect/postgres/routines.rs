@@ -87,8 +87,9 @@ fn join_body(s: &Sql) -> String {
 }
 
 /// The release of `p_owner`'s permit with `p_fence` (any fence when NULL: the give-back of an
-/// interrupted acquire; never 0, which a forged lease may carry), under the semaphore row's lock: the number of permits freed (0 or 1),
-/// and when one was, the queue's head (or every waiter) woken with `wake`.
+/// interrupted acquire; never 0, which a forged lease may carry), under the semaphore row's lock:
+/// the number of permits freed (0 or 1), and when one was, the queue's head (or every waiter) woken
+/// with `wake`.
 ///
 /// Taking the lock orders the release with every grant. Without it, a release could compute
 /// the head while that waiter's grant was under way and wake it, while the grant counted the
