@@ -187,6 +187,41 @@ async fn postgres_semaphore_under_a_repeatable_read_default() {
     crowd_a_semaphore(&url).await;
 }
 
+/// A database where another version left a function under the same base name (other argument
+/// names, other text) still serves semaphores: each version's functions carry a hash of their
+/// text, so neither replaces the other's, and PostgreSQL never has to rename an argument.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_functions_of_another_version_are_left_alone() {
+    let url = fresh_url(Kind::Postgres).await;
+    let raw = Raw::connect(&url).await;
+    let other = "CREATE FUNCTION \"dlock_leases_grant_permit\"(p_name text, p_owner text, \
+                 p_ttl bigint, p_floor bigint, p_permits bigint, p_ticket bigint, \
+                 OUT o_outcome bigint, OUT o_fence bigint, OUT o_ahead bigint, \
+                 OUT o_left bigint, OUT o_recorded bigint) \
+                 LANGUAGE plpgsql AS $F$ BEGIN o_outcome := 1; END $F$";
+    raw.exec(other).await;
+    let c = client(&url).await;
+    let n = name("versions");
+    let p = permit(&c, &n, 2, opts(Duration::from_secs(60)))
+        .await
+        .expect("a permit beside another version's functions")
+        .expect("free");
+    assert_eq!(c.release(&p).await.unwrap(), Released::Released);
+    let Raw::Pg(pool) = &raw else {
+        unreachable!("a PostgreSQL URL")
+    };
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_proc WHERE proname = 'dlock_leases_grant_permit'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        left, 1,
+        "the other version's function was replaced or dropped"
+    );
+}
+
 /// Twelve clients try for a permit of three at once, five rounds (see
 /// `concurrent_tries_never_exceed_the_count`).
 async fn crowd_a_semaphore(url: &str) {

@@ -10,16 +10,19 @@
 //! committed before it, as the statements sent one by one do. The release takes the same lock
 //! (see [`release_body`] for why).
 //!
-//! The functions are named after the lease table (`<table>_grant_permit`,
-//! `<table>_join_permits`, `<table>_release_permit`; functions and tables have apart
-//! namespaces, so these never meet a table's name) and (re)created when a client connects,
-//! only when their text differs from what the database holds, under a transaction-scoped
-//! advisory lock: two `CREATE OR REPLACE FUNCTION` of one function at once fail with "tuple
-//! concurrently updated". Their bodies are the templates every dialect runs
-//! (`PermitTemplates`), with the parameters as the functions' arguments.
+//! The functions are named after the lease table and carry a hash of their text
+//! (`<table>_grant_permit_<hash>`, `<table>_join_permits_<hash>`, ...; functions and tables
+//! have apart namespaces, so these never meet a table's name), as MySQL's procedures do: a
+//! client only calls the text it was built with, and clients of two versions that share a
+//! database each keep their own functions instead of replacing each other's (PostgreSQL
+//! refuses to replace a function whose arguments were renamed). A client creates the ones
+//! missing when it connects, under a transaction-scoped advisory lock: two `CREATE FUNCTION`
+//! of one function at once fail with "tuple concurrently updated". Their bodies are the
+//! templates every dialect runs (`PermitTemplates`), with the parameters as the functions'
+//! arguments.
 
 use super::{NOW, semaphore_lock};
-use crate::common::aux_table;
+use crate::common::{aux_table, fnv1a};
 use crate::dialect::{PermitTemplates, Statements, recorded};
 use crate::statement::Sql;
 
@@ -152,53 +155,70 @@ fn hand_body(s: &Sql, wake: &str) -> String {
     )
 }
 
-/// A `DO` block that creates or replaces function `name` with `signature` and `body` (a
-/// template, its parameters turned into the arguments) unless the database holds that text.
-fn create(name: &str, signature: &str, body: &str) -> String {
-    let body = Sql::inline(body);
-    format!(
-        "DO $C$ BEGIN \
-         PERFORM pg_advisory_xact_lock({CREATE_LOCK}); \
-         IF NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = '{name}' \
-         AND pronamespace = current_schema()::regnamespace AND prosrc = $B${body}$B$) THEN \
-         EXECUTE $E$CREATE OR REPLACE FUNCTION \"{name}\"({signature}) \
-         LANGUAGE plpgsql VOLATILE AS $F${body}$F$$E$; \
-         END IF; END $C$"
-    )
+/// A function of `s`'s table: its name (`base` and the hash of its text) and the `DO` block
+/// that creates it unless the database holds it. `body` is a template, its parameters turned
+/// into the arguments.
+struct Function {
+    name: String,
+    create: String,
+}
+
+impl Function {
+    fn new(s: &Sql, base: &str, signature: &str, body: &str) -> Self {
+        let body = Sql::inline(body);
+        let name = aux_table(
+            &s.table,
+            &format!("_{base}_{:08x}", fnv1a(&format!("({signature}) {body}"))),
+        );
+        let create = format!(
+            "DO $C$ BEGIN \
+             PERFORM pg_advisory_xact_lock({CREATE_LOCK}); \
+             IF NOT EXISTS (SELECT 1 FROM pg_proc WHERE proname = '{name}' \
+             AND pronamespace = current_schema()::regnamespace) THEN \
+             EXECUTE $E$CREATE FUNCTION \"{name}\"({signature}) \
+             LANGUAGE plpgsql VOLATILE AS $F${body}$F$$E$; \
+             END IF; END $C$"
+        );
+        Function { name, create }
+    }
 }
 
 /// Adds the functions to `sql.create` and their calls to `sql.permits`; `wake` is the
 /// notification payload that wakes the next head of the permit queue.
 pub(super) fn add(s: &Sql, sql: &mut Statements, wake: &str) {
-    let grant = aux_table(&s.table, "_grant_permit");
-    let join = aux_table(&s.table, "_join_permits");
-    sql.create.push(s.done(&create(
-        &grant,
+    let grant = Function::new(
+        s,
+        "grant_permit",
         "p_name text, p_owner text, p_ttl bigint, p_min_token bigint, p_permits bigint, \
          p_ticket bigint, OUT o_outcome bigint, OUT o_fence bigint, OUT o_ahead bigint, \
          OUT o_left bigint, OUT o_recorded bigint",
         &grant_body(s, wake),
-    )));
-    sql.create.push(s.done(&create(
-        &join,
+    );
+    let join = Function::new(
+        s,
+        "join_permits",
         "p_name text, p_owner text, p_ttl bigint, p_permits bigint, \
          OUT o_ticket bigint, OUT o_recorded bigint",
         &join_body(s),
-    )));
-    let release = aux_table(&s.table, "_release_permit");
-    sql.create.push(s.done(&create(
-        &release,
+    );
+    let release = Function::new(
+        s,
+        "release_permit",
         "p_name text, p_owner text, p_fence bigint, OUT o_freed bigint",
         &release_body(s, wake),
-    )));
-    let hand = aux_table(&s.table, "_hand_permit");
-    sql.create.push(s.done(&create(
-        &hand,
+    );
+    let hand = Function::new(
+        s,
+        "hand_permit",
         "p_name text, p_owner text, p_fence bigint, p_next text, p_ticket bigint, p_ttl bigint, \
          p_min_token bigint, p_permits bigint, OUT o_freed bigint, OUT o_fence bigint, \
          OUT o_free bigint",
         &hand_body(s, wake),
-    )));
+    );
+    for f in [&grant, &join, &release, &hand] {
+        sql.create.push(s.done(&f.create));
+    }
+    let (grant, join, release, hand) = (grant.name, join.name, release.name, hand.name);
     sql.permits.hand = Some(s.row(&format!(
         "SELECT * FROM \"{hand}\"($name, $owner, $fence::bigint, $next, $ticket::bigint, \
          $ttl::bigint, $min_token::bigint, $permits::bigint)"
