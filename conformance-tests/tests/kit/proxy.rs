@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use conformance_tests::kit::{Fault, Proxy, Redis, RedisReply, read_redis_reply, redis_encode};
+use conformance_tests::within;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, timeout};
@@ -39,15 +40,13 @@ async fn echo(stream: &mut TcpStream, msg: &[u8]) -> std::io::Result<Vec<u8>> {
 }
 
 async fn wait_connections(proxy: &Proxy, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while proxy.connections() != n {
-        assert!(
-            Instant::now() < deadline,
-            "proxy has {} connections, expected {n}",
-            proxy.connections()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("the proxy counting {n} connections");
+    within(Duration::from_secs(10), &what, async {
+        while proxy.connections() != n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -126,18 +125,16 @@ async fn proxy_blackholes_replies_but_forwards_requests() {
             .is_err(),
         "no reply comes back through a reply blackhole"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let direct = redis.command(&["GET", "through"]).await.unwrap();
-        if direct == bulk("blackhole") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the request never reached the server"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    within(
+        Duration::from_secs(10),
+        "the blackholed request reaching the server",
+        async {
+            while redis.command(&["GET", "through"]).await.unwrap() != bulk("blackhole") {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
     assert_eq!(proxy.connections(), 1, "the connection stays open");
 
     // Requests blackholed: the SET never arrives, so after PassThrough the first reply on a
