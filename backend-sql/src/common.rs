@@ -393,6 +393,13 @@ pub(crate) fn aux_table(table: &str, suffix: &str) -> String {
     format!("{}_{hash:08x}{suffix}", &table[..keep])
 }
 
+/// The name of stored routine `base` of `table` (a PostgreSQL function, a MySQL procedure),
+/// carrying a hash of its `text`: a client only calls the text it was built with, and two
+/// versions sharing a database keep their own routines.
+pub(crate) fn routine_name(table: &str, base: &str, text: &str) -> String {
+    aux_table(table, &format!("_{base}_{:08x}", fnv1a(text)))
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};

@@ -24,7 +24,7 @@
 use sqlx::Executor;
 
 use super::{MySql, WAITER_GATE, gated_text, semaphore_lock};
-use crate::common::{StatementRunner, aux_table, fnv1a};
+use crate::common::{StatementRunner, routine_name};
 use crate::dialect::{PermitTemplates, Statements, head_of, recorded};
 use crate::statement::Sql;
 
@@ -181,7 +181,7 @@ impl Routine {
     fn new(s: &Sql, base: &str, params: &str, body: &str) -> Self {
         let body = Sql::inline(body);
         let text = format!("({params}) SQL SECURITY INVOKER MODIFIES SQL DATA {body}");
-        let name = aux_table(&s.table, &format!("_{base}_{:08x}", fnv1a(&text)));
+        let name = routine_name(&s.table, base, &text);
         let create = format!("CREATE PROCEDURE `{name}`{text}");
         Routine { name, create }
     }

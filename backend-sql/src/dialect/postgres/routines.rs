@@ -22,7 +22,7 @@
 //! arguments.
 
 use super::{NOW, semaphore_lock};
-use crate::common::{aux_table, fnv1a};
+use crate::common::routine_name;
 use crate::dialect::{PermitTemplates, Statements, recorded};
 use crate::statement::Sql;
 
@@ -166,10 +166,7 @@ struct Function {
 impl Function {
     fn new(s: &Sql, base: &str, signature: &str, body: &str) -> Self {
         let body = Sql::inline(body);
-        let name = aux_table(
-            &s.table,
-            &format!("_{base}_{:08x}", fnv1a(&format!("({signature}) {body}"))),
-        );
+        let name = routine_name(&s.table, base, &format!("({signature}) {body}"));
         let create = format!(
             "DO $C$ BEGIN \
              PERFORM pg_advisory_xact_lock({CREATE_LOCK}); \
