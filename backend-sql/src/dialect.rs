@@ -1,8 +1,7 @@
 //! What sets the three databases apart, behind one trait: their SQL text and its parameters,
-//! error classes, connecting, and how a waiter learns of a release. The statements that read the
-//! same everywhere but for the clock and the interval arithmetic are written here once
-//! ([`Statements::new`]); PostgreSQL replaces those that also send a NOTIFY
-//! ([`SqlDialect::adapt`]).
+//! error classes, connecting, and how a waiter learns of a release. Each statement that differs
+//! is a method of [`SqlDialect`]; those that read the same everywhere but for the clock and the
+//! interval arithmetic are the methods' defaults, or are written once in [`Statements::new`].
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -23,7 +22,7 @@ pub mod postgres;
 mod reads;
 pub mod sqlite;
 
-pub use permits::{PermitStatements, PermitTemplates, recorded};
+pub use permits::{PermitRoutines, PermitStatements, PermitTemplates, recorded};
 pub use reads::{READERS_OWNER, ReadStatements};
 
 /// One database's side of [`SqlLock`](crate::SqlLock). (Not [`crate::Dialect`], the enum a
@@ -67,8 +66,8 @@ pub trait SqlDialect: Send + Sync + Sized + 'static {
     /// has found the grant (MySQL, see `crate::speedup::background_dequeue`).
     const HAND_DEQUEUES: bool = false;
     /// Whether a waiter's grant (`Statements::wait_acquire`) also deletes its waiter row
-    /// (SQLite's triggers, PostgreSQL's statement): the start of `Statements::grant_dequeues`,
-    /// which MySQL sets where its grant procedure could be installed.
+    /// (SQLite's triggers, PostgreSQL's statement); otherwise the new owner deletes it
+    /// (`Statements::dequeue`) before its acquire returns (MySQL).
     const GRANT_DEQUEUES: bool = false;
     /// Whether the waiter's attempt (`Statements::wait_acquire`) itself reports a live row
     /// already the waiter's (PostgreSQL), so that it needs no read-only look first
@@ -133,8 +132,65 @@ pub trait SqlDialect: Send + Sync + Sized + 'static {
         ))
     }
 
-    /// Replaces the statements of `sql` that the dialect writes its own way (none by default).
-    fn adapt(_s: &Sql, _sql: &mut Statements) {}
+    /// [`Statements::enqueue`]: joins the lock queue's tail (liveness in `$ttl`); hands back
+    /// the ticket.
+    fn enqueue(s: &Sql) -> Stmt {
+        s.insert_returning(
+            &format!(
+                "INSERT INTO {} (name, waiter, expires_at) VALUES ($name, $owner, {})",
+                s.waiters,
+                Self::expiry()
+            ),
+            "ticket",
+        )
+    }
+
+    /// [`Statements::refresh`] of the lock queue.
+    fn refresh(s: &Sql) -> Stmt {
+        refresh::<Self>(s, &s.waiters)
+    }
+
+    /// [`Statements::release`]: frees a live row of `$owner` with `$fence`.
+    fn release(s: &Sql) -> Stmt {
+        s.done(&format!(
+            "UPDATE {} SET owner = NULL WHERE {}",
+            s.leases,
+            live_hold::<Self>()
+        ))
+    }
+
+    /// [`Statements::release_owner`]: frees `$owner`'s row whatever its fence.
+    fn release_owner(s: &Sql) -> Stmt {
+        s.done(&format!(
+            "UPDATE {} SET owner = NULL WHERE name = $name AND owner = $owner",
+            s.leases
+        ))
+    }
+
+    /// [`Statements::leave`]: leaving the lock queue in one statement, where the dialect has
+    /// one (none by default: a dequeue, then a release by owner).
+    fn leave(_s: &Sql) -> Option<Stmt> {
+        None
+    }
+
+    /// [`ReadStatements::notify`]: wakes `$name`'s waiters when a reader changes what they
+    /// wait for (none by default: waiters poll).
+    fn reader_notify(_s: &Sql) -> Option<Stmt> {
+        None
+    }
+
+    /// [`PermitStatements::leave`]: leaving the permit queue in one statement, where the
+    /// dialect has one.
+    fn permit_leave(_s: &Sql) -> Option<Stmt> {
+        None
+    }
+
+    /// The semaphore's transactions as server-side routines created with the tables, where the
+    /// dialect always has them (PostgreSQL's functions; MySQL's procedures depend on the
+    /// account and are installed when it connects).
+    fn permit_routines(_s: &Sql) -> Option<PermitRoutines> {
+        None
+    }
 
     /// Whether other processes see the same locks.
     fn shared_across_processes(&self) -> bool {
@@ -317,12 +373,10 @@ pub struct Statements {
     pub head: Stmt,
     /// `$owner`'s live ticket in the queue, if any (see [`own_ticket`]).
     pub own_ticket: Stmt,
-    /// Leaves the queue, dropping expired waiters of the name. `None` where a grant dequeues in
-    /// the same statement and leaving is [`leave`](Self::leave).
-    pub dequeue: Option<Stmt>,
-    /// Whether a waiter's grant has also deleted its waiter row (PostgreSQL's statement,
-    /// SQLite's triggers, MySQL's grant procedure), so no [`dequeue`](Self::dequeue) follows it.
-    pub grant_dequeues: bool,
+    /// Leaves the queue, dropping expired waiters of the name: after a grant or a hand-over
+    /// that did not (see [`SqlDialect::GRANT_DEQUEUES`], [`SqlDialect::HAND_DEQUEUES`]), and
+    /// where there is no one-statement [`leave`](Self::leave).
+    pub dequeue: Stmt,
     /// Leaves the queue, frees a lease granted to the waiter, and wakes the others, in one
     /// statement that counts the freed leases. `None`: [`dequeue`](Self::dequeue), then
     /// [`release_owner`](Self::release_owner).
@@ -352,16 +406,16 @@ pub struct Statements {
 }
 
 impl Statements {
-    /// `D`'s statements for lease table `table`: those that read the same everywhere but for
-    /// the clock and the interval arithmetic, then the ones `D` writes its own way.
+    /// `D`'s statements for lease table `table`.
     pub fn new<D: SqlDialect>(table: &str) -> Self {
         let s = Sql::new(D::STYLE, table);
         let (t, w, now, expiry) = (&s.leases, &s.waiters, D::NOW, D::expiry());
         let queue = crate::common::queue_table(table);
         let permit_queue = crate::common::aux_table(table, crate::statement::PERMIT_QUEUE);
         let held = live_hold::<D>();
-        let release = s.done(&format!("UPDATE {t} SET owner = NULL WHERE {held}"));
-        let mut sql = Statements {
+        let routines = D::permit_routines(&s);
+        let routine_creates = routines.iter().flat_map(|r| r.create.iter().cloned());
+        Statements {
             create: D::CREATE
                 .iter()
                 .map(|c| {
@@ -373,6 +427,7 @@ impl Statements {
                         .replace("{r}", &s.readers);
                     s.done(&c.replace("{vq}", &permit_queue))
                 })
+                .chain(routine_creates)
                 .collect(),
             probe_tables: [
                 t,
@@ -412,27 +467,19 @@ impl Statements {
                 ))
             }),
             hand: hand::<D>(&s, &held),
-            enqueue: s.insert_returning(
-                &format!(
-                    "INSERT INTO {w} (name, waiter, expires_at) VALUES ($name, $owner, {expiry})"
-                ),
-                "ticket",
-            ),
-            refresh: refresh::<D>(&s, w),
+            enqueue: D::enqueue(&s),
+            refresh: D::refresh(&s),
             head: s.row(&head_of::<D>(&s.waiters)),
             own_ticket: s.row(&own_ticket::<D>(&s.waiters)),
-            dequeue: Some(s.done(&format!(
+            dequeue: s.done(&format!(
                 "DELETE FROM {w} WHERE name = $name AND (waiter = $owner OR expires_at <= {now})"
-            ))),
-            grant_dequeues: D::GRANT_DEQUEUES,
-            leave: None,
+            )),
+            leave: D::leave(&s),
             freed_at_fence: s.row(&format!(
                 "SELECT count(*) FROM {t} WHERE name = $name AND owner IS NULL AND fence = $fence"
             )),
-            release,
-            release_owner: s.done(&format!(
-                "UPDATE {t} SET owner = NULL WHERE name = $name AND owner = $owner"
-            )),
+            release: D::release(&s),
+            release_owner: D::release_owner(&s),
             extend: s
                 .done(&format!(
                     "UPDATE {t} SET expires_at = {expiry} WHERE {held}"
@@ -453,11 +500,9 @@ impl Statements {
             forget_queue: s.done(&format!(
                 "DELETE FROM {w} WHERE name = $name AND expires_at <= {now}"
             )),
-            permits: PermitStatements::new::<D>(&s),
+            permits: PermitStatements::new::<D>(&s, routines),
             reads: ReadStatements::new::<D>(&s),
-        };
-        D::adapt(&s, &mut sql);
-        sql
+        }
     }
 }
 

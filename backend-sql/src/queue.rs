@@ -309,15 +309,15 @@ impl<D: SqlDialect> Client<D> {
 
     /// After a grant: deletes the waiter's rows where `attempt` did not (the lock on MySQL; a
     /// permit's and a reader's grant always have, and so has the lock's on PostgreSQL and
-    /// SQLite: see `Statements::grant_dequeues`).
+    /// SQLite: see `SqlDialect::GRANT_DEQUEUES`).
     pub(crate) async fn dequeue(&self, name: &LockName, waiter: OwnerId, kind: Kind) -> Result<()> {
         if kind != Kind::Lock {
             return Ok(());
         }
-        if let Some(dequeue) = &self.sql.dequeue {
-            let args = Args::of(name).owner(waiter);
-            self.runner.reply("leave queue", dequeue, args).await?;
-        }
+        let args = Args::of(name).owner(waiter);
+        self.runner
+            .reply("leave queue", &self.sql.dequeue, args)
+            .await?;
         Ok(())
     }
 
@@ -645,7 +645,7 @@ impl<'a, D: SqlDialect> Waiter<'a, D> {
         delivered: Option<DeliveredGrant>,
     ) -> Result<Lease> {
         let (q, name, id, kind) = (self.q, self.name, self.id, self.kind);
-        if !q.sql.grant_dequeues {
+        if !D::GRANT_DEQUEUES {
             q.dequeue(name, id, kind).await?;
         }
         let _left = self.cleanup.disarm();

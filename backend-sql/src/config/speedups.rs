@@ -26,8 +26,8 @@ pub enum Speedup {
     /// `background-dequeue`: after a hand-over on MySQL, the new holder deletes its waiter row
     /// in the background. Off: it deletes it before its acquire returns.
     BackgroundDequeue,
-    /// `mysql-procedures`: on MySQL, a waiter's grant and a semaphore's grant, join and
-    /// hand-over run as stored procedures (one round trip each) where the account may create
+    /// `mysql-procedures`: on MySQL, a semaphore's grant, join and hand-over run as stored
+    /// procedures (one round trip each) where the account may create
     /// them. Off: their statements are sent one by one.
     MysqlProcedures,
 }

@@ -44,12 +44,7 @@ fn insert(s: &Sql, fence: &str) -> String {
 /// twice as much per statement. A grant's fence is GREATEST(fence + 1, token minimum) (0 = no
 /// min_token).
 fn gated(s: &Sql, gate: &str) -> Stmt {
-    s.done(&gated_text(s, gate))
-}
-
-/// [`gated`]'s template.
-fn gated_text(s: &Sql, gate: &str) -> String {
-    format!(
+    s.done(&format!(
         "{} ON DUPLICATE KEY UPDATE \
          fence = IF(({TAKEABLE}) AND NOT EXISTS (SELECT 1 FROM {} AS w \
          WHERE w.name = $name{gate} AND w.expires_at > NOW(6)), \
@@ -58,7 +53,7 @@ fn gated_text(s: &Sql, gate: &str) -> String {
          expires_at = IF(owner <=> $owner, NOW(6) + INTERVAL $ttl MICROSECOND, expires_at)",
         insert(s, "GREATEST(1, $min_token)"),
         s.waiters
-    )
+    ))
 }
 
 /// A queued waiter's gate: no live waiter with a smaller ticket is queued.

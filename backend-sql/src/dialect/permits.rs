@@ -80,6 +80,23 @@ pub struct PermitStatements {
     pub own_ticket: Stmt,
 }
 
+/// A semaphore's transactions as calls of server-side routines that are created with the
+/// tables (see [`SqlDialect::permit_routines`]).
+pub struct PermitRoutines {
+    /// Creates the routines, run after the tables are made.
+    pub create: Vec<Stmt>,
+    /// [`PermitStatements::grant_call`].
+    pub grant: Stmt,
+    /// [`PermitStatements::join_call`].
+    pub join: Stmt,
+    /// [`PermitStatements::hand`].
+    pub hand: Stmt,
+    /// [`PermitStatements::release`], which also wakes the permit waiters.
+    pub release: Stmt,
+    /// [`PermitStatements::release_owner`], which also wakes the permit waiters.
+    pub release_owner: Stmt,
+}
+
 /// The grant's statements about the waiter `$next` that a release hands its permit to (see
 /// [`PermitStatements::hand`]): each as the grant's, with `$next` for `$owner`.
 pub struct HandStatements {
@@ -209,9 +226,9 @@ pub fn recorded<D: SqlDialect>(s: &Sql) -> String {
 }
 
 impl PermitStatements {
-    /// `D`'s semaphore statements as they read on every dialect; PostgreSQL's notifications
-    /// and server-side routines are added in its [`SqlDialect::adapt`].
-    pub(super) fn new<D: SqlDialect>(s: &Sql) -> Self {
+    /// `D`'s semaphore statements, with `routines` (see [`SqlDialect::permit_routines`]) for
+    /// the transactions where the dialect has them.
+    pub(super) fn new<D: SqlDialect>(s: &Sql, routines: Option<PermitRoutines>) -> Self {
         let (sem, p, v, now, expiry) = (
             &s.semaphores,
             &s.permits,
@@ -222,6 +239,13 @@ impl PermitStatements {
         let live = |a: &str| format!("{a}.name = $name AND {a}.expires_at > {now}");
         let recorded = recorded::<D>(s);
         let t = PermitTemplates::new::<D>(s);
+        let release_owner = s.done(&format!(
+            "DELETE FROM {p} WHERE name = $name AND owner = $owner"
+        ));
+        let (release, release_owner) = match &routines {
+            Some(r) => (r.release.clone(), r.release_owner.clone()),
+            None => (s.done(&t.release), release_owner),
+        };
         PermitStatements {
             begin: D::TX_BEGIN.map(sqlx::SqlSafeStr::into_sql_str),
             relaxed: D::RELAXED_COMMIT.map(sqlx::SqlSafeStr::into_sql_str),
@@ -234,10 +258,10 @@ impl PermitStatements {
             enqueue: s.insert_returning(&t.enqueue, "ticket"),
             refresh: super::refresh::<D>(s, v),
             dequeue: s.done(&t.dequeue),
-            grant_call: None,
-            join_call: None,
-            leave: None,
-            hand: None,
+            grant_call: routines.as_ref().map(|r| r.grant.clone()),
+            join_call: routines.as_ref().map(|r| r.join.clone()),
+            leave: D::permit_leave(s),
+            hand: routines.map(|r| r.hand),
             handing: {
                 let next = t.of_next("$fence");
                 HandStatements {
@@ -247,10 +271,8 @@ impl PermitStatements {
                     dequeue: s.done(&next.dequeue),
                 }
             },
-            release: s.done(&t.release),
-            release_owner: s.done(&format!(
-                "DELETE FROM {p} WHERE name = $name AND owner = $owner"
-            )),
+            release,
+            release_owner,
             extend: s
                 .done(&format!(
                     "UPDATE {p} SET expires_at = {expiry} WHERE {}",

@@ -13,7 +13,7 @@ use lockcore::{Error, Lease, LockName, OwnerId, Result, WaitMechanism};
 use sqlx::error::DatabaseError;
 use sqlx::{SqlSafeStr, SqlStr};
 
-use super::{SqlDialect, Statements, connect_server, fence_of};
+use super::{PermitRoutines, SqlDialect, Statements, connect_server, fence_of};
 use crate::common::{Class, StatementRunner, from_micros, whole};
 use crate::config::{SqlConfig, Target};
 use crate::statement::{Sql, Stmt, Style};
@@ -95,6 +95,17 @@ fn semaphore_lock(sem: &str, bump: bool) -> String {
     }
 }
 
+/// The notification payload that wakes the live head of `$name`'s permit queue but `$owner`:
+/// the only waiter that a freed permit can go to (FIFO), so only it is woken (`Q`); with nobody
+/// queued, `P` wakes the rest.
+fn permit_wake(s: &Sql) -> String {
+    let v = &s.permit_waiters;
+    format!(
+        "COALESCE('Q' || (SELECT waiter FROM {v} WHERE name = $name AND expires_at > {NOW} \
+         AND waiter <> $owner ORDER BY ticket LIMIT 1) || $name, 'P' || $name)"
+    )
+}
+
 /// The owner- and fence-checked release's condition.
 const HELD: &str =
     "name = $name AND owner = $owner AND fence = $fence AND expires_at > clock_timestamp()";
@@ -119,9 +130,9 @@ impl SqlDialect for Postgres {
     const NOW: &'static str = NOW;
     /// The hand-over's statement deletes the new owner's waiter row (see `hand`).
     const HAND_DEQUEUES: bool = true;
-    /// The waiter's grant deletes its waiter row in the same statement (see `adapt`).
+    /// The waiter's grant deletes its waiter row in the same statement (see `wait_acquire`).
     const GRANT_DEQUEUES: bool = true;
-    /// `wait_acquire` looks for itself (see `adapt`).
+    /// `wait_acquire` looks for itself.
     const ATTEMPT_LOOKS: bool = true;
 
     const RELAXED_COMMIT: Option<&'static str> = Some("SET LOCAL synchronous_commit = off");
@@ -332,30 +343,47 @@ impl SqlDialect for Postgres {
     // waiter's commit from queueing behind (or ahead of) the head's grant on the WAL flush.
     // (The queue tables this crate creates are UNLOGGED, whose writes need no flush anyway;
     // tables made by an older version may be logged.)
-    fn adapt(s: &Sql, sql: &mut Statements) {
-        let (t, w, table, expiry) = (&s.leases, &s.waiters, &s.table, Self::expiry());
-        // `wait_acquire` looks for itself (`ATTEMPT_LOOKS`), and the grant deletes the waiter's
-        // row in the same statement; so does the hand-over (see `hand`), whose notification is
-        // the new owner's grant. A waiter that cannot use that notification (it came too late,
-        // or names another of its rows) finds the row its own at its next attempt, which
-        // reports it.
-        sql.dequeue = None;
-        // Joins the tail; drops expired waiters of the name on the way.
-        sql.enqueue = s.row(&format!(
+
+    /// Joins the tail; drops expired waiters of the name on the way.
+    fn enqueue(s: &Sql) -> Stmt {
+        s.row(&format!(
             "WITH gc AS (DELETE FROM {w} WHERE name = $name AND expires_at <= {NOW}), {ASYNC} \
              INSERT INTO {w} (name, waiter, expires_at, secret) \
-             SELECT $name, $owner, {expiry}, $secret FROM async_commit RETURNING ticket"
-        ));
-        sql.refresh = s
-            .done(&format!(
-                "WITH {ASYNC} UPDATE {w} SET expires_at = {expiry} FROM async_commit \
-                 WHERE ticket = $ticket AND name = $name AND waiter = $owner \
-                 AND expires_at > {NOW}"
-            ))
-            .keeping();
-        // Returns whether a lease was freed. (A free that a crash loses ends at the lease's
-        // ttl.)
-        sql.leave = Some(s.row(&format!(
+             SELECT $name, $owner, {expiry}, $secret FROM async_commit RETURNING ticket",
+            w = s.waiters,
+            expiry = Self::expiry(),
+        ))
+    }
+
+    fn refresh(s: &Sql) -> Stmt {
+        s.done(&format!(
+            "WITH {ASYNC} UPDATE {w} SET expires_at = {expiry} FROM async_commit \
+             WHERE ticket = $ticket AND name = $name AND waiter = $owner \
+             AND expires_at > {NOW}",
+            w = s.waiters,
+            expiry = Self::expiry(),
+        ))
+        .keeping()
+    }
+
+    /// Wakes only the head of the queue when there is one (see `Payload`): waking every waiter
+    /// made each release start as many attempts as there were waiters, and the head's attempt
+    /// queued behind them.
+    fn release(s: &Sql) -> Stmt {
+        free_and_notify(s, HELD, true)
+    }
+
+    /// The plain compare-and-free with a notification, without looking up the queue's head.
+    fn release_owner(s: &Sql) -> Stmt {
+        free_and_notify(s, "name = $name AND owner = $owner", false)
+    }
+
+    /// Returns whether a lease was freed. (A free that a crash loses ends at the lease's ttl.)
+    /// The grant and the hand-over delete the waiter's row themselves, so this is the only
+    /// way out of the queue.
+    fn leave(s: &Sql) -> Option<Stmt> {
+        let (t, w, table) = (&s.leases, &s.waiters, &s.table);
+        Some(s.row(&format!(
             "WITH gone AS (DELETE FROM {w} \
              WHERE name = $name AND (waiter = $owner OR expires_at <= {NOW}) RETURNING 1), \
              freed AS (UPDATE {t} SET owner = NULL WHERE name = $name AND owner = $owner \
@@ -364,37 +392,32 @@ impl SqlDialect for Postgres {
              (SELECT count(pg_notify('{table}', 'N' || $name)) FROM \
              (SELECT 1 FROM gone UNION ALL SELECT 1 FROM freed LIMIT 1) AS x) \
              FROM async_commit"
-        )));
-        // Wakes only the head of the queue when there is one (see `Payload`): waking every
-        // waiter made each release start as many attempts as there were waiters, and the
-        // head's attempt queued behind them.
-        sql.release = free_and_notify(s, HELD, true);
-        // The plain compare-and-free with a notification, without looking up the queue's head.
-        sql.release_owner = free_and_notify(s, "name = $name AND owner = $owner", false);
+        )))
+    }
 
-        // Semaphores: whatever frees a permit or leaves the permit queue wakes the name's
-        // permit waiters (`P<name>`, see `Payload`).
-        let (p, v) = (&s.permits, &s.permit_waiters);
-        // Readers: the row freed by the last reader, or a reader granted at the head, wakes the
-        // name's waiters.
-        sql.reads.notify = Some(s.done(&format!("SELECT pg_notify('{table}', 'N' || $name)")));
-        let permits = &mut sql.permits;
-        // The live head of the permit queue but `$owner`: the only waiter that a freed permit
-        // can go to (FIFO), so only it is woken (`Q`); with nobody queued, `P` wakes the rest.
-        let head = format!(
-            "(SELECT waiter FROM {v} WHERE name = $name AND expires_at > {NOW} \
-             AND waiter <> $owner ORDER BY ticket LIMIT 1)"
-        );
-        let wake = format!("COALESCE('Q' || {head} || $name, 'P' || $name)");
-        permits.leave = Some(s.row(&format!(
+    /// The row freed by the last reader, or a reader granted at the head, wakes the name's
+    /// waiters.
+    fn reader_notify(s: &Sql) -> Option<Stmt> {
+        let table = &s.table;
+        Some(s.done(&format!("SELECT pg_notify('{table}', 'N' || $name)")))
+    }
+
+    /// Whatever frees a permit or leaves the permit queue wakes the name's permit waiters
+    /// (`P<name>`, see `Payload`).
+    fn permit_leave(s: &Sql) -> Option<Stmt> {
+        let (p, v, table) = (&s.permits, &s.permit_waiters, &s.table);
+        Some(s.row(&format!(
             "WITH gone AS (DELETE FROM {v} \
              WHERE name = $name AND (waiter = $owner OR expires_at <= {NOW}) RETURNING 1), \
              freed AS (DELETE FROM {p} WHERE name = $name AND owner = $owner RETURNING 1) \
              SELECT (SELECT count(*) FROM freed), \
              (SELECT count(pg_notify('{table}', 'P' || $name)) FROM \
              (SELECT 1 FROM gone UNION ALL SELECT 1 FROM freed LIMIT 1) AS x)"
-        )));
-        routines::add(s, sql, &wake);
+        )))
+    }
+
+    fn permit_routines(s: &Sql) -> Option<PermitRoutines> {
+        Some(routines::permit_routines(s, &permit_wake(s)))
     }
 
     fn wake(&self, name: &LockName, waiter: OwnerId, permits: bool) -> Wake {

@@ -58,8 +58,7 @@ pub struct ReadStatements {
 }
 
 impl ReadStatements {
-    /// `D`'s reader statements as they read on every dialect; PostgreSQL's notification is
-    /// added in its [`SqlDialect::adapt`].
+    /// `D`'s reader statements.
     pub(super) fn new<D: SqlDialect>(s: &Sql) -> Self {
         let (t, w, r, now, expiry) = (&s.leases, &s.waiters, &s.readers, D::NOW, D::expiry());
         // A reader's own live hold: what its release and extend change.
@@ -131,7 +130,7 @@ impl ReadStatements {
                  (SELECT count(*) FROM {w} AS w WHERE w.name = $name AND w.expires_at > {now} \
                  AND EXISTS (SELECT 1 FROM {r} AS m WHERE m.name = w.name AND m.owner = w.waiter))"
             )),
-            notify: None,
+            notify: D::reader_notify(s),
         }
     }
 }

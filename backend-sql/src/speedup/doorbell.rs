@@ -9,8 +9,8 @@
 //! * the release of a lease that was granted from the queue (so that others were likely queued
 //!   behind it, and which has handed that head the row: see "Hand-over" in `crate::queue`)
 //!   sends an empty datagram to the address of the queue's live head. Where the
-//!   grant's own statement named the waiter left at the head (MySQL's grant procedure,
-//!   SQLite's grant), the release rings that ticket at once; otherwise, or when nobody is
+//!   grant's own statement named the waiter left at the head (SQLite's grant), the release
+//!   rings that ticket at once; otherwise, or when nobody is
 //!   bound there any more (that waiter left), it looks the head up in the background after the
 //!   release returned; a read hold granted from the queue rings the same head (a writer waiting
 //!   for the readers to leave) on its release, looked up the same way;

@@ -155,10 +155,10 @@ async fn a_dead_waiter_handed_the_lock_holds_it_for_the_lease(kind: Kind) {
     );
 }
 
-/// A waiter granted from the queue gets a lease marked as such, and where the dialect rings
-/// doorbells (MySQL's grant procedure, SQLite's grant), the mark names the live waiter left at
-/// the head, so that the release rings it without looking it up (see the crate's `bell`
-/// module). PostgreSQL notifies instead and names none.
+/// A waiter granted from the queue gets a lease marked as such, and where the grant reports it
+/// (SQLite's), the mark names the live waiter left at the head, so that the release rings its
+/// doorbell without looking it up (see the crate's `speedup::doorbell`). MySQL's grant reports
+/// only the fence, and PostgreSQL notifies instead: their marks name none.
 async fn a_grant_from_the_queue_names_the_next_head(kind: Kind) {
     let url = fresh_url(kind).await;
     let (a, b) = (client(&url).await, client(&url).await);
@@ -183,8 +183,8 @@ async fn a_grant_from_the_queue_names_the_next_head(kind: Kind) {
         .expect("task")
         .expect("acquire");
     let expected = match kind {
-        Kind::Postgres => "queued".to_owned(),
-        Kind::Sqlite | Kind::MariaDb => format!("queued {behind}"),
+        Kind::Postgres | Kind::MariaDb => "queued".to_owned(),
+        Kind::Sqlite => format!("queued {behind}"),
     };
     assert_eq!(got.lease().handle(), Some(expected.as_str()));
     assert_eq!(raw.tickets(n.as_str()).await, [behind]);

@@ -1,5 +1,5 @@
-//! MySQL's and MariaDB's semaphore grant and join, and a queued waiter's grant of the lock, as
-//! stored procedures, one round trip each.
+//! MySQL's and MariaDB's semaphore grant, join and hand-over as stored procedures, one round
+//! trip each.
 //!
 //! Sent statement by statement, the grant transaction is six round trips (begin, the semaphore
 //! row's lock, the look, the grant, the dequeue, the commit), and it holds the row's lock for
@@ -23,9 +23,9 @@
 
 use sqlx::Executor;
 
-use super::{MySql, WAITER_GATE, gated_text, semaphore_lock};
+use super::{MySql, semaphore_lock};
 use crate::common::{StatementRunner, routine_name};
-use crate::dialect::{PermitTemplates, Statements, head_of, recorded};
+use crate::dialect::{PermitTemplates, Statements, recorded};
 use crate::statement::Sql;
 
 /// The state the look reads into (see `PermitStatements::state`).
@@ -143,32 +143,6 @@ fn hand_body(s: &Sql) -> String {
     )
 }
 
-/// A queued waiter's attempt at the lock and, when it is granted, its leaving the queue (with
-/// the name's expired waiters), in one transaction: sent as two statements they were two
-/// commits, each waiting for the log flush, between a release and the next holder. One row:
-/// the fence if granted, else NULL; NULL (MySQL reports no holder's time left); and when
-/// granted, the ticket of the live waiter now at the head, whose doorbell the release will
-/// ring without looking it up (see `crate::speedup::doorbell`).
-fn grant_lock_body(s: &Sql) -> String {
-    format!(
-        "BEGIN \
-         DECLARE v_fence BIGINT; \
-         {ON_ERROR} \
-         {BEGIN} \
-         {attempt}; \
-         SET v_fence = LAST_INSERT_ID(); \
-         IF v_fence > 0 THEN DELETE FROM {w} WHERE name = $name \
-         AND (waiter = $owner OR expires_at <= NOW(6)); END IF; \
-         COMMIT; \
-         IF v_fence > 0 THEN SELECT v_fence, NULL, ({head}); \
-         ELSE SELECT NULL, NULL, NULL; END IF; \
-         END",
-        attempt = gated_text(s, WAITER_GATE),
-        w = s.waiters,
-        head = head_of::<MySql>(&s.waiters),
-    )
-}
-
 /// A stored procedure: its name (with the hash of its text) and its `CREATE PROCEDURE`.
 struct Routine {
     name: String,
@@ -223,22 +197,8 @@ const OWNER: &str =
     "p_name VARBINARY(1024), p_owner CHAR(32) CHARACTER SET ascii COLLATE ascii_bin";
 
 /// Creates the procedures where missing and has `sql` call those that are there (else it keeps
-/// the statements): a waiter's grant of the lock; the semaphore's grant and join together, and
-/// its hand-over.
+/// the statements): the semaphore's grant and join together, and its hand-over.
 pub(super) async fn install(runner: &StatementRunner<sqlx::MySql>, s: &Sql, sql: &mut Statements) {
-    let lock = Routine::new(
-        s,
-        "grant_lock",
-        &format!("{OWNER}, p_ttl BIGINT, p_min_token BIGINT, p_ticket BIGINT"),
-        &grant_lock_body(s),
-    );
-    if lock.install(runner).await {
-        sql.wait_acquire = s.row(&format!(
-            "CALL `{}`($name, $owner, $ttl, $min_token, $ticket)",
-            lock.name
-        ));
-        sql.grant_dequeues = true;
-    }
     let permits = &mut sql.permits;
     let grant = Routine::new(
         s,

@@ -23,7 +23,7 @@
 
 use super::{NOW, semaphore_lock};
 use crate::common::routine_name;
-use crate::dialect::{PermitTemplates, Statements, recorded};
+use crate::dialect::{PermitRoutines, PermitTemplates, recorded};
 use crate::statement::Sql;
 
 /// The advisory lock key under which clients (re)create the functions (`dlock` in ASCII).
@@ -180,9 +180,9 @@ impl Function {
     }
 }
 
-/// Adds the functions to `sql.create` and their calls to `sql.permits`; `wake` is the
+/// The semaphore's functions, to be created with the tables, and their calls; `wake` is the
 /// notification payload that wakes the next head of the permit queue.
-pub(super) fn add(s: &Sql, sql: &mut Statements, wake: &str) {
+pub(super) fn permit_routines(s: &Sql, wake: &str) -> PermitRoutines {
     let grant = Function::new(
         s,
         "grant_permit",
@@ -212,26 +212,30 @@ pub(super) fn add(s: &Sql, sql: &mut Statements, wake: &str) {
          OUT o_free bigint",
         &hand_body(s, wake),
     );
-    for f in [&grant, &join, &release, &hand] {
-        sql.create.push(s.done(&f.create));
-    }
+    let create = [&grant, &join, &release, &hand]
+        .iter()
+        .map(|f| s.done(&f.create))
+        .collect();
     let (grant, join, release, hand) = (grant.name, join.name, release.name, hand.name);
-    sql.permits.hand = Some(s.row(&format!(
-        "SELECT * FROM \"{hand}\"($name, $owner, $fence::bigint, $next, $ticket::bigint, \
-         $ttl::bigint, $min_token::bigint, $permits::bigint)"
-    )));
-    let call = |fence: &str| {
+    let release_call = |fence: &str| {
         s.row(&format!(
             "SELECT * FROM \"{release}\"($name, $owner, {fence}::bigint)"
         ))
     };
-    sql.permits.release = call("$fence");
-    sql.permits.release_owner = call("NULL");
-    sql.permits.grant_call = Some(s.row(&format!(
-        "SELECT * FROM \"{grant}\"($name, $owner, $ttl::bigint, $min_token::bigint, \
-         $permits::bigint, $ticket::bigint)"
-    )));
-    sql.permits.join_call = Some(s.row(&format!(
-        "SELECT * FROM \"{join}\"($name, $owner, $ttl::bigint, $permits::bigint)"
-    )));
+    PermitRoutines {
+        create,
+        grant: s.row(&format!(
+            "SELECT * FROM \"{grant}\"($name, $owner, $ttl::bigint, $min_token::bigint, \
+             $permits::bigint, $ticket::bigint)"
+        )),
+        join: s.row(&format!(
+            "SELECT * FROM \"{join}\"($name, $owner, $ttl::bigint, $permits::bigint)"
+        )),
+        hand: s.row(&format!(
+            "SELECT * FROM \"{hand}\"($name, $owner, $fence::bigint, $next, $ticket::bigint, \
+             $ttl::bigint, $min_token::bigint, $permits::bigint)"
+        )),
+        release: release_call("$fence"),
+        release_owner: release_call("NULL"),
+    }
 }
