@@ -1,5 +1,6 @@
 //! A private PostgreSQL server: `initdb` + `postgres` as the `postgres` OS user.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -18,7 +19,8 @@ const PACKAGE: &str = "postgresql";
 /// 127.0.0.1, its socket in that dir; every connection authenticates with a password
 /// (`scram-sha-256`), and the superuser `postgres` has the kit's ([`Postgres::password`]), which
 /// [`Postgres::url`] carries; `fsync=off` (a killed process loses nothing the OS already has,
-/// which is all a kill -9 test needs).
+/// which is all a kill -9 test needs), set in `postgresql.conf` so that a benchmark can turn it
+/// back on with `ALTER SYSTEM` and a reload.
 ///
 /// Started as the `postgres` OS user when the tests run as root (initdb refuses root), through
 /// `setpriv`, which execs without forking, so the child is the postmaster itself and it still
@@ -96,6 +98,17 @@ impl Postgres {
         let initialised = run_command("initdb", initdb).await;
         let _ = std::fs::remove_file(&pwfile);
         initialised?;
+        let conf = pg.data_dir().join("postgresql.conf");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&conf)
+            .and_then(|mut f| f.write_all(b"fsync = off\nfull_page_writes = off\n"))
+            .map_err(|e| {
+                KitError::new(
+                    KitErrorKind::Io,
+                    format!("cannot write {}: {e}", conf.display()),
+                )
+            })?;
         pg.server.first_boot(&pg).await?;
         Ok(pg)
     }
@@ -235,7 +248,6 @@ impl Launch for Postgres {
             .arg("-p")
             .arg(server.port().to_string())
             .args(["-c", "listen_addresses=127.0.0.1"])
-            .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
             .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB"])
             .current_dir(dir);
         if self.tls.is_some() {
