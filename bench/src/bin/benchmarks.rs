@@ -33,26 +33,20 @@ const BACKENDS: &[SpawnName] = &[
 
 /// What `dlock bench` is asked for each run: one uncontended client beside the floors, then 8
 /// contending clients holding 1 ms.
-const BENCH_ARGS: &[&str] = &[
-    "bench",
-    "--mode",
-    "all",
-    "--duration",
-    "2s",
-    "--warmup",
-    "500ms",
-    "--clients",
-    "8",
-    "--hold",
-    "1ms",
-    "--json",
-];
+const BENCH_ARGS: &[&str] = &["bench", "--mode", "all"];
 
 /// The semaphore's contended run in the speed-up section: 8 processes sharing 2 permits.
 const SEMAPHORE_ARGS: &[&str] = &[
     "bench",
     "--mode",
     "contended",
+    "--permits",
+    "2",
+    "--processes",
+];
+
+/// What every run is asked besides: its length, its clients and their hold, JSON.
+const RUN_ARGS: &[&str] = &[
     "--duration",
     "2s",
     "--warmup",
@@ -61,9 +55,6 @@ const SEMAPHORE_ARGS: &[&str] = &[
     "8",
     "--hold",
     "1ms",
-    "--permits",
-    "2",
-    "--processes",
     "--json",
 ];
 
@@ -195,6 +186,7 @@ fn bench_with(
 ) -> Result<Figures, String> {
     let out = Command::new(binary)
         .args(args)
+        .args(RUN_ARGS)
         .args(extra)
         .arg("--url")
         .arg(url)
@@ -295,7 +287,7 @@ async fn main() {
          alternating 200 ms turns; `floor ÷ itself` is that floor's odd turns over its even \
          ones, the bench's own noise: a difference smaller than its distance from 1 is noise. \
          `× limit` is contended acquisitions/s over `holders / (hold + floor pair)`.{}\n",
-        BENCH_ARGS.join(" "),
+        [BENCH_ARGS, RUN_ARGS].concat().join(" "),
         o.runs,
         if o.baseline.is_some() {
             " `before` and `after` are two builds run in turn on the same servers."
@@ -379,7 +371,7 @@ async fn speedups(o: &Options, doc: &mut String) {
          median of {} rounds and their range; `÷ all` is a variant's figure over the all-on \
          figure of the same round. A speed-up that does not apply to a backend reads as `all` \
          within the noise (`floor ÷ itself`).\n",
-        SEMAPHORE_ARGS.join(" "),
+        [SEMAPHORE_ARGS, RUN_ARGS].concat().join(" "),
         o.speedup_runs,
     );
     let mut variants = vec!["all".to_owned(), "none".to_owned()];
