@@ -21,7 +21,7 @@
 //!
 //! **Server-side routines.** PostgreSQL runs the grant, the join and the release as PL/pgSQL
 //! functions (`dialect/postgres/routines.rs`), MySQL and MariaDB as stored procedures where the
-//! account may create them (`dialect/mysql/routines.rs`): the same statements, one round trip,
+//! account may create them (`speedup/mysql_procedures.rs`): the same statements, one round trip,
 //! and the row's lock held only while the server runs them.
 //!
 //! **Hand-over.** A release of a permit in a process that has a waiter for it (this process's

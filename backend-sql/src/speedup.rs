@@ -10,12 +10,15 @@
 //!   statement, sparing the pool's ping on every checkout.
 //! * [`background_dequeue`]: after a hand-over on MySQL, the new holder deletes its waiter row
 //!   off its path, in the background.
+//! * [`mysql_procedures`]: MySQL's semaphore grant, join and hand-over as stored procedures,
+//!   one round trip each, where the account may create them.
 //!
-//! Two more live with what they speed up: the hand-over of a released lock or permit to the
-//! next waiter (`Client::lock_release`, `Client::release_permit`, see `crate::queue`), and
-//! MySQL's stored procedures (`dialect/mysql/routines.rs`).
+//! One more lives with what it speeds up, since it is the release statement itself: the
+//! hand-over of a released lock or permit to the next waiter (`Statements::hand`,
+//! `Client::lock_release`, `Client::release_permit`, see `crate::queue`).
 
 pub(crate) mod background_dequeue;
 pub(crate) mod connection_cache;
 pub(crate) mod doorbell;
+pub(crate) mod mysql_procedures;
 pub(crate) mod sqlite_write_queue;

@@ -27,8 +27,8 @@ pub enum Speedup {
     /// in the background. Off: it deletes it before its acquire returns.
     BackgroundDequeue,
     /// `mysql-procedures`: on MySQL, a semaphore's grant, join and hand-over run as stored
-    /// procedures (one round trip each) where the account may create
-    /// them. Off: their statements are sent one by one.
+    /// procedures (one round trip each) where the account may create them. Off: their
+    /// statements are sent one by one.
     MysqlProcedures,
 }
 

@@ -8,8 +8,6 @@ use lockcore::{Error, Result};
 use sqlx::error::DatabaseError;
 use sqlx::mysql::MySqlDatabaseError;
 
-mod routines;
-
 use super::{SqlDialect, Statements, connect_server};
 use crate::common::{Class, StatementRunner};
 use crate::config::{Speedup, SqlConfig, Target};
@@ -62,7 +60,7 @@ const WAITER_GATE: &str = " AND w.ticket < $ticket AND w.waiter <> $owner";
 /// The semaphore row's lock (see [`SqlDialect::semaphore_lock`]) on table `sem`: with `bump`, the
 /// new fence is the OK packet's insert id (see `insert`), which `LAST_INSERT_ID()` also reads
 /// back on the same connection.
-fn semaphore_lock(sem: &str, bump: bool) -> String {
+pub(crate) fn semaphore_lock(sem: &str, bump: bool) -> String {
     if bump {
         format!(
             "INSERT INTO {sem} (name, fence) VALUES ($name, LAST_INSERT_ID(GREATEST(1, $min_token))) \
@@ -125,7 +123,7 @@ impl SqlDialect for MySql {
         let runner = connect_server::<Self>(config, opts, sql).await?.0;
         let s = Sql::new(Self::STYLE, &config.table);
         if config.speedups.contains(Speedup::MysqlProcedures) {
-            routines::install(&runner, &s, sql).await;
+            crate::speedup::mysql_procedures::install(&runner, &s, sql).await;
         }
         Ok((runner, MySql))
     }

@@ -23,8 +23,8 @@
 
 use sqlx::Executor;
 
-use super::{MySql, semaphore_lock};
 use crate::common::{StatementRunner, routine_name};
+use crate::dialect::mysql::{MySql, semaphore_lock};
 use crate::dialect::{PermitTemplates, Statements, recorded};
 use crate::statement::Sql;
 
@@ -198,7 +198,7 @@ const OWNER: &str =
 
 /// Creates the procedures where missing and has `sql` call those that are there (else it keeps
 /// the statements): the semaphore's grant and join together, and its hand-over.
-pub(super) async fn install(runner: &StatementRunner<sqlx::MySql>, s: &Sql, sql: &mut Statements) {
+pub(crate) async fn install(runner: &StatementRunner<sqlx::MySql>, s: &Sql, sql: &mut Statements) {
     let permits = &mut sql.permits;
     let grant = Routine::new(
         s,
