@@ -87,7 +87,7 @@ async fn a_dml_only_account_uses_existing_tables(kind: Kind) {
     let lock = take(&c, &n, Duration::from_secs(30))
         .await
         .expect("the lock");
-    // A queued waiter's grant (on MySQL a stored procedure, where the account may call one).
+    // A queued waiter's grant.
     let waiter = {
         let (c, n) = (client(&as_account(&db)).await, n.clone());
         tokio::spawn(async move { c.lock(n.as_str(), &waiting(Duration::from_secs(30))).await })

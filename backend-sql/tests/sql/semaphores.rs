@@ -222,6 +222,46 @@ async fn postgres_functions_of_another_version_are_left_alone() {
     );
 }
 
+/// On MariaDB, an account that may create routines gets the semaphore's three procedures
+/// (grant, join, hand-over), each named with the hash of its text, and nothing for the lock,
+/// whose queued grant is plain statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_creates_the_semaphore_procedures_and_none_for_the_lock() {
+    let url = fresh_url(Kind::MariaDb).await;
+    let raw = Raw::connect(&url).await;
+    let c = client(&url).await;
+    let n = name("procedures");
+    let p = permit(&c, &n, 2, opts(Duration::from_secs(60)))
+        .await
+        .expect("a permit")
+        .expect("free");
+    assert_eq!(c.release(&p).await.unwrap(), Released::Released);
+    let Raw::My(pool) = &raw else {
+        unreachable!("a MariaDB URL")
+    };
+    let mut names: Vec<String> = sqlx::query_scalar(
+        "SELECT ROUTINE_NAME FROM information_schema.ROUTINES \
+         WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_TYPE = 'PROCEDURE'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    names.sort();
+    let bases: Vec<&str> = names
+        .iter()
+        .map(|n| n.rsplit_once('_').map_or(n.as_str(), |(base, _hash)| base))
+        .collect();
+    assert_eq!(
+        bases,
+        [
+            "dlock_leases_grant_permit",
+            "dlock_leases_hand_permit",
+            "dlock_leases_join_permits"
+        ],
+        "procedures created: {names:?}"
+    );
+}
+
 /// Twelve clients try for a permit of three at once, five rounds (see
 /// `concurrent_tries_never_exceed_the_count`).
 async fn crowd_a_semaphore(url: &str) {
