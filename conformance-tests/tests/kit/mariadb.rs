@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use conformance_tests::kit::{MariaDb, password};
 
-use crate::support::{PAUSED_PROBE, mariadb_answers, refuses};
+use crate::support::{PAUSED_PROBE, kill9_and_restart, mariadb_answers};
 
 #[tokio::test]
 async fn mariadb_starts_answers_and_survives_kill9_restart_with_its_data() {
@@ -36,15 +36,7 @@ async fn mariadb_starts_answers_and_survives_kill9_restart_with_its_data() {
     .await
     .unwrap();
 
-    db.kill9();
-    assert!(
-        refuses(db.addr()).await,
-        "a killed mariadb refuses connections"
-    );
-
-    let port = db.port();
-    db.restart().await.expect("mariadb restarts after kill -9");
-    assert_eq!(db.port(), port, "restart keeps the port");
+    kill9_and_restart(&db).await;
     assert_eq!(
         db.query("test", "SELECT v FROM kept").await.unwrap().trim(),
         "7",

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use conformance_tests::kit::{Postgres, password};
 
-use crate::support::{PAUSED_PROBE, pg_answers, refuses};
+use crate::support::{PAUSED_PROBE, kill9_and_restart, pg_answers};
 
 #[tokio::test]
 async fn postgres_starts_answers_and_survives_kill9_restart_with_its_data() {
@@ -30,15 +30,7 @@ async fn postgres_starts_answers_and_survives_kill9_restart_with_its_data() {
     .await
     .unwrap();
 
-    pg.kill9();
-    assert!(
-        refuses(pg.addr()).await,
-        "a killed postgres refuses connections"
-    );
-
-    let port = pg.port();
-    pg.restart().await.expect("postgres restarts after kill -9");
-    assert_eq!(pg.port(), port, "restart keeps the port");
+    kill9_and_restart(&pg).await;
     assert_eq!(
         pg.query("postgres", "SELECT v FROM kept")
             .await

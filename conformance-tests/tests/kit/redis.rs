@@ -6,7 +6,7 @@ use conformance_tests::kit::{Redis, RedisReply, password, read_redis_reply, redi
 use tokio::io::AsyncWriteExt;
 use tokio::time::timeout;
 
-use crate::support::{PAUSED_PROBE, authenticated, bulk, redis_pongs, refuses};
+use crate::support::{PAUSED_PROBE, authenticated, bulk, kill9_and_restart, redis_pongs, refuses};
 
 #[tokio::test]
 async fn redis_without_persistence_loses_keys_on_kill9_and_restarts_on_the_same_port() {
@@ -26,15 +26,7 @@ async fn redis_without_persistence_loses_keys_on_kill9_and_restarts_on_the_same_
     );
     assert_eq!(redis.command(&["GET", "k"]).await.unwrap(), bulk("v"));
 
-    redis.kill9();
-    assert!(
-        refuses(redis.addr()).await,
-        "a killed redis refuses connections"
-    );
-
-    let port = redis.port();
-    redis.restart().await.expect("redis restarts");
-    assert_eq!(redis.port(), port, "restart keeps the port");
+    kill9_and_restart(&redis).await;
     assert_eq!(
         redis.command(&["GET", "k"]).await.unwrap(),
         RedisReply::Bulk(None),

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use conformance_tests::kit::{RedisReply, password, read_redis_reply, redis_encode};
+use conformance_tests::kit::{RedisReply, ServerControl, password, read_redis_reply, redis_encode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
@@ -18,6 +18,22 @@ pub(crate) async fn refuses(addr: SocketAddr) -> bool {
         timeout(Duration::from_secs(5), TcpStream::connect(addr)).await,
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
     )
+}
+
+/// Kills `server` with SIGKILL, checks that it refuses connections, restarts it and checks that
+/// it came back on the same port.
+pub(crate) async fn kill9_and_restart(server: &dyn ServerControl) {
+    let label = server.label().to_owned();
+    server.kill9();
+    assert!(
+        refuses(server.addr()).await,
+        "a killed {label} refuses connections"
+    );
+    let port = server.addr().port();
+    if let Err(e) = server.restart().await {
+        panic!("{label} restarts after kill -9: {e}");
+    }
+    assert_eq!(server.addr().port(), port, "restart keeps the port");
 }
 
 /// Sends PostgreSQL's SSLRequest and reads the one-byte answer ('N' or 'S').

@@ -6,7 +6,7 @@ use std::time::Duration;
 use conformance_tests::kit::{ZkEnsemble, ZooKeeper, zk_four_letter};
 use conformance_tests::within;
 
-use crate::support::{PAUSED_PROBE, refuses};
+use crate::support::{PAUSED_PROBE, kill9_and_restart, refuses};
 
 async fn zk_imok(addr: SocketAddr, within: Duration) -> bool {
     matches!(zk_four_letter(addr, "ruok", within).await, Ok(a) if a == "imok")
@@ -25,14 +25,7 @@ async fn zookeeper_standalone_starts_dies_restarts_pauses_and_resumes() {
         .unwrap();
     assert!(mntr.contains("zk_server_state\tstandalone"), "{mntr}");
 
-    zk.kill9();
-    assert!(
-        refuses(zk.addr()).await,
-        "a killed zookeeper refuses connections"
-    );
-    let port = zk.port();
-    zk.restart().await.expect("zookeeper restarts");
-    assert_eq!(zk.port(), port, "restart keeps the port");
+    kill9_and_restart(&zk).await;
     assert_eq!(zk.node().mode().await.as_deref(), Some("standalone"));
 
     zk.pause();
