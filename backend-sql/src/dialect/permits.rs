@@ -239,12 +239,23 @@ impl PermitStatements {
         let live = |a: &str| format!("{a}.name = $name AND {a}.expires_at > {now}");
         let recorded = recorded::<D>(s);
         let t = PermitTemplates::new::<D>(s);
-        let release_owner = s.done(&format!(
-            "DELETE FROM {p} WHERE name = $name AND owner = $owner"
-        ));
-        let (release, release_owner) = match &routines {
-            Some(r) => (r.release.clone(), r.release_owner.clone()),
-            None => (s.done(&t.release), release_owner),
+        let (grant_call, join_call, hand, release, release_owner) = match routines {
+            Some(r) => (
+                Some(r.grant),
+                Some(r.join),
+                Some(r.hand),
+                r.release,
+                r.release_owner,
+            ),
+            None => (
+                None,
+                None,
+                None,
+                s.done(&t.release),
+                s.done(&format!(
+                    "DELETE FROM {p} WHERE name = $name AND owner = $owner"
+                )),
+            ),
         };
         PermitStatements {
             begin: D::TX_BEGIN.map(sqlx::SqlSafeStr::into_sql_str),
@@ -258,10 +269,10 @@ impl PermitStatements {
             enqueue: s.insert_returning(&t.enqueue, "ticket"),
             refresh: super::refresh::<D>(s, v),
             dequeue: s.done(&t.dequeue),
-            grant_call: routines.as_ref().map(|r| r.grant.clone()),
-            join_call: routines.as_ref().map(|r| r.join.clone()),
+            grant_call,
+            join_call,
             leave: D::permit_leave(s),
-            hand: routines.map(|r| r.hand),
+            hand,
             handing: {
                 let next = t.of_next("$fence");
                 HandStatements {
