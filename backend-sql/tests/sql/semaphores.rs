@@ -187,6 +187,17 @@ async fn postgres_semaphore_under_a_repeatable_read_default() {
     crowd_a_semaphore(&url).await;
 }
 
+/// A new client on `url` takes a permit of a semaphore of two named after `prefix`, and
+/// releases it.
+async fn take_and_release_a_permit(url: &str, prefix: &str) {
+    let c = client(url).await;
+    let p = permit(&c, &name(prefix), 2, opts(Duration::from_secs(60)))
+        .await
+        .expect("a permit")
+        .expect("free");
+    assert_eq!(c.release(&p).await.unwrap(), Released::Released);
+}
+
 /// A database where another version left a function under the same base name (other argument
 /// names, other text) still serves semaphores: each version's functions carry a hash of their
 /// text, so neither replaces the other's, and PostgreSQL never has to rename an argument.
@@ -200,13 +211,7 @@ async fn postgres_functions_of_another_version_are_left_alone() {
                  OUT o_left bigint, OUT o_recorded bigint) \
                  LANGUAGE plpgsql AS $F$ BEGIN o_outcome := 1; END $F$";
     raw.exec(other).await;
-    let c = client(&url).await;
-    let n = name("versions");
-    let p = permit(&c, &n, 2, opts(Duration::from_secs(60)))
-        .await
-        .expect("a permit beside another version's functions")
-        .expect("free");
-    assert_eq!(c.release(&p).await.unwrap(), Released::Released);
+    take_and_release_a_permit(&url, "versions").await;
     let Raw::Pg(pool) = &raw else {
         unreachable!("a PostgreSQL URL")
     };
@@ -229,13 +234,7 @@ async fn postgres_functions_of_another_version_are_left_alone() {
 async fn mariadb_creates_the_semaphore_procedures_and_none_for_the_lock() {
     let url = fresh_url(Kind::MariaDb).await;
     let raw = Raw::connect(&url).await;
-    let c = client(&url).await;
-    let n = name("procedures");
-    let p = permit(&c, &n, 2, opts(Duration::from_secs(60)))
-        .await
-        .expect("a permit")
-        .expect("free");
-    assert_eq!(c.release(&p).await.unwrap(), Released::Released);
+    take_and_release_a_permit(&url, "procedures").await;
     let Raw::My(pool) = &raw else {
         unreachable!("a MariaDB URL")
     };
