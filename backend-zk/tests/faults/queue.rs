@@ -19,15 +19,20 @@ struct QueueOfThree {
     paths: Vec<String>,
 }
 
-async fn queue_of_three(chroot: &str, label: &str) -> QueueOfThree {
+/// Four clients, each on a session of its own, under `chroot` on the shared server.
+async fn four_clients(chroot: &str) -> (ZkLock, ZkLock, ZkLock, ZkLock) {
     let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
     let url = format!("{}/{chroot}", zk.url());
-    let (a, b, c, observer) = (
+    (
         client(&url).await,
         client(&url).await,
         client(&url).await,
         client(&url).await,
-    );
+    )
+}
+
+async fn queue_of_three(chroot: &str, label: &str) -> QueueOfThree {
+    let (a, b, c, observer) = four_clients(chroot).await;
     let name = unique(label);
     let ga = dyn_lock(&a)
         .lock(&name, &plain(60 * SEC, Wait::No))
@@ -263,14 +268,7 @@ async fn release_marks_exclusive_nodes_only() {
 /// the lock, and the waiter behind it gets the lock only when the holder releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_ahead_gives_up_holder_not_displaced() {
-    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
-    let url = format!("{}/faults-gives-up", zk.url());
-    let (a, b, c, observer) = (
-        client(&url).await,
-        client(&url).await,
-        client(&url).await,
-        client(&url).await,
-    );
+    let (a, b, c, observer) = four_clients("faults-gives-up").await;
     let name = unique("gives-up");
     let ga = dyn_lock(&a)
         .lock(&name, &plain(60 * SEC, Wait::No))
@@ -320,14 +318,7 @@ async fn waiter_ahead_gives_up_holder_not_displaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_write_queue_and_dropped_reader() {
     use lockcore::ReadWriteExt;
-    let zk = ZooKeeper::shared().await.expect("kit ZooKeeper");
-    let url = format!("{}/faults-rw", zk.url());
-    let (a, b, c, observer) = (
-        client(&url).await,
-        client(&url).await,
-        client(&url).await,
-        client(&url).await,
-    );
+    let (a, b, c, observer) = four_clients("faults-rw").await;
     let name = unique("rw");
     let opts = plain(30 * SEC, Wait::No);
     let r1 = dyn_lock(&a).read_lock(&name, &opts).await.expect("r1");
