@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use conformance_tests::kit::{MariaDb, password};
 
-use crate::support::{PAUSED_PROBE, kill9_and_restart, mariadb_answers};
+use crate::support::{kill9_and_restart, mariadb_answers, pause_then_resume};
 
 #[tokio::test]
 async fn mariadb_starts_answers_and_survives_kill9_restart_with_its_data() {
@@ -48,16 +48,7 @@ async fn mariadb_starts_answers_and_survives_kill9_restart_with_its_data() {
 async fn mariadb_pause_freezes_and_resume_thaws() {
     let db = MariaDb::start().await.expect("mariadb starts");
     assert!(mariadb_answers(db.addr(), Duration::from_secs(10)).await);
-    db.pause();
-    assert!(
-        !mariadb_answers(db.addr(), PAUSED_PROBE).await,
-        "a paused mariadb does not answer"
-    );
-    db.resume();
-    assert!(
-        mariadb_answers(db.addr(), Duration::from_secs(10)).await,
-        "a resumed mariadb answers"
-    );
+    pause_then_resume(&db, mariadb_answers).await;
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use conformance_tests::kit::{Postgres, password};
 
-use crate::support::{PAUSED_PROBE, kill9_and_restart, pg_answers};
+use crate::support::{kill9_and_restart, pause_then_resume, pg_answers};
 
 #[tokio::test]
 async fn postgres_starts_answers_and_survives_kill9_restart_with_its_data() {
@@ -49,16 +49,7 @@ async fn postgres_starts_answers_and_survives_kill9_restart_with_its_data() {
 async fn postgres_pause_freezes_and_resume_thaws() {
     let pg = Postgres::start().await.expect("postgres starts");
     assert!(pg_answers(pg.addr(), Duration::from_secs(10)).await);
-    pg.pause();
-    assert!(
-        !pg_answers(pg.addr(), PAUSED_PROBE).await,
-        "a paused postgres does not answer"
-    );
-    pg.resume();
-    assert!(
-        pg_answers(pg.addr(), Duration::from_secs(10)).await,
-        "a resumed postgres answers"
-    );
+    pause_then_resume(&pg, pg_answers).await;
     assert_eq!(pg.query("postgres", "SELECT 1").await.unwrap().trim(), "1");
 }
 

@@ -36,6 +36,26 @@ pub(crate) async fn kill9_and_restart(server: &dyn ServerControl) {
     assert_eq!(server.addr().port(), port, "restart keeps the port");
 }
 
+/// Pauses `server` and checks that `answers`, a probe of its protocol, gets no answer; then
+/// resumes it and checks that it answers again.
+pub(crate) async fn pause_then_resume<F, Fut>(server: &dyn ServerControl, answers: F)
+where
+    F: Fn(SocketAddr, Duration) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let label = server.label().to_owned();
+    server.pause();
+    assert!(
+        !answers(server.addr(), PAUSED_PROBE).await,
+        "a paused {label} does not answer"
+    );
+    server.resume();
+    assert!(
+        answers(server.addr(), Duration::from_secs(10)).await,
+        "a resumed {label} answers"
+    );
+}
+
 /// Sends PostgreSQL's SSLRequest and reads the one-byte answer ('N' or 'S').
 pub(crate) async fn pg_answers(addr: SocketAddr, within: Duration) -> bool {
     let probe = async {

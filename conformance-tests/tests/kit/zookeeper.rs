@@ -6,7 +6,7 @@ use std::time::Duration;
 use conformance_tests::kit::{ZkEnsemble, ZooKeeper, zk_four_letter};
 use conformance_tests::within;
 
-use crate::support::{PAUSED_PROBE, kill9_and_restart, refuses};
+use crate::support::{kill9_and_restart, pause_then_resume, refuses};
 
 async fn zk_imok(addr: SocketAddr, within: Duration) -> bool {
     matches!(zk_four_letter(addr, "ruok", within).await, Ok(a) if a == "imok")
@@ -28,13 +28,7 @@ async fn zookeeper_standalone_starts_dies_restarts_pauses_and_resumes() {
     kill9_and_restart(&zk).await;
     assert_eq!(zk.node().mode().await.as_deref(), Some("standalone"));
 
-    zk.pause();
-    assert!(
-        !zk_imok(zk.addr(), PAUSED_PROBE).await,
-        "a paused zookeeper does not answer ruok"
-    );
-    zk.resume();
-    assert!(zk_imok(zk.addr(), Duration::from_secs(10)).await);
+    pause_then_resume(&zk, zk_imok).await;
 }
 
 #[tokio::test]
