@@ -2,5 +2,6 @@
 
 pub mod floor;
 pub mod ladder;
+pub mod server_connections;
 
 pub use floor::{Floor, Floors};

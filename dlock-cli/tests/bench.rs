@@ -111,6 +111,29 @@ async fn contended_clients_take_turns_without_overlap() {
     );
     let of = c.of_limit.expect("a ratio with a limit");
     assert!((of - c.acquisitions_per_sec / limit).abs() < 1e-9, "{of}");
+    let in_holds = c.wait.p50_us / (c.hold_ms * 1000.0);
+    assert!((c.wait_p50_holds - in_holds).abs() < 1e-9, "{c:?}");
+    assert!(c.wait_p50_holds <= c.wait_p99_holds, "{c:?}");
+    assert!(c.server_connections.is_none(), "memory:// has no server");
+}
+
+/// On a database server the contended phase says how many connections its clients opened there,
+/// and the server's limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contended_clients_on_a_server_report_their_connections() {
+    let pg = conformance_tests::kit::Postgres::shared()
+        .await
+        .expect("kit PostgreSQL");
+    let report = bench::run(&short(&pg.url(), Mode::Contended)).await.unwrap();
+    let c = report.contended.expect("contended phase ran");
+    assert_eq!(c.errors, 0, "{:?}", c.first_error);
+    let s = c.server_connections.expect("PostgreSQL's connections are sampled");
+    assert!(
+        s.peak >= s.before + 4 && s.per_client >= 1.0,
+        "four clients hold at least a connection each: {s:?}"
+    );
+    assert_eq!(s.limit, 300, "the kit's max_connections");
+    assert!(!s.reached_limit && s.refused.is_none(), "{s:?}");
 }
 
 #[derive(Default)]

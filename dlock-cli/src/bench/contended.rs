@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use super::client::{ClientStats, Round, Tally, acquire_until, hold_for};
 use super::processes;
-use super::report::{ContendedReport, LatencySummary, per_sec, record};
+use super::report::{ConnectionsReport, ContendedReport, LatencySummary, per_sec, record};
 use super::{BenchOptions, Phase, Progress, Spawned};
 use dlock::{AcquireOptions, DistributedLock, KeepAlive, Released, Result, Wait, connect};
+use dlock_bench::server_connections::ConnectionSampler;
 
 /// Who had the lock last, for handoff latency.
 ///
@@ -116,11 +117,17 @@ pub(super) async fn contended(
 ) -> Result<ContendedReport> {
     let name = format!("{prefix}/contended");
     let ttl = opts.contended_ttl();
+    let sampler = ConnectionSampler::start(&opts.url).await?;
     let tally = if opts.processes {
-        processes::contend(opts, &name, ttl, progress.clone()).await?
+        processes::contend(opts, &name, ttl, progress.clone()).await
     } else {
-        in_process(opts, &name, ttl, progress.clone()).await?
+        in_process(opts, &name, ttl, progress.clone()).await
     };
+    let connections = match sampler {
+        Some(sampler) => Some(sampler.finish().await?),
+        None => None,
+    };
+    let tally = tally?;
     let total = opts.warmup + opts.duration;
     progress.update(Phase::Contended, total, total);
 
@@ -136,20 +143,26 @@ pub(super) async fn contended(
     let acquisitions: u64 = per_client.iter().sum();
     let per_client_min = per_client.iter().copied().min().unwrap_or(0);
     let per_client_max = per_client.iter().copied().max().unwrap_or(0);
+    let clients = per_client.len();
+    let wait = LatencySummary::of(&wait);
+    let hold_us = opts.hold.as_secs_f64() * 1e6;
+    let in_holds = |us: f64| if hold_us > 0.0 { us / hold_us } else { 0.0 };
     let limit =
         floor_p50_us.map(|f| opts.holders() as f64 * 1e6 / (opts.hold.as_secs_f64() * 1e6 + f));
     Ok(ContendedReport {
         name,
         permits: opts.permits,
         mean_holders,
-        clients: per_client.len(),
+        clients,
         processes: opts.processes,
         hold_ms: opts.hold.as_secs_f64() * 1000.0,
         ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
         acquisitions,
         acquisitions_per_sec: per_sec(acquisitions, opts.duration),
         handoff: LatencySummary::of(&handoff),
-        wait: LatencySummary::of(&wait),
+        wait_p50_holds: in_holds(wait.p50_us),
+        wait_p99_holds: in_holds(wait.p99_us),
+        wait,
         clients_that_acquired: per_client.iter().filter(|&&n| n > 0).count(),
         fairness: if per_client_max > 0 {
             per_client_min as f64 / per_client_max as f64
@@ -165,6 +178,14 @@ pub(super) async fn contended(
         floor_pair_p50_us: floor_p50_us,
         limit_per_sec: limit,
         of_limit: limit.map(|l| per_sec(acquisitions, opts.duration) / l),
+        server_connections: connections.map(|c| ConnectionsReport {
+            before: c.before,
+            peak: c.peak,
+            per_client: c.added() as f64 / clients.max(1) as f64,
+            limit: c.limit,
+            reached_limit: c.reached_limit(),
+            refused: c.refused,
+        }),
     })
 }
 

@@ -22,7 +22,9 @@ mod uncontended;
 
 pub use hold::HoldReport;
 pub use processes::{CLIENT_ARG, CLIENT_ENV, client_child};
-pub use report::{BenchReport, ContendedReport, FloorReport, LatencySummary, UncontendedReport};
+pub use report::{
+    BenchReport, ConnectionsReport, ContendedReport, FloorReport, LatencySummary, UncontendedReport,
+};
 
 use contended::contended;
 use uncontended::{floor_median, uncontended};

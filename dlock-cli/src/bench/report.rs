@@ -131,6 +131,11 @@ pub struct ContendedReport {
     pub handoff: LatencySummary,
     /// Time from an acquire call's start to its return.
     pub wait: LatencySummary,
+    /// The median wait in holds (`wait.p50_us` ÷ the hold): a FIFO queue keeps it near the
+    /// number of waiters ahead, at most the clients less one.
+    pub wait_p50_holds: f64,
+    /// The 99th percentile wait in holds.
+    pub wait_p99_holds: f64,
     /// Acquisitions per client in the measured window, by client index.
     pub per_client: Vec<u64>,
     /// Fewest acquisitions of one client.
@@ -155,6 +160,29 @@ pub struct ContendedReport {
     pub limit_per_sec: Option<f64>,
     /// Acquisitions/s ÷ that limit.
     pub of_limit: Option<f64>,
+    /// The connections the server had open while the clients ran (PostgreSQL and
+    /// MySQL/MariaDB; `None` for other stores).
+    pub server_connections: Option<ConnectionsReport>,
+}
+
+/// The connections a SQL server had open during the contended phase, sampled every 100 ms
+/// from a connection of the bench's own (not counted).
+#[derive(Clone, Debug, Serialize)]
+pub struct ConnectionsReport {
+    /// Client connections already open before the clients started.
+    pub before: u64,
+    /// The most open at one sample.
+    pub peak: u64,
+    /// What the clients added at the peak, per client.
+    pub per_client: f64,
+    /// The server's `max_connections`.
+    pub limit: u64,
+    /// Whether the server was full at some sample: a connection asked for then was refused
+    /// (PostgreSQL's clients retry a refusal until their timeout, so this is the only sign).
+    pub reached_limit: bool,
+    /// Connection attempts the server refused (for lack of room, or a failed login), where it
+    /// counts them (MySQL and MariaDB).
+    pub refused: Option<u64>,
 }
 
 /// Everything one `dlock bench` run measured. Field names are stable (the `--json` output).

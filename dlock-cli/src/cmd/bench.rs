@@ -480,9 +480,38 @@ fn render(r: &BenchReport) -> String {
                     ),
                 },
             ],
+            vec![
+                "waiter wait in holds".to_owned(),
+                {
+                    let mut line = format!("p50 {:.1}, p99 {:.1}", c.wait_p50_holds, c.wait_p99_holds);
+                    if c.permits.is_none() && c.hold_ms > 0.0 && c.handoff.count > 0 {
+                        // FIFO: every waiter ahead holds once and hands over once.
+                        let turn = 1.0 + c.handoff.p50_us / (c.hold_ms * 1000.0);
+                        line.push_str(&format!(
+                            " (FIFO keeps it near {:.1}: {} waiters ahead, each a hold and a handoff p50)",
+                            c.clients.saturating_sub(1) as f64 * turn,
+                            c.clients.saturating_sub(1)
+                        ));
+                    }
+                    line
+                },
+            ],
             vec!["exclusion violations".to_owned(), c.violations.to_string()],
             vec!["errors".to_owned(), c.errors.to_string()],
         ]);
+        if let Some(s) = &c.server_connections {
+            let mut line = format!(
+                "{} at peak, {} before the clients: {:.2} per client; the server's limit is {}",
+                s.peak, s.before, s.per_client, s.limit
+            );
+            if let Some(refused) = s.refused {
+                line.push_str(&format!("; {refused} refused"));
+            }
+            if s.reached_limit {
+                line.push_str(" (the server was full: connections asked for then were refused)");
+            }
+            summary.push(vec!["server connections".to_owned(), line]);
+        }
         // Left-align the values here: they are sentences, not numbers.
         let width = summary
             .iter()
