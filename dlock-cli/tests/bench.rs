@@ -124,10 +124,14 @@ async fn contended_clients_on_a_server_report_their_connections() {
     let pg = conformance_tests::kit::Postgres::shared()
         .await
         .expect("kit PostgreSQL");
-    let report = bench::run(&short(&pg.url(), Mode::Contended)).await.unwrap();
+    let report = bench::run(&short(&pg.url(), Mode::Contended))
+        .await
+        .unwrap();
     let c = report.contended.expect("contended phase ran");
     assert_eq!(c.errors, 0, "{:?}", c.first_error);
-    let s = c.server_connections.expect("PostgreSQL's connections are sampled");
+    let s = c
+        .server_connections
+        .expect("PostgreSQL's connections are sampled");
     assert!(
         s.peak >= s.before + 4 && s.per_client >= 1.0,
         "four clients hold at least a connection each: {s:?}"

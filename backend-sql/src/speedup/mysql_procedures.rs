@@ -162,20 +162,20 @@ impl Routine {
 
     /// Whether the procedure is there (visible to this account), creating it if not; `false`
     /// when it is neither there nor creatable.
-    async fn install(&self, runner: &StatementRunner<sqlx::MySql>) -> bool {
+    async fn install(&self, conn: &mut sqlx::MySqlConnection) -> bool {
         let seen = sqlx::query_scalar::<_, i64>(
             "SELECT count(*) FROM information_schema.ROUTINES \
              WHERE ROUTINE_SCHEMA = DATABASE() AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'PROCEDURE'",
         )
         .bind(&self.name)
-        .fetch_one(&runner.pool)
+        .fetch_one(&mut *conn)
         .await;
         if matches!(seen, Ok(n) if n > 0) {
             return true;
         }
         // Not preparable: sent as text.
         let create = sqlx::raw_sql(sqlx::AssertSqlSafe(self.create.clone()));
-        match runner.pool.execute(create).await {
+        match conn.execute(create).await {
             Ok(_) => true,
             // ER_SP_ALREADY_EXISTS: another client created it first.
             Err(sqlx::Error::Database(e))
@@ -222,7 +222,21 @@ pub(crate) async fn install(runner: &StatementRunner<sqlx::MySql>, s: &Sql, sql:
         ),
         &hand_body(s),
     );
-    if grant.install(runner).await && join.install(runner).await {
+    // On the client's own connection, as every statement is: straight from the pool, each
+    // check would open one more connection, kept idle for a minute.
+    let installed = runner
+        .run("install procedures", None, |mut c| {
+            let (grant, join, hand) = (&grant, &join, &hand);
+            async move {
+                let conn = c.conn();
+                let grant_and_join = grant.install(conn).await && join.install(conn).await;
+                let hand = hand.install(conn).await;
+                (c, Ok((grant_and_join, hand)))
+            }
+        })
+        .await;
+    let (grant_and_join, hand_installed) = installed.unwrap_or((false, false));
+    if grant_and_join {
         permits.grant_call = Some(s.row(&format!(
             "CALL `{}`($name, $owner, $ttl, $min_token, $permits, $ticket)",
             grant.name
@@ -232,7 +246,7 @@ pub(crate) async fn install(runner: &StatementRunner<sqlx::MySql>, s: &Sql, sql:
             join.name
         )));
     }
-    if hand.install(runner).await {
+    if hand_installed {
         permits.hand = Some(s.row(&format!(
             "CALL `{}`($name, $owner, $fence, $next, $ticket, $ttl, $min_token, $permits)",
             hand.name

@@ -1,5 +1,6 @@
-//! Connecting: bad input refused before any I/O, passwords kept out of messages, no leaked
-//! connections, SQLite files shared by processes, TLS and client certificates.
+//! Connecting: bad input refused before any I/O, passwords kept out of messages, one connection
+//! per waiting client and none leaked, SQLite files shared by processes, TLS and client
+//! certificates.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -151,6 +152,78 @@ async fn no_connection_leak_mariadb() {
         }
     };
     leak_check(&url, count).await;
+}
+
+/// While three clients use a name (one holds it, two wait through more than one refresh of
+/// their place in the queue), each has one connection open on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_per_waiting_client_mariadb() {
+    let db = kit::MariaDb::shared().await.expect("kit MariaDB");
+    let url = db.fresh_database("one").await.unwrap();
+    let database = url.rsplit('/').next().unwrap().to_owned();
+    let count = || {
+        let database = database.clone();
+        async move {
+            db.query(
+                "mysql",
+                &format!(
+                    "SELECT count(*) FROM information_schema.PROCESSLIST WHERE db = '{database}'"
+                ),
+            )
+            .await
+            .expect("mariadb client")
+            .trim()
+            .parse::<u32>()
+            .expect("count")
+        }
+    };
+    assert_eq!(
+        peak_while_waiting(&url, count).await,
+        3,
+        "sessions of three clients"
+    );
+}
+
+/// The most server sessions `count` saw at once while two clients waited for 2.5 s behind a
+/// third that held the name.
+async fn peak_while_waiting<F, Fut>(url: &str, count: F) -> u32
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = u32>,
+{
+    let clients = [client(url).await, client(url).await, client(url).await];
+    let n = name("one");
+    let lease = take(&clients[0], &n, Duration::from_secs(30))
+        .await
+        .expect("acquire");
+    let waiters: Vec<_> = clients[1..]
+        .iter()
+        .map(|c| {
+            let (c, n) = (c.clone(), n.clone());
+            tokio::spawn(async move {
+                let opts = AcquireOptions::new()
+                    .ttl(Duration::from_secs(30))
+                    .keep_alive(KeepAlive::Off)
+                    .wait(Wait::For(Duration::from_secs(30)));
+                let guard = c.lock(n.as_str(), &opts).await.expect("waiter acquires");
+                guard.release().await.expect("release");
+            })
+        })
+        .collect();
+    let mut peak = 0;
+    let until = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < until {
+        peak = peak.max(count().await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    clients[0].release(&lease).await.unwrap();
+    for w in waiters {
+        tokio::time::timeout(Duration::from_secs(60), w)
+            .await
+            .expect("waiter hangs")
+            .expect("waiter task");
+    }
+    peak
 }
 
 async fn leak_check<F, Fut>(url: &str, count: F)
