@@ -3,6 +3,7 @@
 //! whose caller went away, and unit conversions.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,13 +40,46 @@ pub enum Class {
 /// connection broken; each one fails fast and is closed).
 const MAX_STALE_ATTEMPTS: u32 = 12;
 
-/// A pooled connection that is closed, not reused, unless the statement run on it completed.
-/// A statement interrupted by a timeout or a dropped future leaves the protocol in an unknown
-/// state (or the socket blackholed), so the connection must not be reused. One that completed
-/// goes back to the client's [`ConnectionCache`] connections where there is room and nothing is
-/// left to send on it, else to the pool.
+/// A connection that something else owns and lends for one statement at a time: PostgreSQL's
+/// LISTEN connection (`crate::dialect::postgres::listen`), so that a client that waits needs no
+/// second connection for its statements.
+pub(crate) trait LentConnection<DB: Database>: Send {
+    /// The connection.
+    fn conn(&mut self) -> &mut DB::Connection;
+
+    /// Gives it back; `usable` is false when the statement on it did not complete, so its owner
+    /// must replace it.
+    fn give_back(self: Box<Self>, usable: bool);
+}
+
+/// What [`Lender::lend`] returns.
+pub(crate) type Lending<'a, DB> =
+    Pin<Box<dyn Future<Output = Option<Box<dyn LentConnection<DB>>>> + Send + 'a>>;
+
+/// What lends a [`LentConnection`].
+pub(crate) trait Lender<DB: Database>: Send + Sync {
+    /// Its connection for one statement, if it has one and no other statement has it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call lends nothing.
+    fn lend(&self) -> Lending<'_, DB>;
+}
+
+/// Where a statement's connection came from.
+enum Held<DB: Database> {
+    /// The pool, or the client's kept connections.
+    Pooled(PoolConnection<DB>),
+    /// A [`Lender`].
+    Lent(Box<dyn LentConnection<DB>>),
+}
+
+/// A connection for one statement that is closed, not reused, unless the statement run on it
+/// completed. A statement interrupted by a timeout or a dropped future leaves the protocol in an
+/// unknown state (or the socket blackholed), so the connection must not be reused. One that
+/// completed goes back to the client's [`ConnectionCache`] connections where there is room and
+/// nothing is left to send on it, else to the pool; a lent one goes back to its lender.
 pub(crate) struct StatementConn<DB: Database> {
-    conn: Option<PoolConnection<DB>>,
+    conn: Option<Held<DB>>,
     /// The statement's slot (see `ConnectionCache::slot`), given up after the connection (a field
     /// drops after `drop` has run).
     _slot: tokio::sync::OwnedSemaphorePermit,
@@ -58,7 +92,15 @@ pub(crate) struct StatementConn<DB: Database> {
 impl<DB: Database> StatementConn<DB> {
     /// The connection to run one statement on.
     pub(crate) fn conn(&mut self) -> &mut DB::Connection {
-        self.conn.as_mut().expect("a connection until dropped")
+        match self.conn.as_mut().expect("a connection until dropped") {
+            Held::Pooled(conn) => conn,
+            Held::Lent(lent) => lent.conn(),
+        }
+    }
+
+    /// Whether the connection is lent (see [`LentConnection`]).
+    fn is_lent(&self) -> bool {
+        matches!(self.conn, Some(Held::Lent(_)))
     }
 
     /// Marks the statement run on it as completed: the connection may be used again.
@@ -70,18 +112,28 @@ impl<DB: Database> StatementConn<DB> {
 
 impl<DB: Database> Drop for StatementConn<DB> {
     fn drop(&mut self) {
-        let Some(mut conn) = self.conn.take() else {
-            return;
-        };
-        if !self.clean {
-            conn.close_on_drop();
-        } else if !sqlx::Connection::should_flush(&*conn) {
-            // (A transaction dropped unfinished leaves its rollback to send: the pool's
-            // release sends it at once.)
-            self.cache.put(conn, self.since);
+        match self.conn.take() {
+            None => {}
+            Some(Held::Lent(mut lent)) => {
+                let usable = self.clean && !sqlx::Connection::should_flush(&*lent.conn());
+                lent.give_back(usable);
+            }
+            Some(Held::Pooled(mut conn)) => {
+                if !self.clean {
+                    conn.close_on_drop();
+                } else if !sqlx::Connection::should_flush(&*conn) {
+                    // (A transaction dropped unfinished leaves its rollback to send: the pool's
+                    // release sends it at once.)
+                    self.cache.put(conn, self.since);
+                }
+            }
         }
     }
 }
+
+/// How long a client whose statements run on a lent connection keeps another one unused, for
+/// statements that overlap.
+const LENT_SPARE_IDLE: Duration = Duration::from_secs(1);
 
 /// A pool plus the rules for running statements on it.
 pub struct StatementRunner<DB: Database> {
@@ -97,6 +149,9 @@ pub struct StatementRunner<DB: Database> {
     pub(crate) write_queue: Option<Arc<SqliteWriteQueue>>,
     /// Connections kept between statements (see [`ConnectionCache`]).
     pub(crate) cache: Arc<ConnectionCache<DB>>,
+    /// A connection lent between its own uses (PostgreSQL's listener), taken before the kept
+    /// ones and the pool's when it is free.
+    pub(crate) lender: Option<Arc<dyn Lender<DB>>>,
 }
 
 // By hand: a derive would require `DB: Clone`, which the driver marker types are not.
@@ -106,19 +161,31 @@ impl<DB: Database> Clone for StatementRunner<DB> {
             pool: self.pool.clone(),
             write_queue: self.write_queue.clone(),
             cache: self.cache.clone(),
+            lender: self.lender.clone(),
             ..*self
         }
     }
 }
 
 impl<DB: Database> StatementRunner<DB> {
-    /// A connection for one statement, after its turn (`ConnectionCache::slot`): the kept one used
-    /// last (see [`ConnectionCache`]), else one from the pool.
+    /// A connection for one statement, after its turn (`ConnectionCache::slot`): the lent one
+    /// where it is free, else the kept one used last (see [`ConnectionCache`]), else one from
+    /// the pool.
     pub(crate) async fn connection(&self) -> std::result::Result<StatementConn<DB>, sqlx::Error> {
         let slot = self.cache.slot().await;
-        let (conn, since) = match self.cache.take() {
-            Some(cached) => cached,
-            None => (self.pool.acquire().await?, Instant::now()),
+        let lent = match &self.lender {
+            Some(lender) => lender.lend().await,
+            None => None,
+        };
+        let (conn, since) = match lent {
+            Some(lent) => {
+                self.close_idle(LENT_SPARE_IDLE);
+                (Held::Lent(lent), Instant::now())
+            }
+            None => match self.cache.take() {
+                Some((conn, since)) => (Held::Pooled(conn), since),
+                None => (Held::Pooled(self.pool.acquire().await?), Instant::now()),
+            },
         };
         Ok(StatementConn {
             conn: Some(conn),
@@ -127,6 +194,16 @@ impl<DB: Database> StatementRunner<DB> {
             cache: self.cache.clone(),
             clean: false,
         })
+    }
+
+    /// Closes the connections idle in the pool and those kept unused for `limit`: while a lent
+    /// connection runs the statements, they are not needed (more open again when statements
+    /// overlap).
+    pub(crate) fn close_idle(&self, limit: Duration) {
+        let idle = std::iter::from_fn(|| self.pool.try_acquire());
+        for mut conn in self.cache.take_unused(limit).into_iter().chain(idle) {
+            conn.close_on_drop();
+        }
     }
 
     /// Runs `attempt` on a pooled connection, within the `timeout` budget for the whole call.
@@ -171,7 +248,24 @@ impl<DB: Database> StatementRunner<DB> {
                     (Some(queue), Some(priority)) => Some(queue.take(priority).await),
                     _ => None,
                 };
-                let (mut conn, result) = attempt(self.connection().await?).await;
+                let conn = self.connection().await?;
+                let (mut conn, result) = if conn.is_lent() {
+                    // A lent connection that went silent (a hung backend, a dropped link) must
+                    // leave time to run the statement again on another.
+                    let until = (Instant::now() + self.timeout / 2).min(deadline);
+                    match tokio::time::timeout_at(until.into(), attempt(conn)).await {
+                        Ok(done) => done,
+                        // Given back unusable when the attempt was dropped; a retry takes another.
+                        Err(_) => {
+                            return Err(sqlx::Error::Io(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "the listener's connection did not answer",
+                            )));
+                        }
+                    }
+                } else {
+                    attempt(conn).await
+                };
                 conn.clean = match &result {
                     Ok(_) => true,
                     // The server answered in protocol: the connection is fine unless the error

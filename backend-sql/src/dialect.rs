@@ -542,6 +542,7 @@ where
         classify: D::classify,
         write_queue: None,
         cache: ConnectionCache::for_speedups(POOL_SIZE, config.speedups),
+        lender: None,
     };
     runner.connect_once(&opts).await?;
     create_tables::<D>(&runner, sql).await?;

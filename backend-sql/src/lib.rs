@@ -21,8 +21,9 @@ pub use config::{DEFAULT_TABLE, Dialect, Speedup, Speedups, SqlConfig, SqlitePat
 pub use connection::SqlConnection;
 pub use lock::SqlLock;
 
-/// A PostgreSQL lock client: a pool of up to 8 connections for statements plus one listener
-/// connection, started on the first wait, shared by every name this client waits on.
+/// A PostgreSQL lock client: a pool of up to 8 connections for statements, and a listener
+/// connection, started on the first wait and shared by every name this client waits on, that
+/// also runs the statements between notifications.
 ///
 /// `Debug` shows the URL without its password.
 pub type PostgresLock = SqlLock<dialect::postgres::Postgres>;

@@ -82,7 +82,7 @@ async fn listener_pids(pg: &kit::Postgres, db: &str) -> Vec<String> {
             "postgres",
             &format!(
                 "SELECT pid FROM pg_stat_activity \
-                 WHERE datname = '{db}' AND query LIKE 'LISTEN %' ORDER BY pid"
+                 WHERE datname = '{db}' AND application_name = 'dlock listener' ORDER BY pid"
             ),
         )
         .await
@@ -91,9 +91,9 @@ async fn listener_pids(pg: &kit::Postgres, db: &str) -> Vec<String> {
 }
 
 /// The waiter's LISTEN connection stops answering without any error (its server process is
-/// stopped, as a dropped idle connection or a hung backend would look): the client notices that
-/// its ping through the pool does not come back, listens on a new connection, and the wait
-/// ends with the release.
+/// stopped, as a dropped idle connection or a hung backend would look): the client notices (a
+/// ping that does not come back, a statement on it that does not answer), listens on a new
+/// connection, and the wait ends with the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_silent_listener_is_replaced() {
     let pg = Postgres::shared().await.expect("kit PostgreSQL");
@@ -126,7 +126,8 @@ async fn postgres_silent_listener_is_replaced() {
         .status()
         .expect("kill");
     assert!(status.success(), "cannot stop backend {first}");
-    // Nothing fails on the waiter's side; only its pings can tell.
+    // Nothing fails on the waiter's side: a statement that finds the listener's connection
+    // silent runs again on another, and the pings replace the listener.
     let replacement = within(Duration::from_secs(60), "a new listener", async {
         loop {
             let pids = listener_pids(pg, &db).await;

@@ -7,6 +7,7 @@ mod listen;
 mod routines;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockcore::{Error, Lease, LockName, OwnerId, Result, WaitMechanism};
@@ -169,7 +170,9 @@ impl SqlDialect for Postgres {
         let Target::Postgres(opts) = &config.target else {
             return Err(Error::invalid_config(BACKEND, "not a postgres:// URL"));
         };
-        let (runner, opts) = connect_server::<Self>(config, opts, sql).await?;
+        let (mut runner, opts) = connect_server::<Self>(config, opts, sql).await?;
+        let shared = Arc::new(listen::Shared::default());
+        runner.lender = Some(shared.clone());
         let extend_many = format!(
             "UPDATE \"{}\" AS l \
              SET expires_at = {NOW} + v.ttl_us * interval '1 microsecond' \
@@ -180,7 +183,7 @@ impl SqlDialect for Postgres {
              RETURNING l.owner",
             config.table
         );
-        let listener = Listener::new(opts, runner.clone(), &config.table);
+        let listener = Listener::new(opts, runner.clone(), &config.table, shared);
         let extend_many = sqlx::AssertSqlSafe(extend_many).into_sql_str();
         Ok((
             runner,

@@ -201,6 +201,7 @@ impl SqlDialect for Sqlite {
             classify: Self::classify,
             write_queue,
             cache: ConnectionCache::for_speedups(pool_size, config.speedups),
+            lender: None,
         };
         create_tables::<Self>(&runner, sql).await?;
         let _anchor = Mutex::new(anchor);

@@ -151,6 +151,12 @@ impl<DB: Database> ConnectionCache<DB> {
         }
     }
 
+    /// Takes out the kept connections unused for `limit`.
+    pub(crate) fn take_unused(&self, limit: Duration) -> Vec<PoolConnection<DB>> {
+        let unused = self.lock().unused(limit);
+        unused.into_iter().map(|c| c.conn).collect()
+    }
+
     /// Gives every kept connection back to the pool (before the pool is closed).
     /// From now on, keeps none: a statement still running when the pool is closed gives its
     /// connection back to the pool, whose close waits for it, rather than to a keeper nobody

@@ -142,6 +142,7 @@ async fn a_statement_waiting_for_a_connection_gets_the_one_kept_next() {
         classify: |_| crate::common::Class::Fail { retryable: false },
         write_queue: None,
         cache: ConnectionCache::new(2),
+        lender: None,
     };
     let running = runner.connection().await.expect("a first connection");
     let mut done = runner.connection().await.expect("a second connection");
