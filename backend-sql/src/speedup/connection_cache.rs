@@ -31,9 +31,8 @@ const CACHED_FOR: Duration = Duration::from_secs(60);
 /// "Tried, and why kept or not"). A connection with something left to send (the rollback of a
 /// transaction dropped unfinished) goes back to the pool, which sends it at once.
 ///
-/// At most [`CACHED_MAX`] are kept, and always fewer than the pool's size, so that what takes a
-/// connection from the pool directly (the MySQL routines' install at connect) finds one there.
-/// Every statement first takes one of as many [`slot`](Self::slot)s as
+/// At most [`CACHED_MAX`] are kept, and always fewer than the pool's size (none of a pool of
+/// one). Every statement first takes one of as many [`slot`](Self::slot)s as
 /// the pool has connections, in arrival order, and holds it until its connection is kept or
 /// given back: so a statement never waits in the pool while a connection sits here, and with a
 /// slot it finds one here or room in the pool. One unused for [`CACHED_IDLE`] goes back to the
