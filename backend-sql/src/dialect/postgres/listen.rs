@@ -21,9 +21,8 @@ use super::BACKEND;
 use crate::common::{Lender, Lending, LentConnection, StatementRunner};
 use crate::wake::Waiters;
 
-/// How often, while anyone in this client waits, the listener is checked: a notification sent
-/// through the pool to the client's own ping channel must come back through the listener within
-/// the client's `timeout`. A LISTEN connection that died silently (a middlebox dropped it while
+/// How often, while anyone in this client waits, the listener is checked: a notification it
+/// sends to the client's own ping channel must come back to it within the client's `timeout`. A LISTEN connection that died silently (a middlebox dropped it while
 /// idle, its server process hangs) never reports an error; without this, waits would fall back
 /// to the 0.5 s re-check for the rest of the client's life.
 pub const LISTENER_CHECK: Duration = Duration::from_secs(5);
@@ -128,7 +127,7 @@ struct Listen {
     opts: PgConnectOptions,
     /// The one-connection pool of the LISTEN connection in use, for `close()`.
     current: Mutex<Option<PgPool>>,
-    /// The client's pool and statement rules, which send the pings.
+    /// The client's pool and statement rules (its `timeout` bounds a ping).
     runner: StatementRunner<Postgres>,
     /// The release channel (the table name).
     channel: String,
@@ -262,7 +261,7 @@ fn dispatch(n: &PgNotification, ping: &str, waiters: &Waiters, pongs: &watch::Se
     }
 }
 
-/// Watches the receiving task and, while anyone waits, pings through the pool every
+/// Watches the receiving task and, while anyone waits, pings the listener every
 /// [`LISTENER_CHECK`]. Returns why the connection must be replaced.
 async fn supervise(
     listen: &Listen,
@@ -284,26 +283,24 @@ async fn supervise(
             continue;
         }
         let before = *pongs.borrow_and_update();
-        let sent = listen
-            .runner
-            .run("ping the listener", None, |mut c| {
-                let q = sqlx::query("SELECT pg_notify($1, '')").bind(listen.ping.as_str());
-                async move {
-                    let r = q.execute(c.conn()).await;
-                    (c, r)
-                }
-            })
-            .await;
-        if sent.is_err() {
-            // The server is out of reach for the pool too; the waiters' own statements see
-            // that, and the listener's errors end `receiving`.
+        // Sent on the listener's own connection, when no statement has it (a statement that
+        // has it finds a silent connection by timing out, which replaces it too).
+        let Some(mut lent) = listen.shared.lend().await else {
             continue;
-        }
-        let answered =
-            tokio::time::timeout(listen.runner.timeout, pongs.wait_for(|n| *n > before)).await;
+        };
+        let ping = sqlx::query("SELECT pg_notify($1, '')").bind(listen.ping.as_str());
+        let sent = tokio::time::timeout(listen.runner.timeout, ping.execute(lent.conn())).await;
+        let sent = matches!(sent, Ok(Ok(_)));
+        lent.give_back(sent);
+        let answered = match sent {
+            true => {
+                tokio::time::timeout(listen.runner.timeout, pongs.wait_for(|n| *n > before)).await
+            }
+            false => return "listener silent: a ping on it did not complete".to_owned(),
+        };
         if !matches!(answered, Ok(Ok(_))) {
             return format!(
-                "listener silent: a ping sent through the pool did not come back within {:?}",
+                "listener silent: a ping did not come back through it within {:?}",
                 listen.runner.timeout
             );
         }
@@ -320,7 +317,7 @@ pub struct Listener {
 
 impl Listener {
     /// A listener for `channel` that connects with `opts` once [`ensure`](Self::ensure)d and
-    /// lends its connection through `shared`; `runner` sends the pings.
+    /// lends its connection through `shared`; `runner` closes the connections it makes unneeded.
     pub fn new(
         opts: PgConnectOptions,
         runner: StatementRunner<Postgres>,
