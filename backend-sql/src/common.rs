@@ -206,6 +206,15 @@ impl<DB: Database> StatementRunner<DB> {
         }
     }
 
+    /// Closes every connection out of the pool or idle in it, those in use once their
+    /// statements end: a lent connection runs the statements from now on.
+    pub(crate) fn retire_connections(&self) {
+        let idle = std::iter::from_fn(|| self.pool.try_acquire());
+        for mut conn in self.cache.retire().into_iter().chain(idle) {
+            conn.close_on_drop();
+        }
+    }
+
     /// Runs `attempt` on a pooled connection, within the `timeout` budget for the whole call.
     /// Broken connections are replaced and busy errors retried with backoff, inside the budget;
     /// other errors are returned. `attempt` may run more than once, so it must be idempotent for

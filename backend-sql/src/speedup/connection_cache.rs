@@ -66,6 +66,9 @@ struct Idle<DB: Database> {
     reaping: bool,
     /// Set by [`ConnectionCache::clear`]: the pool is closing, and nothing is kept any more.
     closed: bool,
+    /// Set by [`ConnectionCache::retire`]: a connection out of the pool since before this is
+    /// closed when its statement ends.
+    retired_before: Option<Instant>,
 }
 
 impl<DB: Database> ConnectionCache<DB> {
@@ -92,6 +95,7 @@ impl<DB: Database> ConnectionCache<DB> {
                 conns: Vec::new(),
                 reaping: false,
                 closed: false,
+                retired_before: None,
             }),
             room: CACHED_MAX.min(below_pool),
             slots: Arc::new(Semaphore::new(
@@ -136,6 +140,12 @@ impl<DB: Database> ConnectionCache<DB> {
     pub(crate) fn put(self: &Arc<Self>, conn: PoolConnection<DB>, since: Instant) {
         let at = Instant::now();
         let mut idle = self.lock();
+        if idle.retired_before.is_some_and(|before| since < before) {
+            drop(idle);
+            let mut conn = conn;
+            conn.close_on_drop();
+            return;
+        }
         if idle.closed || idle.conns.len() >= self.room || at.duration_since(since) >= CACHED_FOR {
             drop(idle);
             drop(conn);
@@ -148,6 +158,17 @@ impl<DB: Database> ConnectionCache<DB> {
             idle.reaping = true;
             runtime.spawn(reap(Arc::downgrade(self), self.limit));
         }
+    }
+
+    /// Closes the connections out of the pool now, kept or in use, once their statements end:
+    /// another connection runs the statements from now on.
+    pub(crate) fn retire(&self) -> Vec<PoolConnection<DB>> {
+        let mut idle = self.lock();
+        idle.retired_before = Some(Instant::now());
+        std::mem::take(&mut idle.conns)
+            .into_iter()
+            .map(|c| c.conn)
+            .collect()
     }
 
     /// Takes out the kept connections unused for `limit`.

@@ -176,7 +176,7 @@ async fn listen_loop(listen: Arc<Listen>, waiters: Arc<Waiters>) {
         let (pongs, seen) = watch::channel(0u64);
         *listen.shared.listener.lock().await = Some(listener);
         // The statements run on it from now on: the connections they used close.
-        listen.runner.close_idle(Duration::ZERO);
+        listen.runner.retire_connections();
         let receiving = Receiving(tokio::spawn(receive(
             listen.shared.clone(),
             listen.ping.clone(),

@@ -209,3 +209,47 @@ async fn nothing_is_kept_once_cleared() {
         .await
         .expect("the pool closes: no connection is held back");
 }
+
+/// After `retire`, the kept connections are handed out to be closed, one out of the pool since
+/// before is closed when put back, and one taken after is kept as before.
+#[tokio::test]
+async fn retired_connections_are_closed_and_later_ones_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = pool(&dir, 8);
+    let cache = ConnectionCache::new(8);
+    let kept = pool.acquire().await.unwrap();
+    let in_use = pool.acquire().await.unwrap();
+    let before = Instant::now();
+    cache.put(kept, before);
+
+    let retired = cache.retire();
+    assert_eq!(retired.len(), 1, "the kept connection is handed out");
+    assert!(cache.take().is_none(), "nothing kept after retire");
+    for mut conn in retired {
+        conn.close_on_drop();
+    }
+    cache.put(in_use, before);
+    assert!(
+        cache.take().is_none(),
+        "a connection from before retire was kept"
+    );
+    tokio::time::timeout(LIMIT, async {
+        while pool.size() != 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "{} connections of before retire are still open",
+            pool.size()
+        )
+    });
+
+    let later = pool.acquire().await.unwrap();
+    cache.put(later, Instant::now());
+    assert!(
+        cache.take().is_some(),
+        "a connection taken after retire is kept"
+    );
+}
