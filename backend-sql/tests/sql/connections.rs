@@ -107,50 +107,47 @@ async fn passwords_stay_out_of_debug_and_server_errors() {
     assert!(!text.contains(secret), "{text}");
 }
 
+/// A fresh kit PostgreSQL database for clients named `app`, and the count of their sessions,
+/// the listeners (`<app> listener`) included.
+async fn postgres_sessions(app: &str) -> (String, impl AsyncFn() -> u32) {
+    let pg = kit::Postgres::shared().await.expect("kit PostgreSQL");
+    let url = with_query(
+        &pg.fresh_database(app).await.unwrap(),
+        &format!("application_name={app}"),
+    );
+    let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE '{app}%'");
+    let count = async move || {
+        let out = pg.query("postgres", &sql).await.expect("psql");
+        out.trim().parse::<u32>().expect("count")
+    };
+    (url, count)
+}
+
+/// A fresh kit MariaDB database and the count of the sessions in it.
+async fn mariadb_sessions(prefix: &str) -> (String, impl AsyncFn() -> u32) {
+    let db = kit::MariaDb::shared().await.expect("kit MariaDB");
+    let url = db.fresh_database(prefix).await.unwrap();
+    let database = url.rsplit('/').next().unwrap().to_owned();
+    let sql =
+        format!("SELECT count(*) FROM information_schema.PROCESSLIST WHERE db = '{database}'");
+    let count = async move || {
+        let out = db.query("mysql", &sql).await.expect("mariadb client");
+        out.trim().parse::<u32>().expect("count")
+    };
+    (url, count)
+}
+
 /// Count the server sessions of our clients before, during and after use: every connection,
 /// the PostgreSQL listener included, is closed once the clients are dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_connection_leak_postgres() {
-    let pg = kit::Postgres::shared().await.expect("kit PostgreSQL");
-    let url = with_query(
-        &pg.fresh_database("leak").await.unwrap(),
-        "application_name=dlock_leak_test",
-    );
-    let count = || async {
-        pg.query(
-            "postgres",
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dlock_leak_test%'",
-        )
-        .await
-        .expect("psql")
-        .trim()
-        .parse::<u32>()
-        .expect("count")
-    };
+    let (url, count) = postgres_sessions("dlock_leak_test").await;
     leak_check(&url, count).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_connection_leak_mariadb() {
-    let db = kit::MariaDb::shared().await.expect("kit MariaDB");
-    let url = db.fresh_database("leak").await.unwrap();
-    let database = url.rsplit('/').next().unwrap().to_owned();
-    let count = || {
-        let database = database.clone();
-        async move {
-            db.query(
-                "mysql",
-                &format!(
-                    "SELECT count(*) FROM information_schema.PROCESSLIST WHERE db = '{database}'"
-                ),
-            )
-            .await
-            .expect("mariadb client")
-            .trim()
-            .parse::<u32>()
-            .expect("count")
-        }
-    };
+    let (url, count) = mariadb_sessions("leak").await;
     leak_check(&url, count).await;
 }
 
@@ -159,65 +156,22 @@ async fn no_connection_leak_mariadb() {
 /// statements run on the connection that listens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_connection_per_waiting_client_postgres() {
-    let pg = kit::Postgres::shared().await.expect("kit PostgreSQL");
-    let url = with_query(
-        &pg.fresh_database("one").await.unwrap(),
-        "application_name=dlock_one_test",
-    );
-    let count = || async {
-        pg.query(
-            "postgres",
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'dlock_one_test%'",
-        )
-        .await
-        .expect("psql")
-        .trim()
-        .parse::<u32>()
-        .expect("count")
-    };
-    assert_eq!(
-        peak_while_waiting(&url, count).await,
-        3,
-        "sessions of three clients"
-    );
+    let (url, count) = postgres_sessions("dlock_one_test").await;
+    let peak = peak_while_waiting(&url, count).await;
+    assert_eq!(peak, 3, "sessions of three clients");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_connection_per_waiting_client_mariadb() {
-    let db = kit::MariaDb::shared().await.expect("kit MariaDB");
-    let url = db.fresh_database("one").await.unwrap();
-    let database = url.rsplit('/').next().unwrap().to_owned();
-    let count = || {
-        let database = database.clone();
-        async move {
-            db.query(
-                "mysql",
-                &format!(
-                    "SELECT count(*) FROM information_schema.PROCESSLIST WHERE db = '{database}'"
-                ),
-            )
-            .await
-            .expect("mariadb client")
-            .trim()
-            .parse::<u32>()
-            .expect("count")
-        }
-    };
-    assert_eq!(
-        peak_while_waiting(&url, count).await,
-        3,
-        "sessions of three clients"
-    );
+    let (url, count) = mariadb_sessions("one").await;
+    let peak = peak_while_waiting(&url, count).await;
+    assert_eq!(peak, 3, "sessions of three clients");
 }
 
 /// The most server sessions `count` saw at once while two clients waited for 2.5 s (more than
 /// two refreshes of their places) behind a third that held the name, once the sessions had
 /// settled at three.
-async fn peak_while_waiting<F, Fut>(url: &str, count: F) -> u32
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = u32>,
-{
+async fn peak_while_waiting(url: &str, count: impl AsyncFn() -> u32) -> u32 {
     let clients = [client(url).await, client(url).await, client(url).await];
     let n = name("one");
     let lease = take(&clients[0], &n, Duration::from_secs(30))
@@ -263,11 +217,7 @@ where
     peak
 }
 
-async fn leak_check<F, Fut>(url: &str, count: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = u32>,
-{
+async fn leak_check(url: &str, count: impl AsyncFn() -> u32) {
     assert_eq!(count().await, 0, "sessions before any client");
     for _round in 0..2 {
         let clients = [client(url).await, client(url).await, client(url).await];
