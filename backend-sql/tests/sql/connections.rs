@@ -168,29 +168,59 @@ async fn one_connection_per_waiting_client_mariadb() {
     assert_eq!(peak, 3, "sessions of three clients");
 }
 
+/// Three clients on one name: the first holds it and the other two wait for it (on
+/// PostgreSQL, with their listeners).
+struct TwoWaiting {
+    clients: [Arc<dyn DistributedLock>; 3],
+    lease: lockcore::Lease,
+    waiters: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl TwoWaiting {
+    async fn start(url: &str) -> Self {
+        let clients = [client(url).await, client(url).await, client(url).await];
+        let n = name("two-waiting");
+        let lease = take(&clients[0], &n, Duration::from_secs(30))
+            .await
+            .expect("acquire");
+        let waiters = clients[1..]
+            .iter()
+            .map(|c| {
+                let (c, n) = (c.clone(), n.clone());
+                tokio::spawn(async move {
+                    let opts = AcquireOptions::new()
+                        .ttl(Duration::from_secs(30))
+                        .keep_alive(KeepAlive::Off)
+                        .wait(Wait::For(Duration::from_secs(30)));
+                    let guard = c.lock(n.as_str(), &opts).await.expect("waiter acquires");
+                    guard.release().await.expect("release");
+                })
+            })
+            .collect();
+        TwoWaiting {
+            clients,
+            lease,
+            waiters,
+        }
+    }
+
+    /// Releases the name and waits for both waiters to take and release it in turn.
+    async fn finish(self) {
+        self.clients[0].release(&self.lease).await.unwrap();
+        for w in self.waiters {
+            tokio::time::timeout(Duration::from_secs(60), w)
+                .await
+                .expect("waiter hangs")
+                .expect("waiter task");
+        }
+    }
+}
+
 /// The most server sessions `count` saw at once while two clients waited for 2.5 s (more than
 /// two refreshes of their places) behind a third that held the name, once the sessions had
 /// settled at three.
 async fn peak_while_waiting(url: &str, count: impl AsyncFn() -> u32) -> u32 {
-    let clients = [client(url).await, client(url).await, client(url).await];
-    let n = name("one");
-    let lease = take(&clients[0], &n, Duration::from_secs(30))
-        .await
-        .expect("acquire");
-    let waiters: Vec<_> = clients[1..]
-        .iter()
-        .map(|c| {
-            let (c, n) = (c.clone(), n.clone());
-            tokio::spawn(async move {
-                let opts = AcquireOptions::new()
-                    .ttl(Duration::from_secs(30))
-                    .keep_alive(KeepAlive::Off)
-                    .wait(Wait::For(Duration::from_secs(30)));
-                let guard = c.lock(n.as_str(), &opts).await.expect("waiter acquires");
-                guard.release().await.expect("release");
-            })
-        })
-        .collect();
+    let contended = TwoWaiting::start(url).await;
     // A PostgreSQL waiter's first statements run before its listener has connected; once it
     // has, the connection they used is closed.
     let settle = Instant::now() + Duration::from_secs(20);
@@ -207,55 +237,17 @@ async fn peak_while_waiting(url: &str, count: impl AsyncFn() -> u32) -> u32 {
         peak = peak.max(count().await);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    clients[0].release(&lease).await.unwrap();
-    for w in waiters {
-        tokio::time::timeout(Duration::from_secs(60), w)
-            .await
-            .expect("waiter hangs")
-            .expect("waiter task");
-    }
+    contended.finish().await;
     peak
 }
 
 async fn leak_check(url: &str, count: impl AsyncFn() -> u32) {
     assert_eq!(count().await, 0, "sessions before any client");
     for _round in 0..2 {
-        let clients = [client(url).await, client(url).await, client(url).await];
-        let n = name("leak");
-        let lease = take(&clients[0], &n, Duration::from_secs(30))
-            .await
-            .expect("acquire");
-        // Waiters (on PostgreSQL this opens each client's listener) and contention.
-        let waiters: Vec<_> = clients[1..]
-            .iter()
-            .map(|c| {
-                let c = c.clone();
-                tokio::spawn(async move {
-                    c.lock(
-                        "leak",
-                        &AcquireOptions::new()
-                            .ttl(Duration::from_secs(30))
-                            .keep_alive(KeepAlive::Off)
-                            .wait(Wait::For(Duration::from_secs(30))),
-                    )
-                    .await
-                    .expect("waiter acquires")
-                    .release()
-                    .await
-                    .expect("release")
-                })
-            })
-            .collect();
+        let contended = TwoWaiting::start(url).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(count().await > 0, "the clients are connected");
-        clients[0].release(&lease).await.unwrap();
-        for w in waiters {
-            tokio::time::timeout(Duration::from_secs(60), w)
-                .await
-                .expect("waiter hangs")
-                .expect("waiter task");
-        }
-        drop(clients);
+        contended.finish().await;
     }
     // Connections close in the background once the pools are gone.
     let deadline = Instant::now() + Duration::from_secs(30);
