@@ -200,17 +200,19 @@ impl<DB: Database> StatementRunner<DB> {
     /// connection runs the statements, they are not needed (more open again when statements
     /// overlap).
     pub(crate) fn close_idle(&self, limit: Duration) {
-        let idle = std::iter::from_fn(|| self.pool.try_acquire());
-        for mut conn in self.cache.take_unused(limit).into_iter().chain(idle) {
-            conn.close_on_drop();
-        }
+        self.close_with_pool_idle(self.cache.take_unused(limit));
     }
 
     /// Closes every connection out of the pool or idle in it, those in use once their
     /// statements end: a lent connection runs the statements from now on.
     pub(crate) fn retire_connections(&self) {
+        self.close_with_pool_idle(self.cache.retire());
+    }
+
+    /// Closes `kept` and the connections idle in the pool.
+    fn close_with_pool_idle(&self, kept: Vec<PoolConnection<DB>>) {
         let idle = std::iter::from_fn(|| self.pool.try_acquire());
-        for mut conn in self.cache.retire().into_iter().chain(idle) {
+        for mut conn in kept.into_iter().chain(idle) {
             conn.close_on_drop();
         }
     }
